@@ -1,0 +1,49 @@
+"""``python -m pytest_qconform doctor`` (or ``qconform doctor``): print the probe.
+
+The same record the run header prints, as a human-readable report or as JSON, so a
+runner's operator can see what the suite will find before running it.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from pytest_qconform.probe import BackendStatus, probe_hardware
+
+
+def doctor(simulate: str | None, as_json: bool) -> int:
+    try:
+        probe = probe_hardware(simulate)
+    except ValueError as exc:
+        print(f"qconform doctor: {exc}", file=sys.stderr)
+        return 2
+    if not probe.has_gpu:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    from pytest_qconform.backends import registry
+
+    statuses = []
+    for name, factory in sorted(registry.discover().items()):
+        try:
+            available = factory().availability()
+            statuses.append(BackendStatus(name, available.available, available.version, available.reason))
+        except Exception as exc:  # noqa: BLE001 - a broken adapter is reported, not raised
+            statuses.append(BackendStatus(name, False, None, f"adapter failed: {type(exc).__name__}: {exc}"))
+    probe = probe.with_backends(tuple(statuses))
+    print(probe.to_json() if as_json else "\n".join(probe.lines()))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="qconform", description="pytest-qconform tools")
+    sub = parser.add_subparsers(dest="command", required=True)
+    doc = sub.add_parser("doctor", help="print what hardware, software and backends this machine has")
+    doc.add_argument("--json", action="store_true", help="print JSON instead of text")
+    doc.add_argument("--simulate", default=os.environ.get("QCONFORM_SIMULATE"), metavar="ARCH",
+                     help="testing aid: pretend to be ARCH (e.g. gfx1200)")
+    args = parser.parse_args(argv)
+    return doctor(args.simulate, args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""The one interface every 4-bit backend is tested through.
+
+A backend adapter wraps a library's *public* API (what users call) and exposes the
+operations the suites check. It must never raise on construction or on
+``availability()``: a backend that cannot load reports why, and the run goes on.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether the backend can run here; ``reason`` names what is missing when not."""
+
+    available: bool
+    version: str | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """What to quantize to. ``blocksize`` is the bnb block or the HQQ group size."""
+
+    format: str  # "nf4" | "fp4" | "hqq4"
+    blocksize: int = 64
+    double_quant: bool = False
+    axis: int = 1  # HQQ only
+
+    def label(self) -> str:
+        dq = "-dq" if self.double_quant else ""
+        return f"{self.format}-b{self.blocksize}{dq}"
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend claims; the suites test every claim and nothing else."""
+
+    formats: tuple[str, ...]
+    blocksizes: tuple[int, ...]
+    double_quant: bool
+    dtypes: tuple[torch.dtype, ...]  # output / compute dtypes supported
+    devices: tuple[str, ...]  # "cpu", "cuda" (ROCm devices are "cuda" in torch)
+    backward: bool = True
+    serialize: bool = True
+    max_gemv_rows: int | None = None  # for fused small-batch kernels
+
+
+@dataclass
+class Quantized:
+    """A backend's quantized weight: opaque ``handle`` plus what the suites need to know."""
+
+    backend: str
+    spec: QuantSpec
+    shape: tuple[int, ...]
+    device: torch.device
+    handle: Any = field(repr=False)
+
+
+class Backend(ABC):
+    """Adapter contract. Subclasses set ``name`` and implement every abstract method."""
+
+    name: str = "abstract"
+
+    @abstractmethod
+    def availability(self) -> Availability:
+        """Import the library lazily; never raise, report the reason instead."""
+
+    @abstractmethod
+    def capabilities(self, device: torch.device) -> Capabilities:
+        """What this backend supports on ``device``."""
+
+    @abstractmethod
+    def quantize(self, weight: torch.Tensor, spec: QuantSpec) -> Quantized:
+        """Quantize ``weight`` (on its device) with the backend's own quantizer."""
+
+    @abstractmethod
+    def dequantize(self, q: Quantized, dtype: torch.dtype) -> torch.Tensor:
+        """Decode to ``dtype`` with the logical shape, on ``q.device``."""
+
+    @abstractmethod
+    def matmul(
+        self, x: torch.Tensor, q: Quantized, bias: torch.Tensor | None, compute_dtype: torch.dtype
+    ) -> torch.Tensor:
+        """``y = x W^T + b`` as users compute it; differentiable in ``x`` and ``bias``."""
+
+    @abstractmethod
+    def export_packed(self, q: Quantized) -> PackedBnb4 | PackedHqq4:
+        """The backend's own stored bytes, in the record the reference decodes."""
+
+    def serialize(self, q: Quantized) -> dict[str, torch.Tensor]:
+        """A state dict as the backend writes it to a checkpoint."""
+        raise NotImplementedError(f"{self.name} does not serialize")
+
+    def load(self, state: dict[str, torch.Tensor], device: torch.device) -> Quantized:
+        """Rebuild from ``serialize`` output, or raise a clear error (never decode silently wrong)."""
+        raise NotImplementedError(f"{self.name} does not load")
+
+    def from_packed(self, packed: PackedBnb4 | PackedHqq4, device: torch.device) -> Quantized:
+        """Adopt bytes another backend produced (interop: bitsandbytes bytes through our
+        kernels). Raise NotImplementedError when the backend cannot read that layout."""
+        raise NotImplementedError(f"{self.name} does not read packed state from other backends")

@@ -1,0 +1,239 @@
+"""Our Triton NF4/FP4 kernels (``pytest_qconform.kernels``) behind the adapter contract.
+
+The kernels read bitsandbytes' packed layout, so this backend stores exactly that:
+the flattened weight two codes per byte (even element in the high nibble), fp32 absmax
+per block, optionally double-quantized (uint8 codes into the signed 8-bit dynamic map,
+blocks of 256, plus the mean offset). Quantization is not what the kernels are for: it
+uses the reference quantizer (``reference.bnb4.encode``) when it is importable, else the
+plain-PyTorch one in ``_torch_util``; double quantization of absmax is ``_torch_util``'s.
+``from_packed`` adopts bytes bitsandbytes produced, which is the interop the suites check.
+
+Matmul: at most ``MAX_ROWS`` rows go through the fused ``gemv_4bit``; more rows dequantize
+into the adapter's ``WeightBuffer`` in the compute dtype and call ``torch.matmul``. The
+backward (``dx = dy W``) dequantizes again rather than keeping the buffer's view, which
+the next call overwrites. On CPU the kernels run in Triton's interpreter, which needs
+``TRITON_INTERPRET=1`` in the environment before the kernels are first imported.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from pytest_qconform.backends import _torch_util
+from pytest_qconform.backends._torch_util import import_failure, to_numpy
+from pytest_qconform.backends.base import Availability, Backend, Capabilities, Quantized, QuantSpec
+from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
+
+DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
+STATE_FORMAT_VERSION = 1  # of serialize()'s dict
+_QUANT_TYPES = ("nf4", "fp4")
+
+
+@dataclass(frozen=True)
+class Nf4State:
+    """bitsandbytes-layout state on one device, as the kernels take it."""
+
+    quant_type: str
+    blocksize: int
+    shape: tuple[int, ...]
+    packed: torch.Tensor  # uint8, ceil(numel / 2)
+    absmax: torch.Tensor  # float32 per block, or uint8 codes when double quantized
+    code: torch.Tensor  # float32[16]
+    nested_absmax: torch.Tensor | None = None
+    nested_code: torch.Tensor | None = None
+    nested_blocksize: int = _torch_util.NESTED_BLOCKSIZE
+    offset: float | None = None
+
+    @property
+    def double_quant(self) -> bool:
+        return self.nested_absmax is not None
+
+    def kernel_args(self) -> dict[str, Any]:
+        """Keyword arguments every kernel entry point takes."""
+        return {"blocksize": self.blocksize, "shape": self.shape, "code": self.code,
+                "nested_absmax": self.nested_absmax, "nested_code": self.nested_code,
+                "nested_blocksize": self.nested_blocksize, "offset": self.offset}
+
+
+def _encode(weight: torch.Tensor, quant_type: str, blocksize: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(packed, absmax, code) from the reference quantizer, or ``_torch_util``'s without it."""
+    try:
+        from pytest_qconform.reference.bnb4 import encode
+    except ImportError:
+        return _torch_util.quantize_bnb4(weight, quant_type, blocksize)
+    packed = encode(weight.detach().cpu(), quant_type, blocksize)
+    device = weight.device
+    return (torch.as_tensor(np.asarray(packed.packed, dtype=np.uint8)).reshape(-1).to(device),
+            torch.as_tensor(np.asarray(packed.absmax, dtype=np.float32)).reshape(-1).to(device),
+            torch.as_tensor(np.asarray(packed.code, dtype=np.float32)).reshape(-1).to(device))
+
+
+class _Nf4Linear(torch.autograd.Function):
+    """``y = x W^T + b`` through the kernels; gradients for x and bias (W is frozen)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, bias: torch.Tensor | None, backend: "TritonNf4Backend",
+                state: Nf4State) -> torch.Tensor:
+        ctx.backend, ctx.state, ctx.has_bias = backend, state, bias is not None
+        return backend.linear(x, state, bias)
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
+        state: Nf4State = ctx.state
+        dx = dbias = None
+        if ctx.needs_input_grad[0]:
+            weight = ctx.backend.buffered_weight(state, dy.dtype)
+            dx = torch.matmul(dy, weight)
+        if ctx.has_bias and ctx.needs_input_grad[1]:
+            dbias = dy.reshape(-1, dy.shape[-1]).sum(0)
+        return dx, dbias, None, None
+
+
+class TritonNf4Backend(Backend):
+    name = "triton-nf4"
+
+    def __init__(self) -> None:
+        self._buffer: Any = None  # kernels.WeightBuffer, built on first use (the import is lazy)
+
+    def availability(self) -> Availability:
+        try:
+            import triton
+        except Exception as exc:  # noqa: BLE001 - reported, never raised
+            return Availability(False, None, import_failure("triton", exc))
+        version = str(getattr(triton, "__version__", "unknown"))
+        try:
+            from pytest_qconform import kernels
+        except Exception as exc:  # noqa: BLE001
+            return Availability(False, version, import_failure(f"{self.name} kernels", exc))
+        if torch.cuda.is_available() or kernels.interpreter_active():
+            return Availability(True, version)
+        return Availability(False, version, (
+            f"{self.name}: no GPU, and the kernels were not built for Triton's interpreter: set TRITON_INTERPRET=1 "
+            "in the environment before triton and pytest_qconform.kernels are first imported (pytest-qconform "
+            "sets it itself on GPU-less machines when it configures before anything imports triton)"))
+
+    def capabilities(self, device: torch.device) -> Capabilities:
+        from pytest_qconform import kernels
+
+        devices = (("cuda",) if torch.cuda.is_available() else ()) + (("cpu",) if kernels.interpreter_active() else ())
+        return Capabilities(formats=_QUANT_TYPES, blocksizes=tuple(kernels.SUPPORTED_BLOCKSIZES), double_quant=True,
+                            dtypes=DTYPES, devices=devices, backward=True, serialize=True,
+                            max_gemv_rows=kernels.MAX_ROWS)
+
+    # -- quantize / dequantize / matmul ------------------------------------------------------
+    def quantize(self, weight: torch.Tensor, spec: QuantSpec) -> Quantized:
+        if spec.format not in _QUANT_TYPES:
+            raise ValueError(f"{self.name}: format {spec.format!r} is not supported; the kernels read nf4 and fp4")
+        packed, absmax, code = _encode(weight, spec.format, spec.blocksize)
+        nested: dict[str, Any] = {}
+        if spec.double_quant:
+            codes, nested_absmax, nested_code, offset = _torch_util.nest_absmax(absmax)
+            absmax = codes
+            nested = {"nested_absmax": nested_absmax, "nested_code": nested_code, "offset": offset}
+        state = Nf4State(spec.format, spec.blocksize, tuple(weight.shape), packed, absmax, code, **nested)
+        return Quantized(self.name, spec, tuple(weight.shape), weight.device, state)
+
+    def dequantize(self, q: Quantized, dtype: torch.dtype) -> torch.Tensor:
+        from pytest_qconform import kernels
+
+        state: Nf4State = q.handle
+        return kernels.dequantize_4bit(state.packed, state.absmax, out_dtype=dtype, **state.kernel_args())
+
+    def buffered_weight(self, state: Nf4State, dtype: torch.dtype) -> torch.Tensor:
+        """The weight dequantized into this backend's reusable buffer; valid until the next call."""
+        from pytest_qconform import kernels
+
+        if self._buffer is None:
+            self._buffer = kernels.WeightBuffer()
+        return self._buffer.dequantize(state.packed, state.absmax, out_dtype=dtype, **state.kernel_args())
+
+    def linear(self, x: torch.Tensor, state: Nf4State, bias: torch.Tensor | None) -> torch.Tensor:
+        """Forward only: fused gemv for few rows, else buffer dequantize + ``torch.matmul``."""
+        from pytest_qconform import kernels
+
+        if len(state.shape) != 2:
+            raise ValueError(f"{self.name}: matmul needs a 2-D (out, in) weight, got shape {state.shape}")
+        rows = math.prod(x.shape[:-1])
+        if rows <= kernels.MAX_ROWS:
+            return kernels.gemv_4bit(x, state.packed, state.absmax, bias=bias, **state.kernel_args())
+        y = torch.matmul(x, self.buffered_weight(state, x.dtype).t())
+        return y + bias if bias is not None else y
+
+    def matmul(self, x: torch.Tensor, q: Quantized, bias: torch.Tensor | None,
+               compute_dtype: torch.dtype) -> torch.Tensor:
+        """x and bias cast to ``compute_dtype``; the result cast back to x's dtype."""
+        inp_dtype = x.dtype
+        x = x.to(compute_dtype)
+        if bias is not None:
+            bias = bias.to(compute_dtype)
+        return _Nf4Linear.apply(x, bias, self, q.handle).to(inp_dtype)
+
+    # -- packed state, serialization -------------------------------------------------------------
+    def export_packed(self, q: Quantized) -> PackedBnb4:
+        state: Nf4State = q.handle
+        nested = state.double_quant
+        return PackedBnb4(
+            quant_type=state.quant_type, blocksize=state.blocksize, shape=state.shape,
+            packed=to_numpy(state.packed).reshape(-1), absmax=to_numpy(state.absmax), code=to_numpy(state.code),
+            nested_absmax=to_numpy(state.nested_absmax) if nested else None,
+            nested_code=to_numpy(state.nested_code) if nested else None,
+            nested_blocksize=state.nested_blocksize if nested else None,
+            offset=state.offset if nested else None,
+        )
+
+    def from_packed(self, packed: PackedBnb4 | PackedHqq4, device: torch.device) -> Quantized:
+        if not isinstance(packed, PackedBnb4):
+            raise NotImplementedError(f"{self.name} reads bitsandbytes' layout only, not {type(packed).__name__}")
+
+        def tensor(array: np.ndarray, dtype: np.dtype) -> torch.Tensor:
+            return torch.as_tensor(np.ascontiguousarray(array, dtype=dtype)).reshape(-1).to(device)
+
+        nested: dict[str, Any] = {}
+        if packed.double_quant:
+            nested = {"nested_absmax": tensor(packed.nested_absmax, np.float32),
+                      "nested_code": tensor(packed.nested_code, np.float32),
+                      "nested_blocksize": int(packed.nested_blocksize or _torch_util.NESTED_BLOCKSIZE),
+                      "offset": float(packed.offset or 0.0)}
+        absmax = tensor(packed.absmax, np.uint8 if packed.double_quant else np.float32)
+        state = Nf4State(packed.quant_type, int(packed.blocksize), tuple(int(n) for n in packed.shape),
+                         tensor(packed.packed, np.uint8), absmax, tensor(packed.code, np.float32), **nested)
+        spec = QuantSpec(packed.quant_type, int(packed.blocksize), packed.double_quant)
+        return Quantized(self.name, spec, state.shape, torch.device(device), state)
+
+    def serialize(self, q: Quantized) -> dict[str, torch.Tensor]:
+        """Every tensor of the state plus its scalars as 0-d/1-d tensors (safetensors-ready)."""
+        state: Nf4State = q.handle
+        out = {"format_version": torch.tensor(STATE_FORMAT_VERSION), "packed": state.packed, "absmax": state.absmax,
+               "code": state.code, "blocksize": torch.tensor(state.blocksize), "shape": torch.tensor(state.shape),
+               "quant_type": torch.tensor(_QUANT_TYPES.index(state.quant_type))}
+        if state.double_quant:
+            out.update({"nested_absmax": state.nested_absmax, "nested_code": state.nested_code,
+                        "nested_blocksize": torch.tensor(state.nested_blocksize),
+                        "offset": torch.tensor(state.offset, dtype=torch.float64)})
+        return out
+
+    def load(self, state: dict[str, torch.Tensor], device: torch.device) -> Quantized:
+        where = f"{self.name}.load"
+        missing = [k for k in ("format_version", "packed", "absmax", "code", "blocksize", "shape", "quant_type")
+                   if k not in state]
+        if missing:
+            raise ValueError(f"{where}: checkpoint lacks {missing}; without its blocksize it cannot be decoded "
+                             "safely (the platform default may differ). Save it with serialize().")
+        version = int(state["format_version"])
+        if version != STATE_FORMAT_VERSION:
+            raise ValueError(f"{where}: checkpoint format_version {version}, this version reads {STATE_FORMAT_VERSION}")
+        nested: dict[str, Any] = {}
+        if "nested_absmax" in state:
+            nested = {"nested_absmax": state["nested_absmax"].to(device), "nested_code": state["nested_code"].to(device),
+                      "nested_blocksize": int(state["nested_blocksize"]), "offset": float(state["offset"])}
+        quant_type = _QUANT_TYPES[int(state["quant_type"])]
+        blocksize = int(state["blocksize"])
+        shape = tuple(int(n) for n in state["shape"].reshape(-1).tolist())
+        loaded = Nf4State(quant_type, blocksize, shape, state["packed"].to(device), state["absmax"].to(device),
+                          state["code"].to(device), **nested)
+        spec = QuantSpec(quant_type, blocksize, loaded.double_quant)
+        return Quantized(self.name, spec, shape, torch.device(device), loaded)

@@ -1,0 +1,114 @@
+"""Fixtures the suites use; registered by the plugin only when ``--qconform`` is given."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from pytest_qconform import outcomes, state
+from pytest_qconform.backends.base import Backend
+from pytest_qconform.targets import Target
+
+
+@pytest.fixture(scope="session")
+def qconform_probe(request: pytest.FixtureRequest):
+    """The run's probe (hardware, software, backend statuses)."""
+    return state.probe(request.config)
+
+
+@pytest.fixture
+def qtarget(request: pytest.FixtureRequest) -> Target:
+    """The device this test instance is for; skipped with the reason when it is absent."""
+    target: Target = request.param
+    if target.skip_reason:
+        pytest.skip(target.skip_reason)
+    return target
+
+
+@pytest.fixture
+def qdevice(qtarget: Target) -> torch.device:
+    assert qtarget.torch_device is not None
+    return torch.device(qtarget.torch_device)
+
+
+@pytest.fixture
+def qbackend(request: pytest.FixtureRequest) -> Backend:
+    """The backend under test, built once per session; unavailable ones skip with the reason."""
+    backend = state.backend(request.config, request.param)
+    available = backend.availability()
+    if not available.available:
+        pytest.skip(f"{outcomes.UNAVAILABLE_PREFIX} {backend.name}: {available.reason}")
+    return backend
+
+
+class Checker:
+    """Compares a backend's result to the reference and says, on failure, how to reproduce.
+
+    Every comparison is judged by its error as a multiple of a bound derived from the
+    arithmetic (``reference.bounds``); the worst multiple goes into the run report.
+    """
+
+    def __init__(self, item: pytest.Item) -> None:
+        self._item = item
+        self.context: dict[str, Any] = {}
+
+    def describe(self, **context: Any) -> None:
+        """Record what this case is (shape, seed, ...) for failure messages."""
+        self.context.update(context)
+
+    def _where(self) -> str:
+        key = dict(self._item.user_properties).get(outcomes.KEY_PROPERTY, {})
+        parts = [f"backend={key.get('backend')}", f"format={key.get('format')}", f"dtype={key.get('dtype')}",
+                 f"target={key.get('target')}"]
+        parts += [f"{k}={v}" for k, v in sorted(self.context.items())]
+        repro = dict(self._item.user_properties).get(outcomes.REPRO_PROPERTY, "")
+        return " ".join(parts) + f"\n  reproduce: {repro}"
+
+    def record_multiple(self, multiple: float) -> None:
+        self._item.user_properties.append((outcomes.MULTIPLE_PROPERTY, float(multiple)))
+
+    def within(self, actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor, what: str) -> float:
+        """Assert |actual - expected| <= bound elementwise; return the worst multiple."""
+        from pytest_qconform.reference.bounds import error_multiple
+
+        if tuple(actual.shape) != tuple(expected.shape):
+            raise AssertionError(f"{what}: shape {tuple(actual.shape)} != reference {tuple(expected.shape)}; "
+                                 + self._where())
+        multiple = float(error_multiple(actual, expected, bound))
+        self.record_multiple(multiple if multiple == multiple else float("inf"))
+        if not multiple <= 1.0:
+            diff = (actual.double().to(expected.device) - expected).abs()
+            diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
+            flat = int(torch.argmax(diff / bound.clamp_min(1e-300)).item()) if diff.numel() else 0
+            raise AssertionError(
+                f"{what}: error is {multiple:.3g} x its bound (worst element flat index {flat}: "
+                f"got {actual.reshape(-1)[flat].item()!r}, reference {expected.reshape(-1)[flat].item()!r}, "
+                f"bound {bound.reshape(-1)[flat].item():.3g}); " + self._where())
+        return multiple
+
+    def equal(self, actual: Any, expected: Any, what: str) -> None:
+        if actual != expected:
+            raise AssertionError(f"{what}: got {actual!r}, expected {expected!r}; " + self._where())
+
+
+@pytest.fixture
+def qcheck(request: pytest.FixtureRequest) -> Checker:
+    return Checker(request.node)
+
+
+@pytest.fixture
+def qbackend_named(request: pytest.FixtureRequest):
+    """A function returning another registered backend by name (skips when it is absent):
+    for interop checks between backends, without the suites importing any backend."""
+
+    def get(name: str) -> Backend:
+        factories = request.config.stash[state.BACKEND_FACTORIES]
+        if name not in factories:
+            pytest.skip(f"{outcomes.NOT_CLAIMED_PREFIX} interop partner {name} is not selected in this run")
+        other = state.backend(request.config, name)
+        if not other.availability().available:
+            pytest.skip(f"{outcomes.UNAVAILABLE_PREFIX} interop partner {name}: {other.availability().reason}")
+        return other
+
+    return get

@@ -1,0 +1,21 @@
+"""Our own Triton kernels for bitsandbytes-layout 4-bit weights (NF4 and FP4).
+
+``dequantize_4bit`` (bit-identical to bitsandbytes), ``gemv_4bit`` (fused dequantize-matmul
+for <= 16 rows) and ``WeightBuffer`` (a reusable dequantize buffer). The code table is an
+argument, so NF4 and FP4 share every kernel.
+
+Run on CPU through Triton's interpreter: set ``TRITON_INTERPRET=1`` in the environment
+BEFORE this package is first imported. Triton (3.6 and 3.9 checked) decides between the
+compiler and the interpreter when ``@triton.jit`` decorates a kernel, which happens at
+import; changing the variable afterwards does not affect kernels already defined.
+``interpreter_active()`` reports which mode these kernels were built in. With CPU tensors
+and the interpreter off, the kernels raise a RuntimeError saying so.
+
+Only plain ``tl`` ops are used (no CUDA intrinsics, no inline asm), so the same source
+compiles for ROCm.
+"""
+from pytest_qconform.kernels.nf4_dequant import SUPPORTED_BLOCKSIZES, dequantize_4bit, interpreter_active
+from pytest_qconform.kernels.nf4_gemv import MAX_ROWS, gemv_4bit
+from pytest_qconform.kernels.weight_buffer import WeightBuffer
+
+__all__ = ["MAX_ROWS", "SUPPORTED_BLOCKSIZES", "WeightBuffer", "dequantize_4bit", "gemv_4bit", "interpreter_active"]

@@ -1,0 +1,267 @@
+"""Blockwise 4-bit dequantization of bitsandbytes' packed bytes, as a Triton kernel.
+
+Layout read (bitsandbytes ``quantize_4bit``, verified against 0.50.2 on CPU): the weight is
+flattened; flat element ``e`` lives in byte ``e // 2``, even ``e`` in the HIGH nibble; block
+``e // blocksize`` scales it by ``absmax[e // blocksize]``; the last block may be partial and
+numel may be odd (the last low nibble is then padding). Double quantization stores absmax as
+uint8 codes: ``absmax[b] = nested_code[c[b]] * nested_absmax[b // nested_blocksize] + offset``
+(fp32 product, then fp32 add, as bitsandbytes does it in two steps).
+
+value = fp32(code[nibble] * absmax[block]) rounded once (to nearest even) to the output
+dtype, which is what bitsandbytes computes, so the result is bit-identical to it; the kernel is launched with fp-fusion off so that the double-quant
+``* + offset`` is not contracted into an FMA and stays bit-identical on GPU too.
+
+Blocksize is even (>= 32), so both nibbles of a byte share one block: the kernel works on a
+2-D tile of ``[blocks, blocksize // 2]`` bytes, loads absmax once per block row and emits both
+nibbles of every byte with one interleave.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+SUPPORTED_BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+# Bytes of packed weight one program handles (a power of two >= blocksize // 2).
+# GPU: enough work per program to hide latency; interpreter: few, large programs
+# (it loops over the grid in Python, and each program is a vectorized NumPy step).
+_GPU_BYTES_PER_PROGRAM = 2048
+_INTERPRETER_BYTES_PER_PROGRAM = 8192
+
+
+@triton.jit
+def load_block_absmax(
+    absmax_ptr,
+    block,
+    mask,
+    nested_absmax_ptr,
+    nested_code_ptr,
+    offset,
+    NESTED_BLOCKSIZE: tl.constexpr,
+    DOUBLE_QUANT: tl.constexpr,
+):
+    """fp32 absmax of quantization block ``block`` (any shape), decoding double quantization."""
+    if DOUBLE_QUANT:
+        absmax_code = tl.load(absmax_ptr + block, mask=mask, other=0).to(tl.int32)
+        nested_value = tl.load(nested_code_ptr + absmax_code, mask=mask, other=0.0)
+        nested_scale = tl.load(nested_absmax_ptr + block // NESTED_BLOCKSIZE, mask=mask, other=0.0)
+        absmax = nested_value * nested_scale + offset
+    else:
+        absmax = tl.load(absmax_ptr + block, mask=mask, other=0.0).to(tl.float32)
+    return absmax
+
+
+@triton.jit
+def store_as(out_ptr, values, mask, BF16_BITS: tl.constexpr):
+    """Store fp32 ``values`` rounded to nearest-even in ``out_ptr``'s dtype.
+
+    BF16_BITS: ``out_ptr`` is a bfloat16 buffer viewed as int16 and the rounding is done
+    with integer ops, because Triton's interpreter truncates fp32 -> bf16 casts (3.9) and
+    we want the same bits compiled and interpreted. NaN stays a quiet NaN.
+    """
+    if BF16_BITS:
+        bits = values.to(tl.uint32, bitcast=True)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        rounded = tl.where(values != values, 0x7FC0, rounded)
+        tl.store(out_ptr, rounded.to(tl.int32).to(tl.int16), mask=mask)
+    else:
+        tl.store(out_ptr, values.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _dequantize_4bit_kernel(
+    packed_ptr,
+    absmax_ptr,
+    code_ptr,
+    out_ptr,
+    nested_absmax_ptr,
+    nested_code_ptr,
+    offset,
+    numel,
+    num_blocks,
+    HALF_BLOCKSIZE: tl.constexpr,
+    BLOCKS_PER_PROGRAM: tl.constexpr,
+    NESTED_BLOCKSIZE: tl.constexpr,
+    DOUBLE_QUANT: tl.constexpr,
+    BF16_BITS: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    block = pid * BLOCKS_PER_PROGRAM + tl.arange(0, BLOCKS_PER_PROGRAM)  # [R]
+    block_ok = block < num_blocks
+    absmax = load_block_absmax(
+        absmax_ptr, block, block_ok, nested_absmax_ptr, nested_code_ptr, offset,
+        NESTED_BLOCKSIZE, DOUBLE_QUANT,
+    )
+
+    byte = block[:, None] * HALF_BLOCKSIZE + tl.arange(0, HALF_BLOCKSIZE)[None, :]  # [R, H]
+    first_element = byte * 2
+    byte_ok = first_element < numel
+    packed = tl.load(packed_ptr + byte, mask=byte_ok, other=0).to(tl.int32)
+    high = tl.load(code_ptr + (packed >> 4))  # element 2*byte
+    low = tl.load(code_ptr + (packed & 15))  # element 2*byte + 1
+    scale = absmax[:, None]
+    values = tl.join(high * scale, low * scale)  # [R, H, 2]
+    values = tl.reshape(values, (BLOCKS_PER_PROGRAM, 2 * HALF_BLOCKSIZE))
+
+    element = block[:, None] * (2 * HALF_BLOCKSIZE) + tl.arange(0, 2 * HALF_BLOCKSIZE)[None, :]
+    store_as(out_ptr + element, values, element < numel, BF16_BITS)
+
+
+def interpreter_active() -> bool:
+    """Whether this module's kernels were built for Triton's CPU interpreter.
+
+    Triton (3.6 and 3.9 alike) reads ``TRITON_INTERPRET`` when ``@triton.jit`` *decorates*
+    a function, i.e. when this module is first imported: setting the variable later has
+    no effect on these kernels. So the answer is read off the kernel object itself.
+    """
+    return not isinstance(_dequantize_4bit_kernel, triton.runtime.JITFunction)
+
+
+def check_launchable(device: torch.device, where: str) -> None:
+    """Raise if the kernels cannot run on ``device`` in this process's Triton mode."""
+    if device.type == "cpu" and not interpreter_active():
+        raise RuntimeError(
+            f"{where}: tensors are on the CPU but the Triton kernels were compiled for a GPU; "
+            "set TRITON_INTERPRET=1 in the environment before pytest_qconform.kernels is first "
+            "imported to run them in Triton's interpreter, or move the tensors to a GPU"
+        )
+
+
+def check_packed_state(
+    packed: torch.Tensor,
+    absmax: torch.Tensor,
+    *,
+    blocksize: int,
+    numel: int,
+    code: torch.Tensor,
+    nested_absmax: torch.Tensor | None,
+    nested_code: torch.Tensor | None,
+    nested_blocksize: int,
+    where: str,
+) -> None:
+    """Raise ValueError naming the first inconsistency between the state and the shape."""
+    if blocksize not in SUPPORTED_BLOCKSIZES:
+        raise ValueError(f"{where}: blocksize {blocksize} is not one of {SUPPORTED_BLOCKSIZES}")
+    if packed.dtype != torch.uint8:
+        raise ValueError(f"{where}: packed must be uint8 (two 4-bit codes per byte), got {packed.dtype}")
+    if packed.numel() < (numel + 1) // 2:
+        raise ValueError(
+            f"{where}: packed has {packed.numel()} bytes but shape needs ceil({numel} / 2) = {(numel + 1) // 2}"
+        )
+    num_blocks = math.ceil(numel / blocksize)
+    if absmax.numel() < num_blocks:
+        raise ValueError(
+            f"{where}: absmax has {absmax.numel()} entries but {numel} elements in blocks of "
+            f"{blocksize} need {num_blocks}"
+        )
+    if code.numel() != 16 or code.dtype != torch.float32:
+        raise ValueError(f"{where}: code must be a float32 table of 16 entries, got {code.dtype}[{code.numel()}]")
+    if (nested_absmax is None) != (nested_code is None):
+        raise ValueError(f"{where}: pass both nested_absmax and nested_code for double quantization, or neither")
+    if nested_absmax is not None:
+        assert nested_code is not None
+        if absmax.dtype != torch.uint8:
+            raise ValueError(f"{where}: double-quantized absmax must be uint8 codes, got {absmax.dtype}")
+        if nested_code.numel() != 256 or nested_code.dtype != torch.float32:
+            raise ValueError(f"{where}: nested_code must be float32[256], got {nested_code.dtype}[{nested_code.numel()}]")
+        if nested_blocksize <= 0:
+            raise ValueError(f"{where}: nested_blocksize must be positive, got {nested_blocksize}")
+        if nested_absmax.dtype != torch.float32 or nested_absmax.numel() < math.ceil(num_blocks / nested_blocksize):
+            raise ValueError(
+                f"{where}: nested_absmax must be float32 with ceil({num_blocks} / {nested_blocksize}) entries, "
+                f"got {nested_absmax.dtype}[{nested_absmax.numel()}]"
+            )
+    elif absmax.dtype == torch.uint8:
+        raise ValueError(f"{where}: absmax is uint8 codes but nested_absmax/nested_code were not given")
+    tensors = [packed, absmax, code] + [t for t in (nested_absmax, nested_code) if t is not None]
+    devices = {t.device for t in tensors}
+    if len(devices) != 1:
+        raise ValueError(f"{where}: all state tensors must be on one device, got {sorted(map(str, devices))}")
+
+
+def nested_args(
+    absmax: torch.Tensor,
+    nested_absmax: torch.Tensor | None,
+    nested_code: torch.Tensor | None,
+    offset: float | torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, float, bool]:
+    """Kernel arguments for the (optional) double quantization: pointers, offset, flag."""
+    if nested_absmax is None or nested_code is None:
+        return absmax, absmax, 0.0, False  # placeholders, never read
+    offset_value = 0.0 if offset is None else float(offset)
+    return nested_absmax.contiguous(), nested_code.contiguous(), offset_value, True
+
+
+def dequantize_4bit(
+    packed: torch.Tensor,
+    absmax: torch.Tensor,
+    *,
+    blocksize: int,
+    shape: tuple[int, ...],
+    code: torch.Tensor,
+    out_dtype: torch.dtype,
+    nested_absmax: torch.Tensor | None = None,
+    nested_code: torch.Tensor | None = None,
+    nested_blocksize: int = 256,
+    offset: float | torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Dequantize bitsandbytes-packed 4-bit bytes to a ``shape`` tensor of ``out_dtype``.
+
+    ``packed`` may have any shape (it is read flattened); ``code`` is the 16-entry table
+    (NF4 or FP4). With ``out`` (contiguous, ``shape``, ``out_dtype``, same device) the result
+    is written there and ``out`` is returned.
+    """
+    where = "kernels.dequantize_4bit"
+    shape = tuple(int(s) for s in shape)
+    numel = math.prod(shape)
+    if out_dtype not in OUT_DTYPES:
+        raise ValueError(f"{where}: out_dtype must be one of {OUT_DTYPES}, got {out_dtype}")
+    check_packed_state(
+        packed, absmax, blocksize=blocksize, numel=numel, code=code, nested_absmax=nested_absmax,
+        nested_code=nested_code, nested_blocksize=nested_blocksize, where=where,
+    )
+    device = packed.device
+    if out is None:
+        out = torch.empty(shape, dtype=out_dtype, device=device)
+    elif tuple(out.shape) != shape or out.dtype != out_dtype or out.device != device or not out.is_contiguous():
+        raise ValueError(
+            f"{where}: out must be a contiguous {out_dtype} tensor of shape {shape} on {device}, got "
+            f"{out.dtype} {tuple(out.shape)} on {out.device} (contiguous={out.is_contiguous()})"
+        )
+    if numel == 0:
+        return out
+    check_launchable(device, where)
+
+    packed_flat = packed.reshape(-1).contiguous()
+    absmax_flat = absmax.reshape(-1).contiguous()
+    nested_absmax_arg, nested_code_arg, offset_value, double_quant = nested_args(
+        absmax_flat, nested_absmax, nested_code, offset
+    )
+    half_blocksize = blocksize // 2
+    bytes_per_program = _GPU_BYTES_PER_PROGRAM if device.type != "cpu" else _INTERPRETER_BYTES_PER_PROGRAM
+    blocks_per_program = max(1, bytes_per_program // half_blocksize)
+    num_blocks = math.ceil(numel / blocksize)
+    grid = (math.ceil(num_blocks / blocks_per_program),)
+    _dequantize_4bit_kernel[grid](
+        packed_flat,
+        absmax_flat,
+        code.contiguous(),
+        out.view(torch.int16) if out_dtype == torch.bfloat16 else out,
+        nested_absmax_arg,
+        nested_code_arg,
+        offset_value,
+        numel,
+        num_blocks,
+        HALF_BLOCKSIZE=half_blocksize,
+        BLOCKS_PER_PROGRAM=blocks_per_program,
+        NESTED_BLOCKSIZE=nested_blocksize,
+        DOUBLE_QUANT=double_quant,
+        BF16_BITS=out_dtype == torch.bfloat16,
+        enable_fp_fusion=False,  # keep nested_code * scale + offset two roundings, like bitsandbytes
+    )
+    return out

@@ -1,0 +1,35 @@
+"""The plugin's command-line options and ini settings, in one named group."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+DTYPE_NAMES: tuple[str, ...] = ("bf16", "fp16", "fp32")
+PROFILES: tuple[str, ...] = ("ci", "thorough")
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("qconform", "pytest-qconform: 4-bit quantization conformance")
+    group.addoption("--qconform", action="store_true", default=False,
+                    help="run the conformance suites shipped with pytest-qconform (off: the plugin changes nothing)")
+    group.addoption("--qconform-backend", action="append", default=[], metavar="NAME",
+                    help="test only this backend (repeatable); default: every registered backend")
+    group.addoption("--qconform-format", action="append", default=[], metavar="FORMAT",
+                    help="test only this format: nf4, fp4 or hqq4 (repeatable)")
+    group.addoption("--qconform-dtype", action="append", default=[], choices=DTYPE_NAMES,
+                    help="test only this output/compute dtype (repeatable)")
+    group.addoption("--qconform-profile", default=None, choices=PROFILES,
+                    help="hypothesis profile: ci (fast, default) or thorough (nightly); ini qconform_profile")
+    group.addoption("--qconform-report-dir", default=None, metavar="DIR",
+                    help="folder for the run report JSON; ini qconform_report_dir (default: reports)")
+    group.addoption("--qconform-no-report", action="store_true", default=False,
+                    help="do not write a run report")
+    group.addoption("--qconform-known-failures", action="append", default=[], metavar="FILE",
+                    help="extra known-failures TOML file (repeatable), added to the packaged one")
+    group.addoption("--qconform-simulate", default=os.environ.get("QCONFORM_SIMULATE") or None, metavar="ARCH",
+                    help="TESTING AID: pretend the probe found ARCH (e.g. gfx1200) to test gating; "
+                         "tests on it are skipped, nothing is computed on it (env QCONFORM_SIMULATE)")
+    parser.addini("qconform_report_dir", "folder for run reports", default="reports")
+    parser.addini("qconform_profile", "hypothesis profile (ci or thorough)", default="ci")
+    parser.addini("qconform_backends", "backends to test (default: all)", type="args", default=[])

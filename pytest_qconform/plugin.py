@@ -1,0 +1,128 @@
+"""pytest hooks of pytest-qconform: options, markers, collection, header, summary.
+
+Thin on purpose: every decision is delegated to a module with one job (probe, targets,
+outcomes, report). Without ``--qconform`` the plugin only registers its markers.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from pytest_qconform import hookspecs, options, outcomes, state
+from pytest_qconform.targets import build_targets, hardware_marker_names
+
+DTYPE_LABELS = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    options.add_options(parser)
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(hookspecs)
+
+
+def _register_markers(config: pytest.Config) -> None:
+    for name, help_text in hardware_marker_names().items():
+        config.addinivalue_line("markers", f"{name}: {help_text}")
+    config.addinivalue_line("markers", "qconform_operation(name): the matrix operation a conformance test checks")
+
+
+def suites_dir() -> Path:
+    import pytest_qconform.suites as suites
+
+    return Path(suites.__file__).resolve().parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _register_markers(config)
+    if not config.getoption("qconform"):
+        return
+    from pytest_qconform import session_setup
+
+    session_setup.configure(config)
+    config.pluginmanager.import_plugin("pytest_qconform.fixtures")
+    from pytest_qconform.recorder import RunRecorder
+
+    config.pluginmanager.register(RunRecorder(config), "qconform-recorder")
+    if config.args_source != pytest.Config.ArgsSource.ARGS:
+        config.args = [str(suites_dir())]
+
+
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    if not config.getoption("qconform"):
+        return None
+    return state.probe(config).lines()
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    config = metafunc.config
+    if not config.getoption("qconform"):
+        return
+    if "qtarget" in metafunc.fixturenames:
+        params = [pytest.param(t, id=t.id, marks=[getattr(pytest.mark, m) for m in t.marker_names])
+                  for t in config.stash[state.TARGETS]]
+        metafunc.parametrize("qtarget", params, indirect=True)
+    if "qbackend" in metafunc.fixturenames:
+        names = sorted(config.stash[state.BACKEND_FACTORIES])
+        metafunc.parametrize("qbackend", names, indirect=True)
+
+
+def _dtype_label(value: object) -> str:
+    return DTYPE_LABELS.get(str(value), "-") if value is not None else "-"
+
+
+def _cell_key(item: pytest.Item) -> dict[str, str] | None:
+    callspec = getattr(item, "callspec", None)
+    if callspec is None or "qbackend" not in callspec.params:
+        return None
+    params = callspec.params
+    marker = item.get_closest_marker("qconform_operation")
+    operation = marker.args[0] if marker else item.path.stem.removeprefix("test_")
+    spec = params.get("spec")
+    target = params.get("qtarget")
+    return {
+        "backend": str(params["qbackend"]),
+        "operation": operation,
+        "format": spec.label() if spec is not None else str(params.get("format", "-")),
+        "dtype": _dtype_label(params.get("dtype")),
+        "target": target.id if target is not None else "-",
+    }
+
+
+def _repro(config: pytest.Config, item: pytest.Item) -> str:
+    simulate = config.getoption("qconform_simulate")
+    extra = f" --qconform-simulate={simulate}" if simulate else ""
+    return f"pytest --qconform -p no:randomly{extra} '{item.path}::{item.name}'"
+
+
+def _selected(item: pytest.Item, key: dict[str, str], config: pytest.Config) -> bool:
+    formats = config.getoption("qconform_format")
+    dtypes = config.getoption("qconform_dtype")
+    fmt = key["format"].split("-", 1)[0]
+    if formats and fmt not in formats:
+        return False
+    return not (dtypes and key["dtype"] != "-" and key["dtype"] not in dtypes)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("qconform"):
+        return
+    keep, drop = [], []
+    for item in items:
+        key = _cell_key(item)
+        if key is not None:
+            if not _selected(item, key, config):
+                drop.append(item)
+                continue
+            item.user_properties.append((outcomes.KEY_PROPERTY, key))
+            item.user_properties.append((outcomes.REPRO_PROPERTY, _repro(config, item)))
+        keep.append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+    from pytest_qconform import known_failures
+
+    known_failures.apply(config, items)

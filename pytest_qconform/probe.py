@@ -1,0 +1,149 @@
+"""What hardware and software this run has: one frozen record, computed once per session.
+
+The probe is the only place that asks torch about the device. Everything downstream
+(markers, targets, skip reasons, the report) reads the record, so a simulated probe
+drives exactly the same gating as a real one.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_qconform import archs
+
+SIMULATE_ENV = "QCONFORM_SIMULATE"
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    """One backend's load result: its version, or the exact reason it cannot load."""
+
+    name: str
+    available: bool
+    version: str | None
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"available": self.available, "version": self.version, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The run's hardware and software. ``simulated`` probes computed nothing on ``arch``."""
+
+    device_kind: str  # "cpu" | "cuda" | "rocm"
+    arch: str  # "sm90", "gfx1200", or the CPU's machine ("x86_64")
+    family: str | None
+    device_name: str
+    host: str
+    torch: str | None
+    cuda: str | None
+    hip: str | None
+    bf16: bool
+    default_blocksize: int
+    simulated: bool = False
+    triton: str | None = None
+    python: str = platform.python_version()
+    backends: tuple[BackendStatus, ...] = field(default=())
+
+    @property
+    def has_gpu(self) -> bool:
+        return self.device_kind in ("cuda", "rocm") and not self.simulated
+
+    def with_backends(self, statuses: tuple[BackendStatus, ...]) -> "Probe":
+        return dataclasses.replace(self, backends=statuses)
+
+    def backend(self, name: str) -> BackendStatus | None:
+        return next((b for b in self.backends if b.name == name), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["backends"] = {b.name: b.to_dict() for b in self.backends}
+        data["schema_version"] = 1
+        return data
+
+    def summary(self) -> str:
+        """One line: what a skip reason says was found."""
+        sim = " (simulated, no device)" if self.simulated else ""
+        return f"{self.device_kind} {self.arch}{sim}, torch {self.torch}"
+
+    def lines(self) -> list[str]:
+        """The human-readable report used by the run header and ``qconform doctor``."""
+        out = [
+            f"qconform probe: {self.device_kind} {self.arch}"
+            + (f" ({self.family})" if self.family else "")
+            + (" [SIMULATED: nothing runs on this device]" if self.simulated else ""),
+            f"  device: {self.device_name}  host: {self.host}",
+            f"  torch {self.torch}  cuda {self.cuda}  hip {self.hip}  triton {self.triton}  python {self.python}",
+            f"  bf16: {'yes' if self.bf16 else 'no'}  default 4-bit blocksize: {self.default_blocksize}",
+        ]
+        for b in self.backends:
+            state = f"{b.version}" if b.available else f"unavailable: {b.reason}"
+            out.append(f"  backend {b.name}: {state}")
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+def _module_version(name: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(name)
+    except Exception:  # noqa: BLE001 - any metadata problem means "unknown"
+        return None
+
+
+def probe_hardware(simulate: str | None = None) -> Probe:
+    """Ask torch what device this run has; ``simulate`` names an arch to pretend to be."""
+    host = socket.gethostname()
+    try:
+        import torch
+    except Exception as exc:  # noqa: BLE001 - no torch: a CPU run with nothing to test
+        return Probe("cpu", platform.machine(), None, f"torch unavailable: {exc}", host, None, None, None,
+                     False, archs.CPU_DEFAULT_BLOCKSIZE, triton=_module_version("triton"))
+    torch_version = str(torch.__version__)
+    triton_version = _module_version("triton")
+    if simulate:
+        return simulated_probe(simulate, host=host, torch_version=torch_version, triton_version=triton_version)
+    hip = getattr(torch.version, "hip", None)
+    cuda = getattr(torch.version, "cuda", None)
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        if hip:
+            arch = archs.normalize_gcn_arch(getattr(props, "gcnArchName", "") or "unknown")
+            kind = "rocm"
+        else:
+            arch = archs.cuda_arch(props.major, props.minor)
+            kind = "cuda"
+        facts = archs.facts_for(arch)
+        bf16 = facts.bf16 if facts else bool(torch.cuda.is_bf16_supported())
+        blocksize = facts.default_blocksize if facts else (
+            archs.ROCM_DEFAULT_BLOCKSIZE if hip else archs.CUDA_DEFAULT_BLOCKSIZE)
+        return Probe(kind, arch, facts.family if facts else None, props.name, host, torch_version,
+                     None if hip else cuda, hip, bf16, blocksize, triton=triton_version)
+    return Probe("cpu", platform.machine() or "cpu", None, platform.processor() or platform.machine(), host,
+                 torch_version, cuda, hip, True, archs.CPU_DEFAULT_BLOCKSIZE, triton=triton_version)
+
+
+def simulated_probe(arch: str, *, host: str = "simulated", torch_version: str | None = None,
+                    triton_version: str | None = None) -> Probe:
+    """A probe that looks like ``arch`` to every gating decision but has no device.
+
+    A testing aid: ``--qconform-simulate=gfx1200`` lets the gating (markers, defaults,
+    skip reasons) be tested without the hardware. Every test that would compute on the
+    simulated device is skipped, so no result can claim to come from it.
+    """
+    facts = archs.facts_for(arch)
+    if facts is None:
+        known = ", ".join(sorted(archs.KNOWN_ARCHS))
+        raise ValueError(f"cannot simulate unknown arch {arch!r}; known archs: {known}")
+    return Probe(facts.kind, facts.name, facts.family, f"simulated {facts.name} (no device)", host,
+                 torch_version, "simulated" if facts.kind == "cuda" else None,
+                 "simulated" if facts.kind == "rocm" else None, facts.bf16, facts.default_blocksize,
+                 simulated=True, triton=triton_version)

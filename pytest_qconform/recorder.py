@@ -1,0 +1,69 @@
+"""Collects each test's outcome into matrix cases and writes the run report at the end."""
+from __future__ import annotations
+
+import datetime as _dt
+from pathlib import Path
+
+import pytest
+
+from pytest_qconform import outcomes, state
+
+
+class RunRecorder:
+    """A plugin object (one per session, holding its config) registered by ``--qconform``."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.nothing_selected = False
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        case = outcomes.case_from_report(report)
+        if case is not None:
+            cases = self.config.stash[state.CASES]
+            cases[case.nodeid] = outcomes.worse(cases.get(case.nodeid), case)
+
+    def cells(self) -> list:
+        from pytest_qconform.report import Cell, fold_cell
+
+        grouped: dict[tuple[str, str, str, str], list] = {}
+        for case in self.config.stash[state.CASES].values():
+            failed = case.verdict in ("fail", "crashed", "timeout")
+            cell = Cell(backend=case.backend, operation=case.operation, format=case.format, dtype=case.dtype,
+                        verdict=case.verdict, cases=1, worst_error_multiple=case.worst_error_multiple,
+                        first_failure={"message": case.message, "repro": case.repro} if failed else None,
+                        reason=case.message if not failed else "")
+            grouped.setdefault(case.cell_key, []).append(cell)
+        return [fold_cell(group) for _, group in sorted(grouped.items())]
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+            # A selection that matches nothing is not a tool failure; the summary says so.
+            self.nothing_selected = True
+            session.exitstatus = pytest.ExitCode.OK
+        if hasattr(self.config, "workerinput") or self.config.getoption("qconform_no_report"):
+            return
+        from pytest_qconform.report import RunReport, write_report
+
+        folder = Path(self.config.getoption("qconform_report_dir") or self.config.getini("qconform_report_dir"))
+        if not folder.is_absolute():
+            folder = Path(self.config.invocation_params.dir) / folder
+        created = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        report = RunReport(probe=state.probe(self.config).to_dict(), cells=tuple(self.cells()), created=created)
+        self.config.stash[state.REPORT_PATH] = str(write_report(report, folder))
+        self.report = report
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        tr = terminalreporter
+        tr.section("qconform matrix")
+        if self.nothing_selected:
+            tr.write_line("qconform: no conformance test matched this selection; nothing was checked "
+                          f"(probe: {state.probe(self.config).summary()})")
+        report = getattr(self, "report", None)
+        if report is not None:
+            from pytest_qconform.report import format_arch_table
+
+            tr.write_line(format_arch_table(report))
+        path = self.config.stash.get(state.REPORT_PATH, None)
+        if path:
+            tr.write_line(f"qconform report: {path}")

@@ -1,0 +1,456 @@
+"""The run report: one JSON file per run, saying which cells passed on this machine.
+
+A report is the only thing a runner hands on to the matrix, so it is written
+atomically (a killed run leaves no half-written file), read strictly (a malformed or
+newer file is an error that names the file and the problem, never a guess), and
+versioned (``schema_version``). The schema is documented in ``docs/report-schema.md``.
+Reading never evaluates or unpickles anything: it is ``json.loads`` and type checks.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+SCHEMA = "pytest-qconform/report"
+SCHEMA_VERSION = 1
+
+# Folding precedence, worst first: a cell is as bad as its worst case. A crash or a
+# timeout hides what the remaining cases would have said, so they outrank a plain
+# failure; a known failure still outranks a pass (it is not a pass); any computed
+# outcome outranks "skipped", and "unavailable" (the backend cannot load) says least.
+VERDICTS: tuple[str, ...] = ("crashed", "timeout", "fail", "known-failure", "pass", "skipped", "unavailable")
+FAILING_VERDICTS: frozenset[str] = frozenset({"crashed", "timeout", "fail"})
+DEVICE_KINDS: tuple[str, ...] = ("cpu", "cuda", "rocm")
+
+CREATED_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+FILENAME_TIME_FORMAT = "%Y%m%dT%H%M%SZ"
+_TEMP_SUFFIX = ".tmp"  # never "*.json": a temp file left by a SIGKILL is not scanned as a report
+
+
+class SchemaError(ValueError):
+    """A dict does not follow the report schema; the message names the field."""
+
+
+class ReportError(ValueError):
+    """A report file cannot be read: names the file and what is wrong with it."""
+
+    def __init__(self, path: str | os.PathLike[str], problem: str) -> None:
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(f"{self.path}: {problem}")
+
+
+def utc_now() -> str:
+    """The current UTC time in the report's ``created`` format."""
+    return _dt.datetime.now(_dt.timezone.utc).strftime(CREATED_FORMAT)
+
+
+def parse_created(created: str) -> _dt.datetime:
+    """``2025-01-31T12:00:00Z`` -> aware UTC datetime; anything else is a SchemaError."""
+    if not isinstance(created, str) or not created.endswith("Z"):
+        raise SchemaError(f"created: {created!r} is not a UTC ISO 8601 time like '2025-01-31T12:00:00Z'")
+    for fmt in (CREATED_FORMAT, "%Y-%m-%dT%H:%M:%S.%fZ"):
+        try:
+            return _dt.datetime.strptime(created, fmt).replace(tzinfo=_dt.timezone.utc)
+        except ValueError:
+            continue
+    raise SchemaError(f"created: {created!r} is not a UTC ISO 8601 time like '2025-01-31T12:00:00Z'")
+
+
+def format_multiple(multiple: float | None) -> str:
+    """A worst error multiple for tables: three significant digits, ``-`` when none."""
+    if multiple is None:
+        return "-"
+    if math.isnan(multiple):
+        return "nan"
+    if math.isinf(multiple):
+        return "inf"
+    return f"{multiple:.3g}"
+
+
+# ---------------------------------------------------------------- field checks
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _require(data: Mapping[str, Any], key: str, where: str) -> Any:
+    if key not in data:
+        raise SchemaError(f"{where}: missing field {key!r}")
+    return data[key]
+
+
+def _str(data: Mapping[str, Any], key: str, where: str, *, nullable: bool = False, nonempty: bool = False) -> Any:
+    value = _require(data, key, where)
+    if value is None and nullable:
+        return None
+    if not isinstance(value, str):
+        expected = "a string or null" if nullable else "a string"
+        raise SchemaError(f"{where}.{key}: expected {expected}, got {_type_name(value)} {value!r}")
+    if nonempty and not value:
+        raise SchemaError(f"{where}.{key}: must not be empty")
+    return value
+
+
+def _bool(data: Mapping[str, Any], key: str, where: str) -> bool:
+    value = _require(data, key, where)
+    if not isinstance(value, bool):
+        raise SchemaError(f"{where}.{key}: expected true or false, got {_type_name(value)} {value!r}")
+    return value
+
+
+def _object(value: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, dict):
+        raise SchemaError(f"{where}: expected a JSON object, got {_type_name(value)}")
+    return value
+
+
+def _multiple_from_json(value: Any, where: str) -> float | None:
+    # Strict JSON has no NaN/Infinity, so non-finite multiples travel as strings.
+    if value is None:
+        return None
+    if isinstance(value, str) and value in ("inf", "nan"):
+        return float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SchemaError(f"{where}: expected a number, null, 'inf' or 'nan', got {_type_name(value)} {value!r}")
+    return float(value)
+
+
+def _multiple_to_json(value: float | None) -> float | str | None:
+    if value is None or math.isfinite(value):
+        return value
+    return "nan" if math.isnan(value) else "inf"
+
+
+def validate_probe(probe: Any, where: str = "probe") -> dict[str, Any]:
+    """Check the probe keys the report and matrix rely on (others are kept as written)."""
+    data = _object(probe, where)
+    kind = _str(data, "device_kind", where)
+    if kind not in DEVICE_KINDS:
+        raise SchemaError(f"{where}.device_kind: {kind!r} is not one of {', '.join(DEVICE_KINDS)}")
+    _str(data, "arch", where, nonempty=True)
+    _str(data, "device_name", where)
+    _str(data, "host", where)
+    _str(data, "torch", where, nullable=True)
+    _str(data, "cuda", where, nullable=True)
+    _str(data, "hip", where, nullable=True)
+    _bool(data, "simulated", where)
+    backends = _object(_require(data, "backends", where), f"{where}.backends")
+    for name, status in backends.items():
+        entry = f"{where}.backends[{name!r}]"
+        status = _object(status, entry)
+        _bool(status, "available", entry)
+        _str(status, "version", entry, nullable=True)
+        _str(status, "reason", entry)
+    return dict(data)
+
+
+# ---------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One matrix cell of one run: every test case of a (backend, operation, format, dtype).
+
+    ``worst_error_multiple`` is the worst error as a multiple of its derived bound
+    (<= 1 is within bound); ``first_failure`` carries the message and a repro command of
+    the first failing case; ``reason`` explains skipped, unavailable and known-failure.
+    """
+
+    backend: str
+    operation: str
+    format: str
+    dtype: str
+    verdict: str
+    cases: int = 1
+    worst_error_multiple: float | None = None
+    first_failure: dict[str, str] | None = None
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"unknown verdict {self.verdict!r}; expected one of {', '.join(VERDICTS)}")
+        if self.cases < 0:
+            raise ValueError(f"cases must be >= 0, got {self.cases}")
+
+    @property
+    def key(self) -> tuple[str, str, str, str]:
+        return (self.backend, self.operation, self.format, self.dtype)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "operation": self.operation,
+            "format": self.format,
+            "dtype": self.dtype,
+            "verdict": self.verdict,
+            "cases": self.cases,
+            "worst_error_multiple": _multiple_to_json(self.worst_error_multiple),
+            "first_failure": dict(self.first_failure) if self.first_failure is not None else None,
+            "reason": self.reason,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "cell") -> "Cell":
+        data = _object(data, where)
+        names = {key: _str(data, key, where, nonempty=True) for key in ("backend", "operation", "format", "dtype")}
+        verdict = _str(data, "verdict", where)
+        if verdict not in VERDICTS:
+            raise SchemaError(f"{where}.verdict: unknown verdict {verdict!r}; expected one of {', '.join(VERDICTS)}")
+        cases = _require(data, "cases", where)
+        if isinstance(cases, bool) or not isinstance(cases, int) or cases < 0:
+            raise SchemaError(f"{where}.cases: expected a non-negative integer, got {_type_name(cases)} {cases!r}")
+        multiple = _multiple_from_json(_require(data, "worst_error_multiple", where), f"{where}.worst_error_multiple")
+        failure = _require(data, "first_failure", where)
+        if failure is not None:
+            failure = _object(failure, f"{where}.first_failure")
+            failure = {key: _str(failure, key, f"{where}.first_failure") for key in ("message", "repro")}
+        reason = _str(data, "reason", where)
+        return cls(verdict=verdict, cases=cases, worst_error_multiple=multiple, first_failure=failure,
+                   reason=reason, **names)
+
+
+def _worst(multiples: Iterable[float | None]) -> float | None:
+    """The largest multiple; NaN counts as worst of all (a NaN result is never within bound)."""
+    present = [m for m in multiples if m is not None]
+    if not present:
+        return None
+    if any(math.isnan(m) for m in present):
+        return math.nan
+    return max(present)
+
+
+def fold_cell(cells: Iterable[Cell]) -> Cell:
+    """Fold the cells of many test cases with one (backend, operation, format, dtype) into one.
+
+    Verdict: the first of ``VERDICTS`` present (crashed > timeout > fail > known-failure >
+    pass > skipped > unavailable). Cases: summed. Worst multiple: the maximum (NaN wins).
+    First failure: that of the first cell, in the given order, that carries one. Reason:
+    that of the first cell whose verdict is the folded verdict.
+    """
+    cells = list(cells)
+    if not cells:
+        raise ValueError("fold_cell needs at least one cell")
+    key = cells[0].key
+    for cell in cells[1:]:
+        if cell.key != key:
+            raise ValueError(f"fold_cell: cannot fold {cell.key} into {key}; group cells by key first")
+    verdict = min((cell.verdict for cell in cells), key=VERDICTS.index)
+    failure = next((cell.first_failure for cell in cells if cell.first_failure is not None), None)
+    reason = next(cell.reason for cell in cells if cell.verdict == verdict)
+    return Cell(*key, verdict=verdict, cases=sum(cell.cases for cell in cells),
+                worst_error_multiple=_worst(cell.worst_error_multiple for cell in cells),
+                first_failure=failure, reason=reason)
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """One run: the probe (what hardware and software), its cells, and when (UTC).
+
+    ``source`` is where the report was read from (empty for one built in memory); it is
+    not part of the file and not part of equality.
+    """
+
+    probe: dict[str, Any]
+    cells: tuple[Cell, ...]
+    created: str
+    source: str = field(default="", compare=False)
+
+    @property
+    def arch(self) -> str:
+        return str(self.probe["arch"])
+
+    @property
+    def host(self) -> str:
+        return str(self.probe["host"])
+
+    @property
+    def simulated(self) -> bool:
+        return bool(self.probe.get("simulated", False))
+
+    @property
+    def created_at(self) -> _dt.datetime:
+        return parse_created(self.created)
+
+    @property
+    def label(self) -> str:
+        """A short, machine-independent name: the file name, else arch-host-created."""
+        return Path(self.source).name if self.source else f"{self.arch}-{self.host}-{self.created}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "schema_version": SCHEMA_VERSION,
+            "created": self.created,
+            "probe": dict(self.probe),
+            "cells": [cell.to_dict() for cell in self.cells],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "") -> "RunReport":
+        """Validate and build; raises SchemaError naming the first field that is wrong."""
+        if not isinstance(data, dict):
+            raise SchemaError(f"top level: expected a JSON object, got {_type_name(data)}")
+        schema = data.get("schema")
+        if schema != SCHEMA:
+            raise SchemaError(f"schema is {schema!r}, expected {SCHEMA!r}: not a pytest-qconform run report")
+        version = _require(data, "schema_version", "report")
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise SchemaError(f"report.schema_version: expected an integer, got {_type_name(version)} {version!r}")
+        if version > SCHEMA_VERSION:
+            raise SchemaError(f"schema_version {version} is newer than this pytest-qconform reads "
+                              f"(version {SCHEMA_VERSION}); upgrade pytest-qconform to read it")
+        if version != SCHEMA_VERSION:
+            raise SchemaError(f"unknown schema_version {version}; this pytest-qconform reads version {SCHEMA_VERSION}")
+        created = _require(data, "created", "report")
+        parse_created(created)
+        probe = validate_probe(_require(data, "probe", "report"))
+        raw_cells = _require(data, "cells", "report")
+        if not isinstance(raw_cells, list):
+            raise SchemaError(f"report.cells: expected a JSON array, got {_type_name(raw_cells)}")
+        cells = tuple(Cell.from_dict(cell, f"cells[{i}]") for i, cell in enumerate(raw_cells))
+        return cls(probe=probe, cells=cells, created=created, source=source)
+
+
+# ---------------------------------------------------------------- files
+
+
+def safe_filename_part(text: str) -> str:
+    """Keep letters, digits, ``.``, ``_`` and ``-``; no leading dot (no hidden files)."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._")
+    return cleaned or "unknown"
+
+
+def write_bytes_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` so that ``path`` holds either its old content or all of the new one.
+
+    Temp file in the same folder (same filesystem, so ``os.replace`` is atomic), fsync,
+    replace; on any error the temp file is removed and the error propagates. The temp
+    name starts with a dot and ends in ``.tmp``, so a SIGKILL mid-write leaves nothing
+    that a ``*.json`` scan would take for a report.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=_TEMP_SUFFIX)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """``write_bytes_atomically`` for text, encoded as UTF-8 (no newline translation)."""
+    write_bytes_atomically(path, text.encode("utf-8"))
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make the rename durable where the OS allows it (POSIX); elsewhere a no-op."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def report_filename(report: RunReport) -> str:
+    """``<arch>-<host>-<YYYYmmddTHHMMSSZ>.json`` from the report's own ``created``."""
+    stamp = report.created_at.strftime(FILENAME_TIME_FORMAT)
+    return f"{safe_filename_part(report.arch)}-{safe_filename_part(report.host)}-{stamp}.json"
+
+
+def write_report(report: RunReport, folder: Path) -> Path:
+    """Write ``report`` atomically into ``folder`` (created if needed); returns its path.
+
+    A second report of the same arch, host and second gets a ``-1``, ``-2``... suffix
+    rather than replacing the first.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(report.to_dict(), indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n"
+    name = report_filename(report)
+    path = folder / name
+    counter = 0
+    while path.exists():
+        counter += 1
+        path = folder / f"{name[:-len('.json')]}-{counter}.json"
+    write_text_atomically(path, text)
+    return path
+
+
+def _reject_constant(name: str) -> Any:
+    raise SchemaError(f"{name} is not valid JSON (write non-finite multiples as the strings 'inf'/'nan')")
+
+
+def read_report(path: str | os.PathLike[str]) -> RunReport:
+    """Read and validate one report; any problem is a ReportError naming the file."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ReportError(path, f"cannot read: {exc.strerror or exc}") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ReportError(path, f"not UTF-8 text (byte {exc.start}): not a run report") from exc
+    if not text.strip():
+        raise ReportError(path, "empty file: not a run report (a run killed before writing leaves none)")
+    try:
+        data = json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        # Truncated: the parser choked on nothing, on half a literal or half a number.
+        rest = text[exc.pos:].rstrip()
+        truncated = (exc.msg.startswith("Unterminated string") or re.fullmatch(r"[-+.eE0-9]*", rest) is not None
+                     or any(literal.startswith(rest) for literal in ("true", "false", "null")))
+        what = "truncated JSON" if truncated else "not valid JSON"
+        raise ReportError(path, f"{what} ({exc.msg}: line {exc.lineno} column {exc.colno}); "
+                                "regenerate it with pytest --qconform or remove it") from exc
+    except SchemaError as exc:
+        raise ReportError(path, str(exc)) from exc
+    try:
+        return RunReport.from_dict(data, source=str(path))
+    except SchemaError as exc:
+        raise ReportError(path, str(exc)) from exc
+
+
+# ---------------------------------------------------------------- terminal table
+
+
+def format_arch_table(report: RunReport) -> str:
+    """This run's cells as a fixed-width table for the end of the terminal output."""
+    probe = report.probe
+    simulated = " [SIMULATED: nothing computed on this device]" if report.simulated else ""
+    title = f"{report.arch} ({probe.get('device_kind')}) on {report.host}, torch {probe.get('torch')}{simulated}"
+    if not report.cells:
+        return f"{title}\n(no conformance cells recorded)"
+    header = ("backend", "operation", "format", "dtype", "verdict", "cases", "worst")
+    rows = [(*c.key, c.verdict, str(c.cases), format_multiple(c.worst_error_multiple))
+            for c in sorted(report.cells, key=lambda c: c.key)]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    right = {5, 6}  # numbers align right
+
+    def line(row: tuple[str, ...]) -> str:
+        return "  ".join(v.rjust(w) if i in right else v.ljust(w) for i, (v, w) in enumerate(zip(row, widths))).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([title, line(header), rule, *(line(row) for row in rows)])

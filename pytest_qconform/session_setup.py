@@ -1,0 +1,59 @@
+"""What ``--qconform`` sets up once per session: probe, backends, targets, hypothesis profile."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from pytest_qconform import state
+from pytest_qconform.probe import BackendStatus, probe_hardware
+from pytest_qconform.targets import build_targets
+
+
+def _select_backends(config: pytest.Config, factories: dict) -> dict:
+    wanted = list(config.getoption("qconform_backend")) or list(config.getini("qconform_backends"))
+    if not wanted:
+        return factories
+    unknown = [n for n in wanted if n not in factories]
+    if unknown:
+        raise pytest.UsageError(
+            f"--qconform-backend: unknown backend {', '.join(map(repr, unknown))}; "
+            f"known backends: {', '.join(sorted(factories))}")
+    return {n: factories[n] for n in wanted}
+
+
+def _discover_backends(config: pytest.Config) -> dict:
+    from pytest_qconform.backends import registry
+
+    factories = dict(registry.discover())
+    for extra in config.hook.pytest_qconform_backends(config=config):
+        for name, factory in (extra or {}).items():
+            if name in factories:
+                raise pytest.UsageError(f"pytest_qconform_backends: backend name {name!r} is already registered")
+            factories[name] = factory
+    return factories
+
+
+def configure(config: pytest.Config) -> None:
+    simulate = config.getoption("qconform_simulate")
+    try:
+        probe = probe_hardware(simulate)
+    except ValueError as exc:
+        raise pytest.UsageError(f"--qconform-simulate: {exc}") from None
+    if not probe.has_gpu:
+        # Our Triton kernels can only run interpreted without a GPU; triton reads this
+        # variable when kernels are defined, so it must be set before they are imported.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    factories = _select_backends(config, _discover_backends(config))
+    config.stash[state.BACKEND_FACTORIES] = factories
+    statuses = []
+    for name in sorted(factories):
+        backend = state.backend(config, name)
+        available = backend.availability()
+        statuses.append(BackendStatus(name, available.available, available.version, available.reason))
+    config.stash[state.PROBE] = probe.with_backends(tuple(statuses))
+    config.stash[state.TARGETS] = build_targets(probe, config.getoption("markexpr") or "")
+    config.stash[state.CASES] = {}
+    from pytest_qconform import strategies
+
+    strategies.load_profile(config.getoption("qconform_profile") or config.getini("qconform_profile"))

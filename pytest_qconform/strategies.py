@@ -1,0 +1,119 @@
+"""Hypothesis settings profiles (and, below, the input strategies the suites compose).
+
+Profiles are registered here, centrally, and chosen by ``--qconform-profile``:
+``ci`` keeps the default run short on a 2-core CPU runner, ``thorough`` is for nightly
+runners. Both derandomize nothing: the seed is printed on failure for reproduction.
+"""
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings
+
+PROFILE_SETTINGS = {
+    "ci": dict(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                     HealthCheck.function_scoped_fixture,
+                                                                     HealthCheck.differing_executors],
+               print_blob=True, derandomize=True),
+    "thorough": dict(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                            HealthCheck.function_scoped_fixture,
+                                                                            HealthCheck.differing_executors],
+                     print_blob=True),
+}
+
+
+def load_profile(name: str) -> None:
+    """Register every profile under ``qconform-<name>`` and load the chosen one."""
+    if name not in PROFILE_SETTINGS:
+        raise ValueError(f"unknown qconform profile {name!r}; choose one of {', '.join(PROFILE_SETTINGS)}")
+    for profile, kwargs in PROFILE_SETTINGS.items():
+        settings.register_profile(f"qconform-{profile}", **kwargs)
+    settings.load_profile(f"qconform-{name}")
+
+
+# ---------------------------------------------------------------------------
+# Input strategies
+# ---------------------------------------------------------------------------
+from dataclasses import dataclass  # noqa: E402
+
+import torch  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+# Few shapes on purpose: bitsandbytes' CPU path torch.compiles its dequantize per new
+# shape, so the shape set decides the CPU run time. Each shape covers a contract clause:
+# a multiple of every blocksize, an odd element count with a partial final block, one block.
+WEIGHT_SHAPES: tuple[tuple[int, int], ...] = ((64, 128), (33, 47), (1, 64))
+DISTRIBUTIONS: tuple[str, ...] = ("normal", "heavy_tailed", "outliers", "zero_blocks", "constant_blocks",
+                                  "subnormal_small", "near_fp16_max")
+FP16_MAX = 65504.0
+
+
+@dataclass(frozen=True)
+class WeightCase:
+    """A reproducible weight: shape, value distribution and seed (printed on failure)."""
+
+    shape: tuple[int, ...]
+    distribution: str
+    seed: int
+
+    def make(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        gen = torch.Generator().manual_seed(self.seed)
+        numel = 1
+        for n in self.shape:
+            numel *= n
+        w = torch.randn(numel, generator=gen, dtype=torch.float64)
+        half = numel // 2
+        if self.distribution == "heavy_tailed":  # Student-t with 2 degrees of freedom
+            chi2 = torch.randn(2, numel, generator=gen, dtype=torch.float64).pow(2).sum(0) / 2
+            w = w / chi2.sqrt().clamp_min(1e-3)
+        elif self.distribution == "outliers":  # 1% of weights 100x larger
+            mask = torch.rand(numel, generator=gen, dtype=torch.float64) < 0.01
+            w = torch.where(mask, w * 100, w)
+        elif self.distribution == "zero_blocks":  # the first half is whole all-zero blocks
+            w[:half] = 0
+        elif self.distribution == "constant_blocks":
+            w[:half] = 0.375
+        elif self.distribution == "subnormal_small":  # fp16 subnormals are below 6.1e-5
+            w = w * 1e-6
+        elif self.distribution == "near_fp16_max":
+            w = w / w.abs().max().clamp_min(1e-30) * (FP16_MAX * 0.9)
+        return w.to(torch.float32).reshape(self.shape).to(device)
+
+    def describe(self) -> dict[str, object]:
+        return {"shape": self.shape, "distribution": self.distribution, "seed": self.seed}
+
+
+def weight_cases(shapes: tuple[tuple[int, ...], ...] = WEIGHT_SHAPES,
+                 distributions: tuple[str, ...] = DISTRIBUTIONS) -> st.SearchStrategy[WeightCase]:
+    return st.builds(WeightCase, st.sampled_from(shapes), st.sampled_from(distributions),
+                     st.integers(0, 2**31 - 1))
+
+
+@dataclass(frozen=True)
+class ActivationCase:
+    """Activation layout for matmul: leading dims, and how the tensor is laid out in memory."""
+
+    leading: tuple[int, ...]  # (1,) gemv; (16,) small batch; (2, 5) batch x sequence
+    layout: str  # "contiguous" | "transposed" | "sliced"
+    seed: int
+
+    def make(self, k: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
+        gen = torch.Generator().manual_seed(self.seed)
+        shape = (*self.leading, k)
+        if self.layout == "transposed":  # a non-contiguous view with the same values layout-agnostic
+            base = torch.randn(*reversed(shape), generator=gen)
+            x = base.permute(*reversed(range(len(shape))))
+        elif self.layout == "sliced":  # every other column of a wider tensor
+            x = torch.randn(*self.leading, 2 * k, generator=gen)[..., ::2]
+        else:
+            x = torch.randn(*shape, generator=gen)
+        return x.to(dtype=dtype, device=device)
+
+    def describe(self) -> dict[str, object]:
+        return {"x_leading": self.leading, "x_layout": self.layout, "x_seed": self.seed}
+
+
+ACTIVATION_LEADING: tuple[tuple[int, ...], ...] = ((1,), (3,), (16,), (2, 5), (1, 1), (40,))
+
+
+def activation_cases() -> st.SearchStrategy[ActivationCase]:
+    return st.builds(ActivationCase, st.sampled_from(ACTIVATION_LEADING),
+                     st.sampled_from(("contiguous", "transposed", "sliced")), st.integers(0, 2**31 - 1))

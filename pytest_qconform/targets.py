@@ -1,0 +1,113 @@
+"""The hardware targets a run parametrizes its tests over, and their markers.
+
+A target is present (tests run on it) or absent (tests are generated, marked and
+skipped with the reason). Absent targets exist so that ``pytest --qconform -m gfx1200``
+on a machine without that GPU reports every selected test as skipped with a reason,
+instead of a silent "no tests ran".
+"""
+from __future__ import annotations
+
+import platform
+import re
+from dataclasses import dataclass
+
+from pytest_qconform import archs
+from pytest_qconform.probe import Probe
+
+CPU_MACHINES: tuple[str, ...] = ("x86_64", "aarch64", "arm64", "ppc64le", "s390x")
+
+
+def hardware_marker_names() -> dict[str, str]:
+    """Every hardware marker with its ``pytest --markers`` description."""
+    names = {
+        "cpu": "runs on the CPU (bitsandbytes CPU backend, HQQ PyTorch, Triton interpreter)",
+        "cuda": "needs an NVIDIA GPU through CUDA",
+        "rocm": "needs an AMD GPU through ROCm/HIP",
+    }
+    for facts in archs.KNOWN_ARCHS.values():
+        names[facts.name] = f"needs a {facts.kind} device of arch {facts.name} ({facts.family})"
+    for family in archs.FAMILIES:
+        members = ", ".join(sorted(f.name for f in archs.KNOWN_ARCHS.values() if f.family == family))
+        names[family] = f"needs a GPU of the {family} family ({members})"
+    for machine in CPU_MACHINES:
+        names[machine] = f"runs on a CPU of machine type {machine}"
+    return names
+
+
+@dataclass(frozen=True)
+class Target:
+    """One device the suites are instantiated for."""
+
+    kind: str  # "cpu" | "cuda" | "rocm"
+    arch: str | None  # None: any arch of this kind/family was asked for
+    family: str | None
+    torch_device: str | None  # "cpu", "cuda:0"; None when absent or simulated
+    bf16: bool
+    default_blocksize: int
+    skip_reason: str | None = None  # set when nothing can run on this target
+
+    @property
+    def id(self) -> str:
+        return "-".join(p for p in (self.kind, self.arch or self.family) if p and p != self.kind) or self.kind
+
+    @property
+    def marker_names(self) -> tuple[str, ...]:
+        return tuple(n for n in (self.kind, self.arch, self.family) if n)
+
+
+def cpu_target() -> Target:
+    machine = platform.machine() or "cpu"
+    return Target("cpu", machine if machine != "cpu" else None, None, "cpu", True, archs.CPU_DEFAULT_BLOCKSIZE)
+
+
+def device_target(probe: Probe) -> Target | None:
+    """The probe's GPU as a target; a simulated one is present for gating but skipped."""
+    if probe.device_kind == "cpu":
+        return None
+    reason = None
+    if probe.simulated:
+        reason = (f"simulated {probe.arch}: the probe is simulated (--qconform-simulate), "
+                  f"no {probe.arch} device exists in this run, so nothing was computed on it")
+    return Target(probe.device_kind, probe.arch, probe.family, None if probe.simulated else "cuda:0",
+                  probe.bf16, probe.default_blocksize, reason)
+
+
+def requested_hardware(markexpr: str) -> list[str]:
+    """Hardware marker names that appear in a ``-m`` expression, in order."""
+    known = hardware_marker_names()
+    seen: list[str] = []
+    for token in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", markexpr or ""):
+        if token in known and token not in seen:
+            seen.append(token)
+    return seen
+
+
+def absent_target(name: str, probe: Probe) -> Target:
+    """A target for hardware the ``-m`` expression asks for but this run lacks."""
+    found = probe.summary()
+    facts = archs.facts_for(name)
+    if facts is not None:
+        return Target(facts.kind, facts.name, facts.family, None, facts.bf16, facts.default_blocksize,
+                      f"needs a {facts.kind} device of arch {facts.name}; this run found {found}")
+    if name in archs.FAMILIES:
+        member = next(f for f in archs.KNOWN_ARCHS.values() if f.family == name)
+        return Target(member.kind, None, name, None, member.bf16, member.default_blocksize,
+                      f"needs a GPU of the {name} family; this run found {found}")
+    if name in ("cuda", "rocm"):
+        blocksize = archs.ROCM_DEFAULT_BLOCKSIZE if name == "rocm" else archs.CUDA_DEFAULT_BLOCKSIZE
+        return Target(name, None, None, None, True, blocksize,
+                      f"needs a {name} device; this run found {found}")
+    return Target("cpu", name, None, None, True, archs.CPU_DEFAULT_BLOCKSIZE,
+                  f"needs a CPU of machine type {name}; this run found {platform.machine()}")
+
+
+def build_targets(probe: Probe, markexpr: str = "") -> tuple[Target, ...]:
+    """Present targets first, then one absent target per hardware name ``-m`` asks for."""
+    targets = [cpu_target()]
+    gpu = device_target(probe)
+    if gpu is not None:
+        targets.append(gpu)
+    for name in requested_hardware(markexpr):
+        if not any(name in t.marker_names for t in targets):
+            targets.append(absent_target(name, probe))
+    return tuple(targets)

@@ -1,0 +1,233 @@
+"""Error bounds derived from the arithmetic, and how far a result is from its bound.
+
+Model (Higham, "Accuracy and Stability of Numerical Algorithms", 2nd ed., ch. 2-3): a
+floating-point operation in a format with unit roundoff ``u`` returns the exact result
+times ``(1 + d)``, ``|d| <= u`` (round to nearest), as long as it neither overflows nor
+underflows; an underflowing result is off by at most half the subnormal spacing
+``eta``. A chain of ``n`` such roundings multiplies by ``(1 + t)``, ``|t| <= gamma_n =
+n u / (1 - n u)``. A dot product of ``n`` terms, products and sums rounded in any order,
+is off by at most ``gamma_n * sum |x_k| |y_k|`` (Higham eq. 3.5).
+
+Every bound here is per element, float64, on the device of its input, and is a bound on
+``|actual - exact|`` where ``exact`` is the float64 reference. A result passes when
+``error_multiple(actual, exact, bound) <= BOUND_MULTIPLE``.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from pytest_qconform.reference.packed import PackedBnb4
+
+__all__ = ["BOUND_MULTIPLE", "bnb4_dequantize_bound", "dequantize_bound", "error_multiple", "gamma",
+           "grad_bound", "matmul_bound", "rounding_bound", "unit_roundoff"]
+
+# A result passes when its worst error is at most this multiple of its derived bound.
+# 1.0: the bounds are worst cases of the arithmetic, not statistical estimates, so a
+# conformant backend never exceeds them; no slack for "usually" is needed or allowed.
+BOUND_MULTIPLE: float = 1.0
+
+
+def _finfo(dtype: torch.dtype) -> torch.finfo:
+    if not dtype.is_floating_point:
+        raise ValueError(f"a rounding bound needs a floating-point dtype, got {dtype}")
+    return torch.finfo(dtype)
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """``u = 2**-p`` for a format with ``p`` significand bits (implicit bit included), the
+    largest relative error of round to nearest: float64 2**-53, float32 2**-24, float16
+    2**-11, bfloat16 2**-8 (= ``finfo.eps / 2``)."""
+    return float(_finfo(dtype).eps) / 2
+
+
+def gamma(n: int, u: float) -> float:
+    """``gamma_n = n u / (1 - n u)``, the relative error of ``n`` chained roundings
+    (infinite once ``n u >= 1``: nothing is bounded any more)."""
+    if n <= 0:
+        return 0.0
+    return math.inf if n * u >= 1 else n * u / (1 - n * u)
+
+
+def _half_subnormal(dtype: torch.dtype) -> float:
+    """``eta``: half the spacing of the subnormals, the worst error of an underflow."""
+    fi = _finfo(dtype)
+    return float(fi.tiny) * float(fi.eps) / 2
+
+
+def rounding_bound(exact: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Half an ulp of ``dtype`` at ``|exact|``: the worst error of rounding ``exact`` to
+    ``dtype`` (round to nearest).
+
+    For ``2**e <= |x| < 2**(e+1)`` the spacing of ``dtype`` is ``2**(e + 1 - p)``, so half
+    an ulp is ``u * 2**e``; below the smallest normal ``2**emin`` the spacing stays that of
+    the subnormals, ``2 * eta`` (so 0 gets ``eta``). A value at or beyond the overflow
+    threshold ``max + u * 2**emax`` rounds to infinity: its bound is ``inf``.
+    NaN gives NaN.
+    """
+    fi = _finfo(dtype)
+    u = float(fi.eps) / 2
+    emin = int(round(math.log2(float(fi.tiny))))
+    emax = int(math.floor(math.log2(float(fi.max))))
+    overflow = float(fi.max) + u * 2.0 ** emax
+    mag = exact.detach().to(torch.float64).abs()
+    _, exponent = torch.frexp(mag)  # mag = m * 2**exponent, m in [0.5, 1)
+    binade = torch.clamp(exponent.to(torch.int64) - 1, min=emin)
+    bound = torch.ldexp(torch.full_like(mag, u), binade)
+    bound = torch.where(mag >= overflow, torch.full_like(mag, math.inf), bound)
+    return torch.where(torch.isnan(mag), mag, bound)
+
+
+def dequantize_bound(exact: torch.Tensor, out_dtype: torch.dtype, intermediate: torch.dtype = torch.float32,
+                     ops: int = 2) -> torch.Tensor:
+    """Bound for a decoded value computed by ``ops`` multiplications/subtractions of exact
+    stored operands in ``intermediate`` precision, then rounded to ``out_dtype``.
+
+    The chain gives ``v (1 + t)``, ``|t| <= gamma_ops(u_i)``, plus ``ops * eta_i`` should a
+    step underflow; rounding that to ``out_dtype`` adds half an ulp at its magnitude,
+    ``rounding_bound(|v| + e_i)``. When ``out_dtype`` is the intermediate dtype the last
+    step's rounding is that final rounding, so the chain counts ``ops - 1`` roundings.
+
+        bound = gamma_k(u_i) |v| + ops eta_i + rounding_bound(|v| (1 + gamma_k) + ops eta_i, out)
+
+    Covers HQQ's ``(q - zero) * scale`` (ops=2, in the compute dtype; ``q - zero`` of two
+    stored values is one rounding) and bitsandbytes' ``code * absmax`` from a plain absmax
+    (ops=1, float32). For a double-quantized absmax, ``nested_code * nested_absmax +
+    offset`` can cancel (a block far below the mean absmax), so a relative ``ops=3`` is
+    not a guarantee: use ``bnb4_dequantize_bound``, which reads the nested state.
+    """
+    if ops < 0:
+        raise ValueError(f"dequantize_bound: ops must be >= 0, got {ops}")
+    mag = exact.detach().to(torch.float64).abs()
+    chained = ops - 1 if (out_dtype == intermediate and ops > 0) else ops
+    g = gamma(chained, unit_roundoff(intermediate))
+    chain = g * mag + ops * _half_subnormal(intermediate)
+    return chain + rounding_bound(mag + chain, out_dtype)
+
+
+def bnb4_dequantize_bound(p: PackedBnb4, out_dtype: torch.dtype,
+                          device: str | torch.device | None = "cpu") -> torch.Tensor:
+    """Per-element bound for bitsandbytes' dequantization of ``p`` to ``out_dtype``,
+    shape ``p.shape``, from the stored state (float32 arithmetic, ``u = 2**-24``).
+
+    Absmax. Plain: stored float32, exact. Double quantized, ``t = fl(c s)``,
+    ``a^ = fl(t + offset)`` with ``c = nested_code[..]``, ``s = nested_absmax[..]``:
+
+        |a^ - a| <= u |c s| + u |t + offset| <= u |a| + u (1 + u) |c s| + 2 eta =: E_b
+
+    (``|c s|`` may far exceed ``|a|`` when the block's absmax is well below the mean
+    ``offset``: a relative bound on ``a`` alone would not hold.)
+
+    Element: ``w^ = fl(v a^)`` with ``v = table[code]``:
+    ``|w^ - v a| <= |v| E_b + rounding_bound(|v| (|a| + E_b), float32)``; then, unless
+    ``out_dtype`` is float32 (or wider), rounding to ``out_dtype`` adds
+    ``rounding_bound(|v a| + e32, out_dtype)``.
+    """
+    from pytest_qconform.reference import bnb4  # the decoding, for the exact a and v
+
+    dev = torch.device("cpu" if device is None else device)
+    u = unit_roundoff(torch.float32)
+    eta = _half_subnormal(torch.float32)
+    absmax = bnb4.decode_absmax(p, dev)
+    if p.double_quant:
+        nested_code = torch.as_tensor(np.asarray(p.nested_code, dtype=np.float64).reshape(-1), device=dev)
+        codes = torch.as_tensor(np.asarray(p.absmax).reshape(-1).astype(np.int64), device=dev)
+        nested = torch.as_tensor(np.asarray(p.nested_absmax, dtype=np.float64).reshape(-1), device=dev)
+        cs = (nested_code[codes] * nested.repeat_interleave(int(p.nested_blocksize))[: absmax.numel()]).abs()
+        absmax_error = u * absmax.abs() + u * (1 + u) * cs + 2 * eta
+    else:
+        absmax_error = torch.zeros_like(absmax)
+    numel = p.numel
+    values = bnb4.code_values(bnb4.unpack_codes(p.packed, numel), p.quant_type, dev).abs()
+    a = absmax.abs().repeat_interleave(p.blocksize)[:numel]
+    e_a = absmax_error.repeat_interleave(p.blocksize)[:numel]
+    e32 = values * e_a + rounding_bound(values * (a + e_a), torch.float32)
+    if unit_roundoff(out_dtype) < u or out_dtype == torch.float32:
+        bound = e32
+    else:
+        bound = e32 + rounding_bound(values * a + e32, out_dtype)
+    return bound.reshape(p.shape)
+
+
+def matmul_bound(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, compute_dtype: torch.dtype,
+                 out_dtype: torch.dtype, k: int | None = None, *,
+                 w_error: torch.Tensor | None = None) -> torch.Tensor:
+    """Bound for ``y = x W^T + b`` computed in ``compute_dtype`` and returned in
+    ``out_dtype``; x ``(..., K)``, W ``(N, K)`` and b ``(N,)`` exact float64, shape ``(..., N)``.
+
+    The kernel sees ``x^ = x (1 + d)`` (x rounded to the compute dtype) and a weight
+    ``W^`` with ``|W^ - W| <= E`` (default ``E = u |W|``: the exact decoding rounded to
+    the compute dtype; pass ``w_error`` for a weight computed less accurately). Summing
+    ``n = K`` products (plus the bias, ``beta = 1``) in any order (Higham 3.5) adds
+    ``gamma_{n + beta}`` of the magnitudes; with the rounding of x and of b:
+
+        e_c = gamma_{n + beta + 1}(u) (|x| (|W| + E)^T + |b|) + |x| E^T
+
+    which for the default ``E`` is at most ``gamma_{n + beta + 2}(|x| |W|^T + |b|)``: the
+    brief's ``gamma_K`` with the two input roundings per product. Rounding the result
+    to ``out_dtype`` adds ``rounding_bound(|y| + e_c, out_dtype)`` (counted even when the
+    last addition already rounded to it: one ulp of slack, no more).
+
+    ``k`` overrides the reduction length ``n`` (a kernel that accumulates in more steps
+    than K, e.g. split-K partial sums added afterwards). Non-finite inputs make the bound
+    non-finite: zero them (``nan_to_num``) to bound the finite entries around them.
+    """
+    if w.dim() != 2 or x.shape[-1] != w.shape[1]:
+        raise ValueError(f"matmul_bound: x {tuple(x.shape)} and W {tuple(w.shape)} do not chain: need "
+                         "x (..., K) and W (N, K)")
+    from pytest_qconform.reference.linear import linear
+
+    dev = x.device
+    u = unit_roundoff(compute_dtype)
+    n = int(x.shape[-1] if k is None else k)
+    x_abs = x.detach().to(device=dev, dtype=torch.float64).abs()
+    w_abs = w.detach().to(device=dev, dtype=torch.float64).abs()
+    e_w = u * w_abs if w_error is None else w_error.detach().to(device=dev, dtype=torch.float64).abs()
+    g = gamma(n + (b is not None) + 1, u)
+    mag = x_abs @ (w_abs + e_w).T
+    if b is not None:
+        mag = mag + b.detach().to(device=dev, dtype=torch.float64).abs()
+    e_c = g * mag + x_abs @ e_w.T
+    y = linear(x, w, b)
+    return e_c + rounding_bound(y.abs() + e_c, out_dtype)
+
+
+def grad_bound(dy: torch.Tensor, w: torch.Tensor, compute_dtype: torch.dtype, out_dtype: torch.dtype,
+               k: int | None = None, *, w_error: torch.Tensor | None = None) -> torch.Tensor:
+    """Bound for ``dx = dy W`` (dy ``(..., N)``, W ``(N, K)``) computed in ``compute_dtype``
+    and returned in ``out_dtype``: ``matmul_bound`` of ``dy`` against ``W^T`` (the
+    reduction runs over N), same derivation."""
+    if w.dim() != 2 or dy.shape[-1] != w.shape[0]:
+        raise ValueError(f"grad_bound: dy {tuple(dy.shape)} and W {tuple(w.shape)} do not chain: need "
+                         "dy (..., N) and W (N, K)")
+    return matmul_bound(dy, w.T, None, compute_dtype, out_dtype, k,
+                        w_error=None if w_error is None else w_error.T)
+
+
+def error_multiple(actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor) -> float:
+    """``max |actual - expected| / bound`` over the elements, in float64 (0.0 when empty).
+
+    Special values: where ``bound == 0`` an exact match counts 0 and anything else inf;
+    equal values (infinities of the same sign, NaN against NaN) count 0; NaN in
+    ``actual`` where ``expected`` is not NaN, or the reverse, counts inf; where the bound
+    is inf (``expected`` overflows the output dtype) any non-NaN value counts 0.
+    """
+    exp = expected.detach().to(torch.float64)
+    act = actual.detach().to(device=exp.device, dtype=torch.float64)
+    bnd = bound.detach().to(device=exp.device, dtype=torch.float64)
+    act, exp, bnd = torch.broadcast_tensors(act, exp, bnd)
+    if act.numel() == 0:
+        return 0.0
+    same = (act == exp) | (torch.isnan(act) & torch.isnan(exp))
+    nan_mismatch = torch.isnan(act) != torch.isnan(exp)
+    diff = (act - exp).abs()
+    with torch.no_grad():
+        ratio = diff / bnd
+    ratio = torch.where(bnd == 0, torch.full_like(ratio, math.inf), ratio)
+    ratio = torch.where(torch.isinf(bnd) & ~torch.isnan(act), torch.zeros_like(ratio), ratio)
+    ratio = torch.where(torch.isnan(ratio), torch.full_like(ratio, math.inf), ratio)
+    ratio = torch.where(same, torch.zeros_like(ratio), ratio)
+    ratio = torch.where(nan_mismatch, torch.full_like(ratio, math.inf), ratio)
+    return float(ratio.max().item())

@@ -1,0 +1,1 @@
+"""The conformance suites: one module per property family, collected by ``pytest --qconform``."""

@@ -1,0 +1,104 @@
+"""What the suites are parametrized over, and the claim checks shared by every suite.
+
+Suites test every claim a backend makes and nothing else: a combination a backend does
+not claim is skipped with a ``not claimed:`` reason, which the report leaves out of the
+matrix. Tolerances never appear here: they come from ``pytest_qconform.reference.bounds``.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pytest_qconform.backends.base import Backend, Capabilities, QuantSpec
+from pytest_qconform.outcomes import NOT_CLAIMED_PREFIX, OOM_PREFIX
+from pytest_qconform.reference import bnb4, hqq4
+from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
+from pytest_qconform.targets import Target
+
+DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
+
+# 64 (CUDA and CPU default) and 128 (ROCm default) always, with and without double quant.
+SPECS: tuple[QuantSpec, ...] = tuple(
+    QuantSpec(fmt, blocksize, dq) for fmt in ("nf4", "fp4") for blocksize in (64, 128) for dq in (False, True)
+) + (QuantSpec("hqq4", 64, axis=1), QuantSpec("hqq4", 128, axis=1), QuantSpec("hqq4", 64, axis=0))
+
+# The rest of the blocksize range, exercised by the dequantize suite on the NF4 format.
+EXTRA_BLOCKSIZES: tuple[int, ...] = (32, 256, 512, 1024, 2048, 4096)
+
+
+def spec_id(spec: QuantSpec) -> str:
+    return spec.label() + (f"-ax{spec.axis}" if spec.format == "hqq4" else "")
+
+
+def dtype_id(dtype: torch.dtype) -> str:
+    return {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
+
+
+def require_claim(backend: Backend, target: Target, spec: QuantSpec | None = None,
+                  dtype: torch.dtype | None = None, *, backward: bool = False,
+                  serialize: bool = False) -> Capabilities:
+    """The backend's capabilities on the target, or a ``not claimed`` skip."""
+    device = torch.device(target.torch_device or "cpu")
+    caps = backend.capabilities(device)
+    device_kind = "cuda" if device.type == "cuda" else device.type
+    problems = []
+    if device_kind not in caps.devices:
+        problems.append(f"device {device_kind}")
+    if spec is not None:
+        if spec.format not in caps.formats:
+            problems.append(f"format {spec.format}")
+        if spec.blocksize not in caps.blocksizes:
+            problems.append(f"blocksize {spec.blocksize}")
+        if spec.double_quant and not caps.double_quant:
+            problems.append("double quantization")
+    if dtype is not None and dtype not in caps.dtypes:
+        problems.append(f"dtype {dtype_id(dtype)}")
+    if dtype is torch.bfloat16 and not target.bf16:
+        problems.append(f"bf16 on {target.arch} (the arch has no bf16)")
+    if backward and not caps.backward:
+        problems.append("backward")
+    if serialize and not caps.serialize:
+        problems.append("serialization")
+    if problems:
+        pytest.skip(f"{NOT_CLAIMED_PREFIX} {backend.name} does not claim {', '.join(problems)}")
+    return caps
+
+
+def reference_decode(packed: PackedBnb4 | PackedHqq4, device: torch.device) -> torch.Tensor:
+    """The float64 decoding of a backend's own bytes."""
+    if isinstance(packed, PackedBnb4):
+        return bnb4.decode(packed, device=device)
+    return hqq4.decode(packed, device=device)
+
+
+def skip_on_oom(exc: BaseException) -> None:
+    """Out of device memory for a large case is a skip of that case, not a failure."""
+    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
+        pytest.skip(f"{OOM_PREFIX} {str(exc).splitlines()[0]}")
+
+
+def shapes_for(spec: QuantSpec) -> tuple[tuple[int, int], ...]:
+    """Weight shapes for a spec: bitsandbytes' layout takes any numel; HQQ groups need
+    the grouped axis to divide by the group size, so it gets shapes that do."""
+    from pytest_qconform.strategies import WEIGHT_SHAPES
+
+    if spec.format == "hqq4":
+        return ((64, 128), (16, 256))
+    return WEIGHT_SHAPES
+
+
+def dequantize_bound(packed: PackedBnb4 | PackedHqq4, exact: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Per-element bound for a dequantized value (derivations in reference.bounds).
+
+    bitsandbytes-layout: ``code * absmax`` in fp32 (1 operation), plus 2 more when the
+    absmax itself is decoded from its double quantization (``nested_code * nested_absmax
+    + offset``), then rounded to the output dtype. HQQ: ``(W_q - zero) * scale`` in the
+    layer's compute dtype (2 operations), then rounded to the output dtype.
+    """
+    from pytest_qconform.reference import bounds
+
+    if isinstance(packed, PackedBnb4):
+        return bounds.dequantize_bound(exact, dtype, intermediate=torch.float32,
+                                       ops=3 if packed.double_quant else 1)
+    compute = getattr(torch, str(packed.meta.get("compute_dtype", "float32")).replace("torch.", ""))
+    return bounds.dequantize_bound(exact, dtype, intermediate=compute, ops=2)

@@ -1,0 +1,139 @@
+"""Backward and NaN gradients.
+
+Gradients of the activation and bias through the 4-bit layer, and of LoRA adapters
+feeding it, must be finite and within bound of float64 autograd on the decoded weight.
+Inputs are also chosen to provoke fp16 overflow inside a kernel while the exact result
+stays representable (paired rows and columns whose products cancel exactly), and NaN
+or Inf in an input must show up where the reference puts it and nowhere else.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+
+from pytest_qconform.backends.base import QuantSpec
+from pytest_qconform.reference import bounds, linear
+from pytest_qconform.strategies import WeightCase, activation_cases, weight_cases
+
+from ._cases import DTYPES, SPECS, dtype_id, reference_decode, require_claim, shapes_for, spec_id
+
+pytestmark = pytest.mark.qconform_operation("backward")
+LORA_RANK = 4
+
+
+def _mm_bound(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bound of fl(a @ b) computed in ``dtype`` (a, b exact float64 2-D)."""
+    return bounds.matmul_bound(a, b.T, None, dtype, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("spec", SPECS, ids=spec_id)
+def test_gradients_match_reference(qtarget, qbackend, qdevice, qcheck, spec, dtype):
+    """LoRA adapters feed the 4-bit layer: ``h = x + (x A^T) B^T``, ``y = h W^T + b``.
+
+    Every bound propagates the layer's own backward bound (``dh = dy W``) through the
+    adapter's exact float64 gradient formulas, plus each adapter op's rounding.
+    """
+    require_claim(qbackend, qtarget, spec, dtype, backward=True)
+
+    @given(case=weight_cases(shapes_for(spec), ("normal", "outliers")), act=activation_cases())
+    def check(case, act):
+        qcheck.describe(**case.describe(), **act.describe())
+        n, k = case.shape
+        quantized = qbackend.quantize(case.make(qdevice), spec)
+        gen = torch.Generator().manual_seed(act.seed)
+        x = act.make(k, dtype, qdevice).detach().requires_grad_(True)
+        bias = torch.randn(n, generator=gen).to(dtype).to(qdevice).requires_grad_(True)
+        a = (torch.randn(LORA_RANK, k, generator=gen) * 0.1).to(dtype).to(qdevice).requires_grad_(True)
+        b = (torch.randn(k, LORA_RANK, generator=gen) * 0.1).to(dtype).to(qdevice).requires_grad_(True)
+        h = x + (x @ a.T) @ b.T
+        y = qbackend.matmul(h, quantized, bias, dtype)
+        dy = torch.randn(y.shape, generator=gen).to(dtype).to(qdevice)
+        y.backward(dy)
+        for name, grad in (("x", x.grad), ("bias", bias.grad), ("lora_A", a.grad), ("lora_B", b.grad)):
+            if grad is None or not torch.isfinite(grad).all():
+                state = "missing" if grad is None else "not finite"
+                qcheck.equal(state, "finite", f"gradient of {name}")
+        w = reference_decode(qbackend.export_packed(quantized), qdevice)
+        x2, dy2 = x.detach().double().reshape(-1, k), dy.double().reshape(-1, n)
+        a64, b64 = a.detach().double(), b.detach().double()
+        u = x2 @ a64.T
+        dh = dy2 @ w
+        du = dh @ b64
+        dx_exact = dh + du @ a64
+        e_dh = bounds.grad_bound(dy2, w, dtype, dtype)
+        e_du = _mm_bound(dh, b64, dtype) + e_dh @ b64.abs()
+        e_dx = e_dh + _mm_bound(du, a64, dtype) + e_du @ a64.abs() + bounds.rounding_bound(dx_exact, dtype)
+        e_u = _mm_bound(x2, a64.T, dtype)
+        db_exact = dy2.sum(0)
+        e_db = _mm_bound(torch.ones(1, dy2.shape[0], dtype=torch.float64, device=dy2.device), dy2, dtype)[0]
+        da_exact = du.T @ x2
+        e_da = _mm_bound(du.T, x2, dtype) + e_du.T @ x2.abs()
+        db_lora_exact = dh.T @ u
+        e_db_lora = _mm_bound(dh.T, u, dtype) + e_dh.T @ u.abs() + dh.abs().T @ e_u
+        qcheck.within(x.grad.reshape(-1, k), dx_exact, e_dx, "d x (through LoRA and the 4-bit layer)")
+        qcheck.within(bias.grad, db_exact, e_db, "d bias")
+        qcheck.within(a.grad, da_exact, e_da, "d lora_A")
+        qcheck.within(b.grad, db_lora_exact, e_db_lora, "d lora_B")
+
+    check()
+
+
+def _paired_weight(dtype_max: float, device) -> torch.Tensor:
+    """A (64, 128) weight whose row 2i+1 equals row 2i and column 2j+1 equals column 2j,
+    so that alternating-sign inputs cancel exactly while each product is large."""
+    base = WeightCase((32, 64), "normal", 1234).make("cpu").double()
+    w = base.repeat_interleave(2, dim=0).repeat_interleave(2, dim=1)
+    return (w / w.abs().max() * 8.0).float().to(device)
+
+
+@pytest.mark.parametrize("spec", (QuantSpec("nf4", 64), QuantSpec("nf4", 64, True), QuantSpec("hqq4", 64)),
+                         ids=spec_id)
+def test_fp16_overflow_inside_kernel_stays_finite(qtarget, qbackend, qdevice, qcheck, spec):
+    """Each product x_k W_nk is ~2.4e5 (over fp16's 65504) but pairs cancel exactly, so
+    y = b and dx = 0 are representable: an fp16 accumulator overflows, fp32 does not."""
+    dtype = torch.float16
+    require_claim(qbackend, qtarget, spec, dtype, backward=True)
+    weight = _paired_weight(65504.0, qdevice)
+    quantized = qbackend.quantize(weight, spec)
+    w = reference_decode(qbackend.export_packed(quantized), qdevice)
+    qcheck.describe(shape=(64, 128), distribution="paired-cancelling", seed=1234)
+    if not (torch.equal(w[0::2], w[1::2]) and torch.equal(w[:, 0::2], w[:, 1::2])):
+        pytest.skip(f"not claimed: {spec.label()} did not quantize paired rows/columns identically")
+    x = torch.full((2, 128), 30000.0, dtype=dtype, device=qdevice)
+    x[:, 1::2] = -30000.0
+    x.requires_grad_(True)
+    bias = torch.linspace(-1, 1, 64, dtype=dtype, device=qdevice)
+    y = qbackend.matmul(x, quantized, bias, dtype)
+    y_exact = linear.linear(x.double(), w, bias.double())
+    qcheck.within(y, y_exact, bounds.matmul_bound(x.double(), w, bias.double(), dtype, dtype),
+                  "forward with cancelling large products")
+    dy = torch.full_like(y, 30000.0)
+    dy[:, 1::2] = -30000.0
+    y.backward(dy)
+    dx_exact = dy.double() @ w
+    qcheck.within(x.grad, dx_exact, bounds.grad_bound(dy.double(), w, dtype, dtype),
+                  "backward with cancelling large products")
+
+
+@pytest.mark.parametrize("poison", (float("nan"), float("inf")), ids=("nan", "inf"))
+@pytest.mark.parametrize("spec", (QuantSpec("nf4", 64), QuantSpec("hqq4", 64)), ids=spec_id)
+def test_nonfinite_input_propagates_only_where_reference_does(qtarget, qbackend, qdevice, qcheck, spec, poison):
+    dtype = torch.float32
+    require_claim(qbackend, qtarget, spec, dtype)
+    weight = WeightCase((64, 128), "normal", 7).make(qdevice)
+    quantized = qbackend.quantize(weight, spec)
+    w = reference_decode(qbackend.export_packed(quantized), qdevice)
+    x = torch.randn(4, 128, generator=torch.Generator().manual_seed(7)).to(qdevice)
+    x[1, 5] = poison
+    qcheck.describe(shape=(64, 128), seed=7, poison=str(poison))
+    y = qbackend.matmul(x, quantized, None, dtype)
+    y_exact = linear.linear(x.double(), w, None)
+    same_nan = torch.equal(torch.isnan(y).cpu(), torch.isnan(y_exact).cpu())
+    same_inf = torch.equal(torch.isinf(y).cpu(), torch.isinf(y_exact).cpu())
+    qcheck.equal((same_nan, same_inf), (True, True), "NaN/Inf pattern of y equals the reference's")
+    finite = torch.isfinite(y_exact)
+    bound = bounds.matmul_bound(x.double().nan_to_num(0, 0, 0), w, None, dtype, dtype)
+    qcheck.within(torch.where(finite, y.double(), 0.0), torch.where(finite, y_exact, 0.0), bound,
+                  "finite entries around the poisoned row")

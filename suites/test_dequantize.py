@@ -1,0 +1,56 @@
+"""Dequantize: the backend's output against the float64 decoding of its own bytes.
+
+Output dtype and shape are part of the contract. Inputs cover NF4 and FP4, blocksizes
+32 to 4096 (64 and 128 always), double quantization on and off, bf16/fp16/fp32 outputs,
+element counts that are not a multiple of the blocksize, odd counts and single blocks.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+
+from pytest_qconform.backends.base import QuantSpec
+from pytest_qconform.strategies import weight_cases
+
+from ._cases import (DTYPES, EXTRA_BLOCKSIZES, SPECS, dequantize_bound, dtype_id, reference_decode,
+                     require_claim, shapes_for, spec_id)
+
+pytestmark = pytest.mark.qconform_operation("dequantize")
+
+
+def check_dequantize(qbackend, qdevice, qcheck, spec: QuantSpec, dtype: torch.dtype, case) -> None:
+    qcheck.describe(**case.describe())
+    weight = case.make(qdevice)
+    quantized = qbackend.quantize(weight, spec)
+    out = qbackend.dequantize(quantized, dtype)
+    qcheck.equal(out.dtype, dtype, "dequantize output dtype")
+    qcheck.equal(tuple(out.shape), tuple(case.shape), "dequantize output shape")
+    packed = qbackend.export_packed(quantized)
+    exact = reference_decode(packed, qdevice)
+    qcheck.within(out, exact, dequantize_bound(packed, exact, dtype), "dequantize vs reference decoding")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("spec", SPECS, ids=spec_id)
+def test_dequantize_matches_reference_bytes(qtarget, qbackend, qdevice, qcheck, spec, dtype):
+    require_claim(qbackend, qtarget, spec, dtype)
+
+    @given(case=weight_cases(shapes_for(spec)))
+    def check(case):
+        check_dequantize(qbackend, qdevice, qcheck, spec, dtype, case)
+
+    check()
+
+
+@pytest.mark.parametrize("blocksize", EXTRA_BLOCKSIZES)
+def test_dequantize_blocksize_range(qtarget, qbackend, qdevice, qcheck, blocksize):
+    """The blocksizes beyond 64/128, on NF4 into fp32, double quant on (its widest path)."""
+    spec = QuantSpec("nf4", blocksize, double_quant=True)
+    require_claim(qbackend, qtarget, spec, torch.float32)
+
+    @given(case=weight_cases(((64, 128),), ("normal", "outliers")))
+    def check(case):
+        check_dequantize(qbackend, qdevice, qcheck, spec, torch.float32, case)
+
+    check()

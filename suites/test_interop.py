@@ -1,0 +1,66 @@
+"""Interop: checkpoints across platform defaults, and bytes across backends.
+
+A checkpoint quantized with blocksize 64 (the CUDA default) loaded where the default is
+128 (ROCm), and the reverse, through the backend's serialization: it must decode exactly
+as before saving, or refuse with an error that names the blocksize; never be silently
+wrong. Bytes quantized by bitsandbytes must decode identically through every other
+backend that reads its layout (our Triton kernels) and through the reference.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pytest_qconform.backends.base import QuantSpec
+from pytest_qconform.strategies import WeightCase
+
+from ._cases import dequantize_bound, reference_decode, require_claim, spec_id
+
+pytestmark = pytest.mark.qconform_operation("interop")
+INTEROP_SPECS = tuple(QuantSpec(fmt, bs, dq) for fmt in ("nf4", "fp4") for bs in (64, 128) for dq in (False, True))
+
+
+@pytest.mark.parametrize("spec", INTEROP_SPECS, ids=spec_id)
+def test_checkpoint_decodes_exactly_after_reload(qtarget, qbackend, qdevice, qcheck, spec):
+    require_claim(qbackend, qtarget, spec, torch.float32, serialize=True)
+    case = WeightCase((33, 47), "normal", 11)
+    qcheck.describe(**case.describe(), platform_default_blocksize=qtarget.default_blocksize)
+    quantized = qbackend.quantize(case.make(qdevice), spec)
+    before = qbackend.dequantize(quantized, torch.float32)
+    state = qbackend.serialize(quantized)
+    try:
+        loaded = qbackend.load(state, qdevice)
+    except Exception as exc:  # noqa: BLE001 - a refusal is allowed if it is clear
+        if "blocksize" not in str(exc).lower():
+            raise AssertionError(f"load refused without naming the blocksize: {type(exc).__name__}: {exc}; "
+                                 + qcheck._where()) from exc
+        return
+    after = qbackend.dequantize(loaded, torch.float32)
+    qcheck.equal(qbackend.export_packed(loaded).blocksize, spec.blocksize, "blocksize after reload")
+    qcheck.equal(bool(torch.equal(before, after)), True, "decoded values identical after reload")
+    packed = qbackend.export_packed(loaded)
+    exact = reference_decode(packed, qdevice)
+    qcheck.within(after, exact, dequantize_bound(packed, exact, torch.float32), "reloaded vs reference")
+
+
+@pytest.mark.parametrize("spec", INTEROP_SPECS, ids=spec_id)
+def test_bitsandbytes_bytes_decode_identically(qtarget, qbackend, qdevice, qcheck, qbackend_named, spec):
+    if qbackend.name == "bitsandbytes":
+        pytest.skip("not claimed: bitsandbytes is the producer of these bytes")
+    require_claim(qbackend, qtarget, spec, torch.float32)
+    producer = qbackend_named("bitsandbytes")
+    require_claim(producer, qtarget, spec, torch.float32)
+    case = WeightCase((33, 47), "outliers", 12)
+    qcheck.describe(**case.describe(), producer="bitsandbytes")
+    produced = producer.quantize(case.make(qdevice), spec)
+    packed = producer.export_packed(produced)
+    try:
+        adopted = qbackend.from_packed(packed, qdevice)
+    except NotImplementedError:
+        pytest.skip(f"not claimed: {qbackend.name} does not read bitsandbytes' layout")
+    theirs = producer.dequantize(produced, torch.float32)
+    ours = qbackend.dequantize(adopted, torch.float32)
+    exact = reference_decode(packed, qdevice)
+    bound = dequantize_bound(packed, exact, torch.float32)
+    qcheck.within(ours, exact, bound, f"{qbackend.name} decoding bitsandbytes bytes vs reference")
+    qcheck.within(theirs, exact, bound, "bitsandbytes decoding its own bytes vs reference")

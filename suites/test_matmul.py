@@ -1,0 +1,65 @@
+"""Matmul forward, the "silent wrong matmul": ``y = x W^T + b`` against float64.
+
+The weight is the float64 decoding of the backend's own bytes, so only the matmul is
+judged. Activations: batch 1 (the gemv path), small and larger batches, 2-D and 3-D
+(batch and sequence), contiguous, transposed and sliced views, with and without bias,
+in every claimed dtype; and fp32 activations into a low-precision layer, as PEFT's
+k-bit preparation produces them. A crash is a failed cell with its message.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pytest_qconform.reference import bounds, linear
+from pytest_qconform.strategies import activation_cases, weight_cases
+
+from ._cases import DTYPES, SPECS, dtype_id, reference_decode, require_claim, shapes_for, spec_id
+
+
+def check_matmul(qbackend, qdevice, qcheck, spec, compute_dtype, x_dtype, case, act, with_bias) -> None:
+    qcheck.describe(**case.describe(), **act.describe(), bias=with_bias, x_dtype=dtype_id(x_dtype))
+    weight = case.make(qdevice)
+    n, k = case.shape
+    quantized = qbackend.quantize(weight, spec)
+    x = act.make(k, x_dtype, qdevice)
+    bias = (torch.randn(n, generator=torch.Generator().manual_seed(act.seed)).to(compute_dtype).to(qdevice)
+            if with_bias else None)
+    y = qbackend.matmul(x, quantized, bias, compute_dtype)
+    qcheck.equal(y.dtype, x_dtype, "matmul output dtype (the activation's dtype)")
+    w_exact = reference_decode(qbackend.export_packed(quantized), qdevice)
+    b_exact = bias.double() if bias is not None else None
+    y_exact = linear.linear(x.double(), w_exact, b_exact)
+    bound = bounds.matmul_bound(x.double(), w_exact, b_exact, compute_dtype, y.dtype)
+    qcheck.within(y, y_exact, bound, "matmul vs float64 x W^T + b")
+
+
+@pytest.mark.qconform_operation("matmul")
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("spec", SPECS, ids=spec_id)
+def test_matmul_matches_reference(qtarget, qbackend, qdevice, qcheck, spec, dtype):
+    require_claim(qbackend, qtarget, spec, dtype)
+
+    @given(case=weight_cases(shapes_for(spec), ("normal", "outliers", "zero_blocks")),
+           act=activation_cases(), with_bias=st.booleans())
+    def check(case, act, with_bias):
+        check_matmul(qbackend, qdevice, qcheck, spec, dtype, dtype, case, act, with_bias)
+
+    check()
+
+
+@pytest.mark.qconform_operation("matmul-fp32-input")
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=dtype_id)
+@pytest.mark.parametrize("spec", SPECS[:1] + SPECS[-3:-2], ids=spec_id)
+def test_matmul_fp32_activation_into_low_precision_layer(qtarget, qbackend, qdevice, qcheck, spec, dtype):
+    """PEFT's prepare_model_for_kbit_training upcasts activations to fp32 ahead of a
+    bf16/fp16-compute 4-bit layer; the layer must compute, and return fp32."""
+    require_claim(qbackend, qtarget, spec, dtype)
+
+    @given(case=weight_cases(shapes_for(spec), ("normal",)), act=activation_cases(), with_bias=st.booleans())
+    def check(case, act, with_bias):
+        check_matmul(qbackend, qdevice, qcheck, spec, dtype, torch.float32, case, act, with_bias)
+
+    check()

@@ -1,0 +1,239 @@
+"""Our Triton 4-bit kernels against bitsandbytes and against a float64 decode written here.
+
+On a machine without CUDA the kernels run in Triton's interpreter, which must be switched
+on before triton (and our kernels) are imported: Triton picks compiler or interpreter when
+``@triton.jit`` decorates a function.
+
+Findings these tests pin:
+- ``dequantize_4bit`` is bit-identical to bitsandbytes 0.50.2 (CPU) for bf16, fp16 and fp32:
+  both compute fp32 ``code * absmax`` and round once to nearest even. (Triton's interpreter
+  truncates fp32 -> bf16 casts, so the kernel rounds bf16 with integer ops.)
+- bitsandbytes 0.50.2's CPU ``dequantize_4bit`` itself returns wrong values when the last
+  dim is a multiple of 32 but not of blocksize and blocks straddle rows (e.g. (4, 96) at
+  blocksize 64), so the bitsandbytes comparison uses shapes outside that class and the
+  straddling shapes are checked against the float64 decode only.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+bnb_functional = pytest.importorskip("bitsandbytes.functional")
+pytest.importorskip("triton")
+
+from pytest_qconform import kernels  # noqa: E402  (after TRITON_INTERPRET)
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+FP32_UNIT_ROUNDOFF = 2.0**-24
+
+# Shapes: numel 63 (odd, one partial block), 129 (odd, partial last block), 512 (whole blocks).
+BNB_SHAPES = ((7, 9), (3, 43), (4, 128))
+# Blocks straddle rows with K even (bitsandbytes' CPU dequantize is wrong here) and K odd.
+STRADDLE_SHAPES = ((6, 96), (5, 45))
+
+
+def quantize(shape: tuple[int, ...], quant_type: str, blocksize: int, double_quant: bool, seed: int = 0):
+    """bitsandbytes' packed bytes and the kernel keyword arguments describing them."""
+    weight = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+    packed, state = bnb_functional.quantize_4bit(
+        weight, blocksize=blocksize, quant_type=quant_type, compress_statistics=double_quant
+    )
+    kwargs = dict(blocksize=blocksize, code=state.code.to(DEVICE))
+    if double_quant:
+        kwargs.update(
+            nested_absmax=state.state2.absmax.to(DEVICE),
+            nested_code=state.state2.code.to(DEVICE),
+            nested_blocksize=state.state2.blocksize,
+            offset=float(state.offset),
+        )
+    return packed, state, kwargs
+
+
+def decode_float64(packed: torch.Tensor, absmax: torch.Tensor, numel: int, **kw) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact float64 decode of the flat weight, and a bound on the fp32 kernel's error per element.
+
+    Byte i holds flat elements 2i (high nibble) and 2i+1 (low nibble); element e is
+    code[nibble] * absmax[e // blocksize], absmax = nested_code[c] * nested_absmax[b // nb] + offset.
+    The kernel rounds the product (and the double-quant product and sum) to fp32: each rounding
+    adds at most FP32_UNIT_ROUNDOFF relative to the value it rounds.
+    """
+    flat = packed.reshape(-1).cpu().to(torch.int64)
+    nibbles = torch.stack([flat >> 4, flat & 15], dim=1).reshape(-1)[:numel]
+    code = kw["code"].cpu().double()[nibbles]
+    block = torch.arange(numel) // kw["blocksize"]
+    if "nested_absmax" in kw:
+        nested_block = torch.arange(absmax.numel()) // kw["nested_blocksize"]
+        nested = kw["nested_code"].cpu().double()[absmax.cpu().long()] * kw["nested_absmax"].cpu().double()[nested_block]
+        block_absmax = nested + kw["offset"]
+        absmax_error = FP32_UNIT_ROUNDOFF * (nested.abs() + 2 * block_absmax.abs())
+    else:
+        block_absmax = absmax.cpu().double()
+        absmax_error = torch.zeros_like(block_absmax)
+    exact = code * block_absmax[block]
+    error = code.abs() * absmax_error[block] + FP32_UNIT_ROUNDOFF * exact.abs()
+    return exact, error
+
+
+def rounding_bound(exact: torch.Tensor, fp32_error: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """fp32 error plus one rounding to ``dtype`` (relative half-ulp, or half the subnormal step)."""
+    info = torch.finfo(dtype)
+    unit = info.eps / 2
+    return fp32_error * (1 + unit) + unit * (exact.abs() + fp32_error) + info.smallest_normal * unit
+
+
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=str)
+@pytest.mark.parametrize("double_quant", [False, True], ids=["plain", "double_quant"])
+@pytest.mark.parametrize("blocksize", [64, 128])
+@pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
+def test_dequantize_bit_identical_to_bitsandbytes(quant_type, blocksize, double_quant, out_dtype):
+    for shape in BNB_SHAPES:
+        packed, state, kw = quantize(shape, quant_type, blocksize, double_quant)
+        state.dtype = out_dtype
+        expected = bnb_functional.dequantize_4bit(packed, state)
+        got = kernels.dequantize_4bit(
+            packed.to(DEVICE), state.absmax.to(DEVICE), shape=shape, out_dtype=out_dtype, **kw
+        )
+        assert got.shape == shape and got.dtype == out_dtype and got.device.type == DEVICE.type
+        assert torch.equal(got.cpu(), expected), f"{shape}: not bit-identical to bitsandbytes"
+
+
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=str)
+@pytest.mark.parametrize("double_quant", [False, True], ids=["plain", "double_quant"])
+@pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
+def test_dequantize_matches_float64_decode(quant_type, double_quant, out_dtype):
+    for shape in BNB_SHAPES + STRADDLE_SHAPES:
+        packed, state, kw = quantize(shape, quant_type, 64, double_quant, seed=1)
+        exact, error = decode_float64(packed, state.absmax, math.prod(shape), **kw)
+        got = kernels.dequantize_4bit(
+            packed.to(DEVICE), state.absmax.to(DEVICE), shape=shape, out_dtype=out_dtype, **kw
+        )
+        deviation = (got.cpu().double().reshape(-1) - exact).abs()
+        bound = rounding_bound(exact, error, out_dtype)
+        assert bool((deviation <= bound).all()), f"{shape}: max excess {(deviation - bound).max().item():.3g}"
+
+
+def test_dequantize_any_bytes_partial_block_and_out():
+    """Random bytes (all 16 codes), odd numel, partial last block, caller-provided ``out``."""
+    gen = torch.Generator().manual_seed(2)
+    shape, blocksize = (5, 41), 64  # numel 205: 4 blocks, the last holding 13 elements
+    packed = torch.randint(0, 256, (103,), dtype=torch.uint8, generator=gen)
+    absmax = torch.rand(4, generator=gen) + 0.5
+    code = torch.linspace(-1, 1, 16)
+    exact, error = decode_float64(packed, absmax, 205, blocksize=blocksize, code=code)
+    out = torch.full(shape, float("nan"), device=DEVICE)
+    got = kernels.dequantize_4bit(
+        packed.to(DEVICE), absmax.to(DEVICE), blocksize=blocksize, shape=shape, code=code.to(DEVICE),
+        out_dtype=torch.float32, out=out,
+    )
+    assert got is out
+    # A float64 product of two fp32 numbers is exact, so rounding it to fp32 is the fp32 product.
+    assert torch.equal(got.cpu().reshape(-1), exact.float())
+
+
+@pytest.mark.parametrize("x_dtype", OUT_DTYPES, ids=str)
+@pytest.mark.parametrize("double_quant", [False, True], ids=["plain", "double_quant"])
+def test_gemv_matches_float64_matmul(double_quant, x_dtype):
+    gen = torch.Generator().manual_seed(3)
+    cases = [
+        ((24, 128), (1, 128), False),  # one row, whole blocks
+        ((6, 96), (3, 96), True),  # three rows, blocks straddle rows, bias
+        ((5, 45), (2, 3, 45), True),  # 3-D x, odd K: rows start mid-byte
+    ]
+    for (N, K), x_shape, with_bias in cases:
+        packed, state, kw = quantize((N, K), "nf4", 64, double_quant, seed=N)
+        exact_w, w_error = decode_float64(packed, state.absmax, N * K, **kw)
+        exact_w, w_error = exact_w.reshape(N, K), w_error.reshape(N, K)
+        x = torch.randn(x_shape, generator=gen).to(x_dtype)
+        bias = torch.randn(N, generator=gen) if with_bias else None
+        got = kernels.gemv_4bit(
+            x.to(DEVICE), packed.to(DEVICE), state.absmax.to(DEVICE), shape=(N, K),
+            bias=None if bias is None else bias.to(DEVICE), **kw,
+        )
+        assert got.shape == (*x_shape[:-1], N) and got.dtype == x_dtype
+        x64 = x.double().reshape(-1, K)
+        expected = x64 @ exact_w.T + (0 if bias is None else bias.double())
+        # Weights off by w_error each; fp32 accumulation of K products plus a bias: (K + 2) roundings.
+        magnitude = x64.abs() @ (exact_w.abs() + w_error).T + (0 if bias is None else bias.double().abs())
+        fp32_error = x64.abs() @ w_error.T + (K + 2) * FP32_UNIT_ROUNDOFF * magnitude
+        bound = rounding_bound(expected, fp32_error, x_dtype)
+        deviation = (got.cpu().double().reshape(-1, N) - expected).abs()
+        assert bool((deviation <= bound).all()), f"W {(N, K)}, x {x_shape}: max excess {(deviation - bound).max():.3g}"
+
+
+def test_gemv_reads_non_contiguous_x():
+    packed, state, kw = quantize((8, 64), "fp4", 64, False, seed=4)
+    wide = torch.randn(2, 128, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    x = wide[:, ::2]  # stride 2 along K
+    assert not x.is_contiguous()
+    args = (packed.to(DEVICE), state.absmax.to(DEVICE))
+    got = kernels.gemv_4bit(x, *args, shape=(8, 64), **kw)
+    expected = kernels.gemv_4bit(x.contiguous(), *args, shape=(8, 64), **kw)
+    assert torch.equal(got, expected)
+    transposed = torch.randn(64, 2, generator=torch.Generator().manual_seed(6)).to(DEVICE).T  # stride (1, 2)
+    assert torch.equal(
+        kernels.gemv_4bit(transposed, *args, shape=(8, 64), **kw),
+        kernels.gemv_4bit(transposed.contiguous(), *args, shape=(8, 64), **kw),
+    )
+
+
+def test_gemv_refuses_more_than_16_rows():
+    packed, state, kw = quantize((4, 64), "nf4", 64, False)
+    x = torch.zeros(17, 64, device=DEVICE)
+    with pytest.raises(ValueError, match="at most 16"):
+        kernels.gemv_4bit(x, packed.to(DEVICE), state.absmax.to(DEVICE), shape=(4, 64), **kw)
+
+
+def test_weight_buffer_follows_dtype_changes():
+    """unsloth PR 4026: a buffer that kept its first dtype broke a bf16-then-fp16 sequence."""
+    shape = (4, 128)
+    packed, state, kw = quantize(shape, "nf4", 64, True)
+    args = (packed.to(DEVICE), state.absmax.to(DEVICE))
+    buffer = kernels.WeightBuffer()
+    storages = []
+    for dtype in (torch.bfloat16, torch.float16, torch.bfloat16, torch.float32):
+        got = buffer.dequantize(*args, shape=shape, out_dtype=dtype, **kw)
+        expected = kernels.dequantize_4bit(*args, shape=shape, out_dtype=dtype, **kw)
+        assert got.dtype == dtype and got.shape == shape
+        assert torch.equal(got, expected)
+        assert got.data_ptr() == buffer.storage.data_ptr(), "result must be a view of the buffer"
+        storages.append(buffer.storage)
+    assert all(a is not b for a, b in zip(storages, storages[1:])), "each dtype change must reallocate"
+
+
+def test_weight_buffer_reuses_storage_and_overwrites_previous_result():
+    packed_a, state_a, kw = quantize((4, 128), "nf4", 64, False, seed=7)
+    packed_b, state_b, _ = quantize((2, 64), "nf4", 64, False, seed=8)
+    buffer = kernels.WeightBuffer()
+    first = buffer.dequantize(packed_a.to(DEVICE), state_a.absmax.to(DEVICE), shape=(4, 128), out_dtype=torch.float16, **kw)
+    first_values = first.clone()
+    storage = buffer.storage
+    second = buffer.dequantize(packed_b.to(DEVICE), state_b.absmax.to(DEVICE), shape=(2, 64), out_dtype=torch.float16, **kw)
+    assert buffer.storage is storage, "a smaller request of the same dtype must reuse the storage"
+    assert second.shape == (2, 64)
+    assert not torch.equal(first, first_values), "the previous result is overwritten, as documented"
+    bigger = buffer.dequantize(packed_a.to(DEVICE), state_a.absmax.to(DEVICE), shape=(4, 128), out_dtype=torch.float16, **kw)
+    assert torch.equal(bigger, first_values)
+
+
+def test_state_errors_name_the_problem():
+    packed, state, kw = quantize((4, 128), "nf4", 64, True)
+    packed, absmax = packed.to(DEVICE), state.absmax.to(DEVICE)
+    with pytest.raises(ValueError, match="absmax has 3 entries but 512 elements"):
+        kernels.dequantize_4bit(packed, absmax[:3], shape=(4, 128), out_dtype=torch.float32, **kw)
+    plain = {k: v for k, v in kw.items() if k in ("blocksize", "code")}
+    with pytest.raises(ValueError, match="nested_absmax/nested_code were not given"):
+        kernels.dequantize_4bit(packed, absmax, shape=(4, 128), out_dtype=torch.float32, **plain)
+    with pytest.raises(ValueError, match="blocksize 48 is not one of"):
+        kernels.dequantize_4bit(packed, absmax, shape=(4, 128), out_dtype=torch.float32, **{**kw, "blocksize": 48})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter mode is only used without a GPU")
+def test_interpreter_active_on_cpu():
+    assert kernels.interpreter_active()

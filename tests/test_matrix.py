@@ -1,0 +1,302 @@
+"""The merged matrix: supersede, disagreement, simulated exclusion, determinism, outputs, CLI."""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_qconform import matrix as matrix_mod
+from pytest_qconform.matrix import (
+    MARKER_END,
+    MARKER_START,
+    MatrixError,
+    main,
+    merge,
+    render_heatmap,
+    to_markdown,
+    update_readme,
+)
+from pytest_qconform.report import RunReport, read_report, write_report
+
+ROW = ("bitsandbytes", "matmul", "nf4-b64-dq", "bf16")
+OTHER_ROW = ("hqq", "dequantize", "hqq4-g64", "fp16")
+
+
+def probe(arch: str = "sm90", host: str = "h100-a", torch: str = "2.13.0", simulated: bool = False,
+          bnb: str = "0.50.2") -> dict:
+    rocm = arch.startswith("gfx")
+    return {"device_kind": "rocm" if rocm else "cuda", "arch": arch, "device_name": f"device {arch}", "host": host,
+            "torch": torch, "cuda": None if rocm else "12.8", "hip": "6.4" if rocm else None, "simulated": simulated,
+            "backends": {"bitsandbytes": {"available": True, "version": bnb, "reason": ""},
+                         "hqq": {"available": True, "version": "0.2.8", "reason": ""}}}
+
+
+def cell(row: tuple[str, str, str, str] = ROW, verdict: str = "pass", multiple: float | None = 0.31) -> dict:
+    backend, operation, fmt, dtype = row
+    failing = verdict in ("fail", "crashed", "timeout")
+    return {"backend": backend, "operation": operation, "format": fmt, "dtype": dtype, "verdict": verdict,
+            "cases": 3, "worst_error_multiple": multiple,
+            "first_failure": {"message": "out of bound", "repro": "pytest -k x"} if failing else None,
+            "reason": "" if verdict == "pass" or failing else "because"}
+
+
+def report(created: str = "2025-01-31T12:00:00Z", cells: list[dict] | None = None, source: str = "",
+           **probe_args) -> RunReport:
+    data = {"schema": "pytest-qconform/report", "schema_version": 1, "created": created,
+            "probe": probe(**probe_args), "cells": cells if cells is not None else [cell()]}
+    return RunReport.from_dict(data, source=source)
+
+
+def save(folder: Path, rep: RunReport) -> Path:
+    return write_report(rep, folder)
+
+
+# ---------------------------------------------------------------- merge
+
+
+def test_merge_makes_sorted_rows_and_arch_columns():
+    m = merge([report(arch="sm90", cells=[cell(OTHER_ROW), cell(ROW)]),
+               report(arch="gfx942", host="mi300", cells=[cell(ROW, "fail", 4.2)]),
+               report(arch="sm100", host="b200")])
+    assert m.rows == (ROW, OTHER_ROW)
+    assert m.columns == ("gfx942", "sm90", "sm100")  # natural order: sm90 before sm100
+    assert m.entry(ROW, "gfx942").verdicts == ("fail",)
+    assert m.entry(OTHER_ROW, "gfx942") is None
+    text = to_markdown(m)
+    assert "| bitsandbytes | matmul | nf4-b64-dq | bf16 | ❌ 4.2 | ✅ 0.31 | ✅ 0.31 |" in text
+    assert "| hqq | dequantize | hqq4-g64 | fp16 |  | ✅ 0.31 |  |" in text
+
+
+def test_versions_table_shows_each_columns_versions():
+    text = to_markdown(merge([report(arch="gfx942", host="mi300", torch="2.12.0"), report()]))
+    assert "| arch | host | device | torch | cuda/hip | bitsandbytes | hqq | created | report |" in text
+    assert "| gfx942 | mi300 | device gfx942 | 2.12.0 | hip 6.4 | 0.50.2 | 0.2.8 |" in text
+    assert "| sm90 | h100-a | device sm90 | 2.13.0 | cuda 12.8 | 0.50.2 | 0.2.8 |" in text
+
+
+def test_same_machine_and_versions_newer_report_supersedes_older_visibly():
+    old = report("2025-01-01T00:00:00Z", [cell(verdict="fail", multiple=9.0)], source="reports/old.json")
+    new = report("2025-02-01T00:00:00Z", [cell(verdict="pass")], source="reports/new.json")
+    m = merge([new, old])
+    assert m.runs == (new,)
+    assert [(s.old.label, s.new.label) for s in m.superseded] == [("old.json", "new.json")]
+    assert m.entry(ROW, "sm90").verdicts == ("pass",)  # the older fail does not count
+    text = to_markdown(m)
+    assert "`old.json` (2025-01-01T00:00:00Z), superseded by `new.json` (2025-02-01T00:00:00Z)" in text
+    assert "≠" not in text.split("**Verdicts**")[1].split("Legend")[0]
+
+
+@pytest.mark.parametrize("differs", [{"host": "h100-b"}, {"torch": "2.12.0"}, {"bnb": "0.49.0"}])
+def test_different_host_or_versions_both_count_and_disagreement_is_shown(differs):
+    first = report("2025-01-01T00:00:00Z", [cell(verdict="pass")], source="a.json")
+    second = report("2025-02-01T00:00:00Z", [cell(verdict="fail", multiple=3.0)], source="b.json", **differs)
+    m = merge([first, second])
+    assert len(m.runs) == 2 and m.superseded == ()
+    entry = m.entry(ROW, "sm90")
+    assert not entry.agreed and entry.verdicts == ("fail", "pass") and entry.sources == ("b.json", "a.json")
+    text = to_markdown(m)
+    assert "❌ fail ×1 ≠ ✅ pass ×1 (2 runs)" in text
+    assert "- bitsandbytes · matmul · nf4-b64-dq · bf16 on sm90: `b.json`: fail, `a.json`: pass" in text
+
+
+def test_agreeing_runs_show_one_verdict_and_the_worst_multiple():
+    m = merge([report(cells=[cell(multiple=0.2)]), report(host="h100-b", cells=[cell(multiple=0.7)])])
+    entry = m.entry(ROW, "sm90")
+    assert entry.agreed and entry.runs == 2 and entry.worst_error_multiple == 0.7
+    assert "| ✅ 0.7 |" in to_markdown(m)
+
+
+def test_simulated_reports_are_excluded_with_a_note():
+    sim = report(arch="gfx1200", host="simulated", simulated=True, source="gfx1200-sim.json",
+                 cells=[cell(verdict="skipped", multiple=None)])
+    m = merge([report(), sim])
+    assert m.columns == ("sm90",) and m.simulated == (sim,)
+    text = to_markdown(m)
+    assert "**Excluded simulated reports**" in text and "`gfx1200-sim.json` (gfx1200, 2025-01-31T12:00:00Z)" in text
+    assert "| gfx1200 |" not in text
+    assert "gfx1200" in text.split("**Not run yet**")[1].splitlines()[0]  # still not run for real
+
+
+def test_not_run_yet_lists_known_archs_without_reports(monkeypatch):
+    monkeypatch.setattr(matrix_mod, "known_archs", lambda: ("sm80", "gfx1201", "sm90"))
+    text = to_markdown(merge([report()]))
+    assert "**Not run yet** (archs the project knows with no report): gfx1201, sm80\n" in text  # sm90 ran
+
+
+def test_known_archs_come_from_the_archs_module():
+    from pytest_qconform.archs import KNOWN_ARCHS
+
+    assert matrix_mod.known_archs() == tuple(KNOWN_ARCHS)
+
+
+def test_empty_merge_says_so():
+    text = to_markdown(merge([]))
+    assert text.startswith("No run reports merged yet")
+    assert "**Not run yet**" in text
+
+
+def test_markdown_escapes_pipes_in_cells():
+    text = to_markdown(merge([report(host="a|b")]))
+    assert "a\\|b" in text and "| a|b |" not in text
+
+
+# ---------------------------------------------------------------- determinism
+
+
+def many_reports() -> list[RunReport]:
+    return [
+        report("2025-01-01T00:00:00Z", [cell(), cell(OTHER_ROW, "known-failure", 1.5)], source="r/1.json"),
+        report("2025-01-02T00:00:00Z", [cell(verdict="crashed", multiple=None)], source="r/2.json"),
+        report("2025-01-03T00:00:00Z", [cell(verdict="timeout", multiple=None)], source="r/3.json", host="h100-b"),
+        report("2025-01-01T00:00:00Z", [cell(ROW, "unavailable", None), cell(OTHER_ROW, "skipped", None)],
+               source="r/4.json", arch="gfx1100", host="navi"),
+        report("2025-01-01T00:00:00Z", [cell()], source="r/5.json", arch="gfx1200", simulated=True),
+        report("2025-01-01T00:00:00Z", [cell(verdict="fail", multiple=float("inf")),
+                                        cell(OTHER_ROW, "known-failure", 1.5)], source="r/6.json",
+               arch="gfx942", host="mi300"),
+    ]
+
+
+def test_markdown_is_identical_twice_and_under_shuffled_input():
+    reports = many_reports()
+    expected = to_markdown(merge(reports))
+    assert to_markdown(merge(reports)) == expected
+    rng = random.Random(1234)
+    for _ in range(10):
+        shuffled = reports[:]
+        rng.shuffle(shuffled)
+        assert to_markdown(merge(shuffled)) == expected
+    # The content is what the shuffle must preserve, not trivially empty.
+    assert "💥" in expected and "⏱" in expected and "🚫" in expected and "➖" in expected and "⚠️ 1.5" in expected
+    assert "❌ inf" in expected and "r/2.json" not in expected and "`2.json`" in expected
+
+
+def test_heatmap_png_is_written_and_deterministic(tmp_path):
+    pytest.importorskip("matplotlib")
+    reports = many_reports()
+    first = render_heatmap(merge(reports), tmp_path / "a" / "matrix.png")
+    second = render_heatmap(merge(list(reversed(reports))), tmp_path / "b.png")
+    data = first.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 1000
+    assert hashlib.sha256(data).digest() == hashlib.sha256(second.read_bytes()).digest()
+    assert b"Software" not in data and b"matplotlib" not in data.lower()
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["b.png", "matrix.png"]  # no temp files
+    empty = render_heatmap(merge([]), tmp_path / "empty.png")
+    assert empty.read_bytes().startswith(b"\x89PNG")
+
+
+# ---------------------------------------------------------------- README
+
+
+README = f"# proj\n\nintro\n\n## Compatibility matrix\n\n{MARKER_START}\nold table\n{MARKER_END}\n\n## After\n"
+
+
+def test_update_readme_replaces_only_between_markers(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(README, encoding="utf-8")
+    assert update_readme(readme, "| new | table |\n") is True
+    assert readme.read_text(encoding="utf-8") == README.replace("old table", "| new | table |")
+    before = readme.read_bytes()
+    assert update_readme(readme, "| new | table |\n") is False
+    assert readme.read_bytes() == before
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("# no markers\n", "found 0 and 0"),
+    (f"{MARKER_START}\nonly start\n", "found 1 and 0"),
+    (f"{MARKER_START}\n{MARKER_END}\n{MARKER_START}\n{MARKER_END}\n", "found 2 and 2"),
+    (f"{MARKER_END}\n{MARKER_START}\n", "comes before"),
+])
+def test_update_readme_names_the_file_when_markers_are_wrong(tmp_path, text, problem):
+    readme = tmp_path / "README.md"
+    readme.write_text(text, encoding="utf-8")
+    with pytest.raises(MatrixError, match=problem) as info:
+        update_readme(readme, "x")
+    assert str(info.value).startswith(f"{readme}: ")
+    assert readme.read_text(encoding="utf-8") == text
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def test_cli_writes_all_outputs_and_is_idempotent(tmp_path, monkeypatch):
+    reports_dir = tmp_path / "reports" / "nested"
+    for rep in many_reports():
+        save(reports_dir, rep)
+    readme = tmp_path / "README.md"
+    readme.write_text(README, encoding="utf-8")
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    args = [str(tmp_path / "reports"), "--readme", str(readme), "--out", str(tmp_path / "out" / "MATRIX.md"),
+            "--step-summary"]
+    assert main(args) == 0
+    markdown = (tmp_path / "out" / "MATRIX.md").read_text(encoding="utf-8")
+    assert "**Verdicts**" in markdown and markdown in readme.read_text(encoding="utf-8")
+    assert summary.read_text(encoding="utf-8").endswith(markdown)
+    readme_bytes = readme.read_bytes()
+    assert main(args) == 0
+    assert readme.read_bytes() == readme_bytes
+    assert (tmp_path / "out" / "MATRIX.md").read_text(encoding="utf-8") == markdown
+
+
+def test_cli_bad_report_exits_2_naming_file_and_problem(tmp_path, capsys):
+    save(tmp_path, report())
+    bad = tmp_path / "zz-bad.json"
+    bad.write_text(json.dumps({"schema": "pytest-qconform/report", "schema_version": 7}), encoding="utf-8")
+    assert main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert str(bad) in err[0] and "schema_version 7 is newer" in err[0]
+
+
+def test_cli_ignore_invalid_skips_with_a_warning(tmp_path, capsys):
+    save(tmp_path, report())
+    (tmp_path / "broken.json").write_text("{", encoding="utf-8")
+    assert main([str(tmp_path), "--ignore-invalid"]) == 0
+    captured = capsys.readouterr()
+    assert "warning: skipping bad report" in captured.err and "broken.json: truncated JSON" in captured.err
+    assert "| ✅ 0.31 |" in captured.out  # no outputs named: the markdown goes to stdout
+
+
+@pytest.mark.parametrize("args, problem", [
+    (["{missing}"], "no such file or folder"),
+    (["{dir}", "--step-summary"], "GITHUB_STEP_SUMMARY is not set"),
+    (["{dir}", "--readme", "{dir}/NOREADME.md"], "NOREADME.md: cannot read"),
+])
+def test_cli_usage_errors_exit_2(tmp_path, monkeypatch, capsys, args, problem):
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    save(tmp_path, report())
+    argv = [a.format(dir=tmp_path, missing=tmp_path / "missing") for a in args]
+    assert main(argv) == 2
+    assert problem in capsys.readouterr().err
+
+
+def test_python_dash_m_runs_the_cli(tmp_path):
+    path = save(tmp_path, report())
+    done = subprocess.run([sys.executable, "-m", "pytest_qconform.matrix", str(path), "--png", str(tmp_path / "m.png")],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "m.png").read_bytes().startswith(b"\x89PNG")
+    assert "merged 1 report(s) from 1 file(s)" in done.stderr
+    bad = tmp_path / "bad.json"
+    bad.write_text("[]", encoding="utf-8")
+    done = subprocess.run([sys.executable, "-m", "pytest_qconform.matrix", str(tmp_path)],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 2 and f"{bad}: top level: expected a JSON object" in done.stderr
+
+
+def test_reports_written_then_read_keep_their_file_label(tmp_path):
+    path = save(tmp_path, report())
+    assert read_report(path).label == path.name
+
+
+def test_supersede_ties_are_decided_by_content_not_input_order():
+    a = report("2025-01-01T00:00:00Z", [cell(verdict="pass")])
+    b = report("2025-01-01T00:00:00Z", [cell(verdict="fail", multiple=2.0)])
+    assert to_markdown(merge([a, b])) == to_markdown(merge([b, a]))
+    assert len(merge([a, b]).superseded) == 1

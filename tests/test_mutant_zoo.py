@@ -1,0 +1,77 @@
+"""Proof that every conformance check can fail: the suites against the mutant zoo.
+
+One pytester run of the real suites, with the correct plain-PyTorch backend and every
+mutant registered through the ``pytest_qconform_backends`` hook; the run report then
+says, per backend and operation, what the suites concluded. Each mutant must fail the
+operation whose check targets its bug class, and the correct backend must pass all.
+"""
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from zoo import MUTANTS
+
+CONFTEST = textwrap.dedent("""
+    from qconform_example_nf4.backend import TorchNF4Backend
+    from zoo import MUTANTS
+
+    def pytest_qconform_backends(config):
+        backends = {"torch-nf4-correct": type("Correct", (TorchNF4Backend,), {"name": "torch-nf4-correct"})}
+        backends.update({m.name: m for m in MUTANTS})
+        return backends
+""")
+
+
+@pytest.fixture(scope="module")
+def zoo_report(pytester_module_dir) -> dict:
+    return pytester_module_dir
+
+
+@pytest.fixture(scope="module")
+def pytester_module_dir(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Run the suites once against the zoo (module scope: the run is the expensive part)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = tmp_path_factory.mktemp("zoo")
+    (root / "conftest.py").write_text(CONFTEST)
+    tests_dir = Path(__file__).parent
+    example = tests_dir.parent / "examples" / "downstream" / "src"
+    names = ["torch-nf4-correct"] + [m.name for m in MUTANTS]
+    args = [sys.executable, "-m", "pytest", "--qconform", "-p", "no:cacheprovider", "-q", "--tb=no",
+            f"--qconform-report-dir={root / 'out'}", "-o", "addopts=",
+            *[f"--qconform-backend={n}" for n in names]]
+    env = {**__import__("os").environ, "PYTHONPATH": f"{tests_dir}:{example}"}
+    proc = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True, timeout=1500)
+    reports = list((root / "out").glob("*.json"))
+    assert len(reports) == 1, f"no report written:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return json.loads(reports[0].read_text())
+
+
+def _verdicts(report: dict, backend: str) -> dict[str, set[str]]:
+    by_operation: dict[str, set[str]] = {}
+    for cell in report["cells"]:
+        if cell["backend"] == backend:
+            by_operation.setdefault(cell["operation"], set()).add(cell["verdict"])
+    return by_operation
+
+
+def test_correct_backend_passes_every_check(zoo_report: dict) -> None:
+    verdicts = _verdicts(zoo_report, "torch-nf4-correct")
+    assert verdicts, "the correct backend produced no cells"
+    failing = {op: v for op, v in verdicts.items() if v - {"pass"}}
+    assert not failing, f"the correct backend did not pass: {failing}"
+    expected = {"quantize", "dequantize", "matmul", "matmul-fp32-input", "backward", "sequencing", "interop"}
+    assert expected <= set(verdicts)
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
+def test_mutant_is_caught_by_its_check(zoo_report: dict, mutant) -> None:
+    verdicts = _verdicts(zoo_report, mutant.name)
+    assert "fail" in verdicts.get(mutant.catches, set()), (
+        f"{mutant.name} ({mutant.__doc__.strip().splitlines()[0]}) was not caught by the "
+        f"{mutant.catches} suite: {verdicts}")

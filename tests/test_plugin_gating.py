@@ -1,0 +1,130 @@
+"""The plugin's gating, markers, options and header, tested through pytester."""
+import json
+
+import pytest
+
+SUITE = """
+import pytest
+
+@pytest.mark.qconform_operation("dequantize")
+def test_gated(qtarget, qbackend):
+    assert qtarget.torch_device is not None
+"""
+
+BACKENDS = ["--qconform-backend=fake", "--qconform-backend=missing", "-p", "no:cacheprovider"]
+
+
+def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    # An explicit path: without one, --qconform collects the shipped suites instead.
+    return pytester.runpytest(str(pytester.path), "--qconform", "--qconform-no-report", *BACKENDS, *args)
+
+
+def test_without_option_the_plugin_changes_nothing(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_plain="def test_plain():\n    assert True\n")
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    assert "qconform probe" not in result.stdout.str()
+    assert "qconform matrix" not in result.stdout.str()
+
+
+def test_markers_are_registered_and_documented(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--markers")
+    for line in ("@pytest.mark.cpu: *", "@pytest.mark.rocm: *", "@pytest.mark.gfx1200: *rdna4*",
+                 "@pytest.mark.sm90: *", "@pytest.mark.rdna4: *", "@pytest.mark.cdna3: *"):
+        result.stdout.fnmatch_lines([line])
+
+
+def test_strict_markers_pass(fake_backend_project: pytest.Pytester) -> None:
+    fake_backend_project.makepyfile(test_suite=SUITE)
+    result = run(fake_backend_project, "--strict-markers")
+    result.assert_outcomes(passed=1, skipped=1)
+
+
+def test_cpu_run_passes_and_unavailable_backend_skips_with_reason(fake_backend_project: pytest.Pytester) -> None:
+    fake_backend_project.makepyfile(test_suite=SUITE)
+    result = run(fake_backend_project, "-rs")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*unavailable: missing: missinglib: import failed*"])
+
+
+@pytest.mark.parametrize("expr, needs", [("rocm", "needs a rocm device"),
+                                         ("gfx1200", "needs a rocm device of arch gfx1200"),
+                                         ("rdna4", "needs a GPU of the rdna4 family"),
+                                         ("sm90", "needs a cuda device of arch sm90")])
+def test_absent_hardware_is_selected_and_skipped_with_reason(fake_backend_project: pytest.Pytester,
+                                                             expr: str, needs: str) -> None:
+    fake_backend_project.makepyfile(test_suite=SUITE)
+    result = run(fake_backend_project, "-m", expr, "-rs")
+    assert result.ret == 0
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines([f"*{needs}; this run found cpu*"])
+
+
+def test_selection_matching_nothing_is_not_an_error(fake_backend_project: pytest.Pytester) -> None:
+    fake_backend_project.makepyfile(test_suite=SUITE)
+    result = run(fake_backend_project, "-m", "not cpu")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["*no conformance test matched this selection*"])
+
+
+def test_simulated_gfx1200_gates_like_the_real_one_and_computes_nothing(
+        fake_backend_project: pytest.Pytester) -> None:
+    fake_backend_project.makepyfile(test_suite="""
+import pytest
+
+@pytest.mark.qconform_operation("dequantize")
+def test_defaults(qtarget, qbackend, qconform_probe):
+    raise AssertionError("must never run on a simulated device")
+""")
+    result = run(fake_backend_project, "--qconform-simulate=gfx1200", "-m", "gfx1200", "-rs")
+    assert result.ret == 0
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines(["*SIMULATED*", "*simulated gfx1200: the probe is simulated*"])
+
+
+def test_simulated_probe_applies_the_arch_defaults(fake_backend_project: pytest.Pytester) -> None:
+    fake_backend_project.makepyfile(test_suite="""
+def test_defaults(request):
+    from pytest_qconform import state
+    targets = request.config.stash[state.TARGETS]
+    gpu = [t for t in targets if t.kind == "rocm"][0]
+    assert (gpu.arch, gpu.family, gpu.default_blocksize, gpu.bf16, gpu.torch_device) == (
+        "gfx1200", "rdna4", 128, True, None)
+    assert state.probe(request.config).simulated
+""")
+    result = run(fake_backend_project, "--qconform-simulate=gfx1200")
+    result.assert_outcomes(passed=1)
+
+
+def test_unknown_simulated_arch_is_a_usage_error(fake_backend_project: pytest.Pytester) -> None:
+    fake_backend_project.makepyfile(test_suite=SUITE)
+    result = run(fake_backend_project, "--qconform-simulate=gfx9999")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*cannot simulate unknown arch 'gfx9999'*known archs*gfx1200*"])
+
+
+def test_unknown_backend_is_a_usage_error(fake_backend_project: pytest.Pytester) -> None:
+    fake_backend_project.makepyfile(test_suite=SUITE)
+    result = fake_backend_project.runpytest("--qconform", "--qconform-backend=nosuch")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*unknown backend 'nosuch'; known backends: *fake*"])
+
+
+def test_header_prints_the_probe(fake_backend_project: pytest.Pytester) -> None:
+    fake_backend_project.makepyfile(test_suite=SUITE)
+    result = run(fake_backend_project)
+    result.stdout.fnmatch_lines(["qconform probe: cpu *", "*default 4-bit blocksize: 64*",
+                                 "*backend fake: 1.0*", "*backend missing: unavailable: missinglib*"])
+
+
+def test_report_is_written_with_cells(fake_backend_project: pytest.Pytester) -> None:
+    fake_backend_project.makepyfile(test_suite=SUITE)
+    result = fake_backend_project.runpytest(str(fake_backend_project.path), "--qconform", *BACKENDS,
+                                           "--qconform-report-dir=out")
+    result.assert_outcomes(passed=1, skipped=1)
+    reports = list((fake_backend_project.path / "out").glob("*.json"))
+    assert len(reports) == 1
+    data = json.loads(reports[0].read_text())
+    verdicts = {(c["backend"], c["operation"]): c["verdict"] for c in data["cells"]}
+    assert verdicts == {("fake", "dequantize"): "pass", ("missing", "dequantize"): "unavailable"}
+    result.stdout.fnmatch_lines([f"qconform report: *{reports[0].name}"])

@@ -1,0 +1,222 @@
+"""The mutant zoo: deliberately broken backends, each with one planted bug of a known class.
+
+Every mutant is the correct plain-PyTorch backend of ``examples/downstream`` with one
+method changed, and names the operation (matrix cell) whose check must catch it. The
+zoo test runs the real suites against all of them and requires each to fail exactly
+where it should, while the unmodified backend passes everywhere.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from qconform_example_nf4.backend import TorchNF4Backend
+
+from pytest_qconform.backends.base import Quantized, QuantSpec
+
+
+class KeepsFirstDtypeBuffer(TorchNF4Backend):
+    """unsloth PR 4026: a reused dequantize buffer that keeps the dtype of its first use."""
+
+    name = "mutant-stale-buffer"
+    catches = "sequencing"
+
+    def __init__(self) -> None:
+        self.buffer: torch.Tensor | None = None
+
+    def dequantize(self, q: Quantized, dtype: torch.dtype) -> torch.Tensor:
+        fresh = super().dequantize(q, dtype)
+        if self.buffer is None or self.buffer.shape != fresh.shape:
+            self.buffer = torch.empty_like(fresh)
+        self.buffer.copy_(fresh)
+        return self.buffer
+
+
+class SwappedNibbles(TorchNF4Backend):
+    """Reads the low nibble as the first element."""
+
+    name = "mutant-swapped-nibbles"
+    catches = "dequantize"
+
+    def unpack(self, packed: torch.Tensor, numel: int) -> torch.Tensor:
+        return torch.stack([packed & 0xF, packed >> 4], dim=1).reshape(-1)[:numel]
+
+
+class WrongBlockAbsmax(TorchNF4Backend):
+    """Scales the final block by its neighbour's absmax (an off-by-one in the block index)."""
+
+    name = "mutant-wrong-block-absmax"
+    catches = "dequantize"
+
+    def decode_absmax(self, h: dict) -> torch.Tensor:
+        absmax = super().decode_absmax(h).clone()
+        if absmax.numel() > 1:
+            absmax[-1] = absmax[-2]
+        return absmax
+
+
+class DroppedNestedOffset(TorchNF4Backend):
+    """Decodes a double-quantized absmax without adding back the mean offset."""
+
+    name = "mutant-dropped-dq-offset"
+    catches = "dequantize"
+
+    def decode_absmax(self, h: dict) -> torch.Tensor:
+        if "nested_absmax" not in h:
+            return h["absmax"]
+        return super().decode_absmax(h) - h["offset"]
+
+
+class IgnoredBias(TorchNF4Backend):
+    name = "mutant-ignored-bias"
+    catches = "matmul"
+
+    def matmul(self, x, q, bias, compute_dtype):
+        return super().matmul(x, q, None, compute_dtype)
+
+
+class WrongGemvTail(TorchNF4Backend):
+    """A batch-1 fast path that drops the partial last tile of K (a gemv tail bug)."""
+
+    name = "mutant-gemv-tail"
+    catches = "matmul"
+    TILE = 32
+
+    def matmul(self, x, q, bias, compute_dtype):
+        if math.prod(x.shape[:-1]) != 1:
+            return super().matmul(x, q, bias, compute_dtype)
+        k = x.shape[-1]
+        w = self.dequantize(q, compute_dtype)
+        full = (k // self.TILE) * self.TILE if k % self.TILE else k - self.TILE
+        y = F.linear(x[..., :full].to(compute_dtype), w[:, :full], bias.to(compute_dtype) if bias is not None else None)
+        return y.to(x.dtype)
+
+
+class NaNGradients(TorchNF4Backend):
+    """A backward that produces NaN where a weight block is all zeros (0/0 in a rescale)."""
+
+    name = "mutant-nan-grad"
+    catches = "backward"
+
+    def matmul(self, x, q, bias, compute_dtype):
+        y = super().matmul(x, q, bias, compute_dtype)
+        if not y.requires_grad:
+            return y
+
+        class PoisonGrad(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, t):
+                return t.view_as(t)
+
+            @staticmethod
+            def backward(ctx, g):
+                poisoned = g.clone()
+                poisoned[..., 0] = float("nan")  # one output feature's gradient is NaN
+                return poisoned
+
+        return PoisonGrad.apply(y)
+
+
+class Fp16Accumulation(TorchNF4Backend):
+    """Accumulates the matmul in fp16 (overflows on large cancelling products)."""
+
+    name = "mutant-fp16-accumulate"
+    catches = "backward"
+
+    def matmul(self, x, q, bias, compute_dtype):
+        if compute_dtype != torch.float16:
+            return super().matmul(x, q, bias, compute_dtype)
+        w = self.dequantize(q, torch.float16)
+        prods = x.to(torch.float16).unsqueeze(-2) * w  # [..., N, K] in fp16
+        y = torch.cumsum(prods, dim=-1)[..., -1]
+        return (y + bias.to(torch.float16) if bias is not None else y).to(x.dtype)
+
+
+class ForgetsBlocksize(TorchNF4Backend):
+    """A serializer that does not store the blocksize; the loader assumes ROCm's 128."""
+
+    name = "mutant-forgets-blocksize"
+    catches = "interop"
+
+    def serialize(self, q):
+        state = super().serialize(q)
+        del state["blocksize"]
+        return state
+
+    def load(self, state, device):
+        return super().load({**state, "blocksize": torch.tensor(128)}, device)
+
+
+class OffThresholds(TorchNF4Backend):
+    """Quantization thresholds shifted by 2% of a code gap towards zero."""
+
+    name = "mutant-off-thresholds"
+    catches = "quantize"
+
+    def quantize_codes(self, flat, absmax, blocksize, table):
+        scale = absmax.repeat_interleave(blocksize)[: flat.numel()]
+        scaled = torch.where(scale > 0, flat / scale, torch.zeros_like(flat))
+        return super().quantize_codes(scaled * 0.99 + 0.0, torch.ones_like(absmax), blocksize, table)
+
+
+class WrongOutputDtype(TorchNF4Backend):
+    """Always dequantizes to fp32 whatever dtype was asked for."""
+
+    name = "mutant-wrong-dtype"
+    catches = "dequantize"
+
+    def dequantize(self, q, dtype):
+        return super().dequantize(q, torch.float32)
+
+
+class NaNForZeroBlocks(TorchNF4Backend):
+    """Normalizes by absmax on decode too, so all-zero blocks decode to NaN (0/0)."""
+
+    name = "mutant-nan-zero-blocks"
+    catches = "dequantize"
+
+    def dequantize(self, q, dtype):
+        out = super().dequantize(q, torch.float32)
+        absmax = self.decode_absmax(q.handle).repeat_interleave(q.handle["blocksize"])[: out.numel()]
+        return (out.reshape(-1) * (absmax / absmax)).to(dtype).reshape(q.shape)
+
+
+class HidesNonFinite(TorchNF4Backend):
+    """Sanitizes NaN/Inf activations to zero (hides a poisoned input)."""
+
+    name = "mutant-hides-nonfinite"
+    catches = "backward"
+
+    def matmul(self, x, q, bias, compute_dtype):
+        return super().matmul(torch.nan_to_num(x, 0.0, 0.0, 0.0), q, bias, compute_dtype)
+
+
+class CrashesOnFp32Input(TorchNF4Backend):
+    """HQQ's bug class: a bf16 layer that does not cast fp32 activations."""
+
+    name = "mutant-fp32-input-crash"
+    catches = "matmul-fp32-input"
+
+    def matmul(self, x, q, bias, compute_dtype):
+        w = self.dequantize(q, compute_dtype)
+        return torch.matmul(x, w.t())  # dtype mismatch raises for fp32 x and bf16 w
+
+
+class ScaledMatmul(TorchNF4Backend):
+    """A systematic relative error ``eps`` in the matmul output (set per instance)."""
+
+    name = "mutant-scaled-matmul"
+    catches = "matmul"
+    eps = 1e-2
+
+    def matmul(self, x, q, bias, compute_dtype):
+        y = super().matmul(x, q, bias, compute_dtype)
+        return (y.double() * (1 + self.eps)).to(y.dtype)
+
+
+MUTANTS: tuple[type[TorchNF4Backend], ...] = (
+    KeepsFirstDtypeBuffer, SwappedNibbles, WrongBlockAbsmax, DroppedNestedOffset, IgnoredBias, WrongGemvTail,
+    NaNGradients, Fp16Accumulation, ForgetsBlocksize, OffThresholds, WrongOutputDtype, NaNForZeroBlocks,
+    HidesNonFinite, CrashesOnFp32Input, ScaledMatmul,
+)
