@@ -1,4 +1,9 @@
-"""Sessions for pytest-qconform: ``nox -s matrix`` merges the committed run reports."""
+"""Sessions for pytest-qconform.
+
+``nox -s matrix`` merges the committed run reports; ``nox -s tests`` runs the project's own
+tests in the current environment; ``nox -s downstream`` installs the example downstream
+backend into a fresh virtualenv and runs the suites on it (and on its broken twin).
+"""
 from __future__ import annotations
 
 import nox
@@ -18,3 +23,60 @@ def matrix(session: nox.Session) -> None:
     """
     session.run("python", "-m", "pytest_qconform.matrix", *(session.posargs or ["reports/"]),
                 "--readme", "README.md", "--out", "reports/MATRIX.md", "--png", "reports/matrix.png")
+
+
+@nox.session(python=False)
+def tests(session: nox.Session) -> None:
+    """The project's own tests (plugin, reference, mutant zoo) in the current environment.
+
+    Same as the README's ``python -m pytest``; extra arguments go to pytest:
+    ``nox -s tests -- -k xdist``.
+    """
+    session.run("python", "-m", "pytest", *session.posargs)
+
+
+DOWNSTREAM_ARGS = ("--qconform", "-q", "-p", "no:cacheprovider", "--tb=line")
+
+
+@nox.session
+def downstream(session: nox.Session) -> None:
+    """Use pytest-qconform as a downstream project would, in a fresh virtualenv.
+
+    Installs the CPU torch pin, this checkout and ``examples/downstream`` (a plain-PyTorch
+    NF4 backend registered only through the ``pytest_qconform.backends`` entry point
+    group), then runs the suites on it from a scratch folder outside the repository (so
+    no conftest.py or ini file of ours is picked up) and requires every cell of its report
+    to pass. Then installs ``examples/downstream/broken`` (the same backend with its
+    nibbles swapped in dequantize) and requires the run to fail, with failing dequantize
+    cells in its report. About two minutes on 2 CPU cores, most of it installing torch.
+    """
+    import shutil
+    import tempfile
+    import time
+    from pathlib import Path
+
+    started = time.monotonic()
+    root = Path(__file__).resolve().parent
+    session.install("-c", "constraints/cpu.txt", "torch==2.13.0")
+    session.install("-c", "constraints/cpu.txt", "-e", ".")
+    with tempfile.TemporaryDirectory(prefix="qconform-downstream-") as scratch_dir:
+        scratch = Path(scratch_dir)
+        # Build the examples from a copy: an in-tree build leaves src/*.egg-info behind, which
+        # would register their entry points in any process that has examples/downstream/src on
+        # sys.path (the project's own tests do).
+        example = scratch / "example"
+        shutil.copytree(root / "examples" / "downstream", example,
+                        ignore=shutil.ignore_patterns("*.egg-info", "build", "__pycache__"))
+        check = str(example / "check_report.py")
+        good, broken = scratch / "reports-torch-nf4", scratch / "reports-torch-nf4-broken"
+        session.install(str(example))
+        with session.chdir(scratch):
+            session.run("pytest", *DOWNSTREAM_ARGS, "--qconform-backend=torch-nf4", f"--qconform-report-dir={good}")
+            session.run("python", check, str(good), "--backend", "torch-nf4", "--all-pass")
+            session.install(str(example / "broken"))
+            # The planted bug must fail the run (exit 1), and fail it in the right place.
+            session.run("pytest", *DOWNSTREAM_ARGS, "--tb=no", "--qconform-backend=torch-nf4-broken",
+                        f"--qconform-report-dir={broken}", success_codes=[1])
+            session.run("python", check, str(broken), "--backend", "torch-nf4-broken",
+                        "--fails-in", "dequantize")
+    session.log(f"downstream: done in {time.monotonic() - started:.0f} s")

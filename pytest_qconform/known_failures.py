@@ -2,13 +2,20 @@
 
 Each entry is keyed by backend, backend version range (PEP 440), arch/family/kind and
 check (the matrix operation), optionally narrowed by format, dtype and test-name globs.
-A match marks the test ``xfail(strict=True)``: the failure shows as a known failure in
-the matrix, and an unexpected pass fails the run so a fix upstream surfaces. A known
+A match marks the test ``xfail(strict=True)``: the failure shows as ``known-failure``
+in the matrix, and an unexpected pass is a ``fail`` of the run (the message says it
+passed unexpectedly) so a fix upstream surfaces and the entry gets removed. A known
 failure never hides a new one: only the listed check of the listed backend is marked.
+
+The files are read once, at start-up (``configure``): a malformed entry stops the run
+before anything is computed, with the file and line of the offending key. An entry
+for a backend this runner does not have is fine (a shared file lists every runner's
+failures); it simply matches nothing here.
 """
 from __future__ import annotations
 
 import fnmatch
+import re
 import tomllib
 from dataclasses import dataclass
 from importlib import resources
@@ -19,9 +26,15 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from pytest_qconform import outcomes, state
+from pytest_qconform.targets import hardware_marker_names
 
+PACKAGED = "pytest_qconform/known_failures.toml"
 REQUIRED = ("backend", "versions", "arch", "check", "reason", "link", "repro")
 OPTIONAL = ("format", "dtype", "test")
+ANY = "*"
+
+_HEADER = re.compile(r"^\s*\[\[\s*failure\s*\]\]\s*(#.*)?$")
+_TOML_POSITION = re.compile(r"\(at line (\d+), column \d+\)")
 
 
 class KnownFailuresError(pytest.UsageError):
@@ -30,100 +43,155 @@ class KnownFailuresError(pytest.UsageError):
 
 @dataclass(frozen=True)
 class KnownFailure:
+    """One known failure: which tests it covers, why they fail, and how to see it fail."""
+
     backend: str
     versions: SpecifierSet
-    arch: str  # an arch, a family, a device kind, or "*"
+    arch: str  # an arch, a family, a device kind, a CPU machine type, or "*"
     check: str
     reason: str
     link: str
     repro: str
-    format: str = "*"
-    dtype: str = "*"
-    test: str = "*"
-    source: str = ""
+    format: str = ANY
+    dtype: str = ANY
+    test: str = ANY
+    source: str = ""  # "file:line" of the entry, for messages
 
     def matches(self, key: dict[str, str], version: str | None, target_markers: tuple[str, ...],
                 test_name: str) -> bool:
+        """Whether a test with cell ``key`` on a target with ``target_markers`` is covered.
+
+        Pre-releases and dev builds count as inside a range (``0.46.0.dev0`` matches
+        ``>=0.45``): GPU runners often test such builds, and they fail the same way.
+        """
         if key["backend"] != self.backend or key["operation"] != self.check:
             return False
-        if self.arch != "*" and self.arch not in target_markers:
+        if self.arch != ANY and self.arch not in target_markers:
             return False
-        if not (fnmatch.fnmatch(key["format"], self.format) and fnmatch.fnmatch(key["dtype"], self.dtype)
-                and fnmatch.fnmatch(test_name, self.test)):
+        if not (fnmatch.fnmatchcase(key["format"], self.format) and fnmatch.fnmatchcase(key["dtype"], self.dtype)
+                and fnmatch.fnmatchcase(test_name, self.test)):
+            return False
+        if version is None:
             return False
         try:
-            return version is not None and Version(version) in self.versions
+            return self.versions.contains(Version(version), prereleases=True)
         except InvalidVersion:
             return False
 
+    def xfail_reason(self) -> str:
+        return f"known failure ({self.link}): {self.reason} [{self.source}]"
 
-def _entry_lines(text: str) -> list[int]:
-    return [n for n, line in enumerate(text.splitlines(), 1) if line.strip() == "[[failure]]"]
+
+def _entry_spans(lines: list[str]) -> list[tuple[int, int]]:
+    """(first, last) 1-based line numbers of each ``[[failure]]`` table, in order."""
+    starts = [n for n, line in enumerate(lines, 1) if _HEADER.match(line)]
+    ends = [s - 1 for s in starts[1:]] + [len(lines)]
+    return list(zip(starts, ends))
 
 
-def parse(text: str, source: str) -> list[KnownFailure]:
-    """Parse one known-failures TOML document; errors name ``source`` and the entry's line."""
+def _key_line(lines: list[str], span: tuple[int, int], key: str) -> int:
+    """The line of ``key = ...`` inside an entry, else the entry's header line."""
+    pattern = re.compile(rf"^\s*(?:{re.escape(key)}|\"{re.escape(key)}\"|'{re.escape(key)}')\s*=")
+    for n in range(span[0], span[1] + 1):
+        if pattern.match(lines[n - 1]):
+            return n
+    return span[0]
+
+
+def _known_arches() -> set[str]:
+    return set(hardware_marker_names()) | {ANY}
+
+
+def _parse_entry(raw: dict, source: str, lines: list[str], span: tuple[int, int]) -> KnownFailure:
+    def where(key: str | None = None) -> str:
+        return f"{source}:{_key_line(lines, span, key) if key else span[0]}"
+
+    missing = [k for k in REQUIRED if k not in raw]
+    if missing:
+        raise KnownFailuresError(f"{where()}: known failure is missing {', '.join(missing)}; every entry needs "
+                                 f"{', '.join(REQUIRED)}")
+    for key in raw:
+        if key not in REQUIRED + OPTIONAL:
+            raise KnownFailuresError(f"{where(key)}: unknown key {key!r}; allowed: {', '.join(REQUIRED + OPTIONAL)}")
+    for key, value in raw.items():
+        if not isinstance(value, str) or not value.strip():
+            raise KnownFailuresError(f"{where(key)}: {key} must be a non-empty string, got {value!r}")
+    try:
+        versions = SpecifierSet("" if raw["versions"].strip() == ANY else raw["versions"])
+    except InvalidSpecifier:
+        raise KnownFailuresError(f"{where('versions')}: versions {raw['versions']!r} is not a PEP 440 range "
+                                 "such as '>=0.2,<0.3' (or '*' for every version)") from None
+    if raw["arch"] not in _known_arches():
+        raise KnownFailuresError(
+            f"{where('arch')}: arch {raw['arch']!r} is not a known arch, family, device kind or CPU machine; "
+            f"use one of: {', '.join(sorted(_known_arches()))}")
+    return KnownFailure(
+        backend=raw["backend"], versions=versions, arch=raw["arch"], check=raw["check"], reason=raw["reason"],
+        link=raw["link"], repro=raw["repro"], format=raw.get("format", ANY), dtype=raw.get("dtype", ANY),
+        test=raw.get("test", ANY), source=where())
+
+
+def parse(text: str, source: str) -> tuple[KnownFailure, ...]:
+    """Parse one known-failures TOML document; errors name ``source`` and the line."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise KnownFailuresError(f"{source}: not valid TOML: {exc}") from None
-    unknown_top = set(data) - {"failure"}
+        found = _TOML_POSITION.search(str(exc))
+        line = f":{found.group(1)}" if found else ""
+        raise KnownFailuresError(f"{source}{line}: not valid TOML: {exc}") from None
+    unknown_top = sorted(set(data) - {"failure"})
     if unknown_top:
-        raise KnownFailuresError(f"{source}: unknown top-level key(s) {sorted(unknown_top)}; "
-                                 "entries are [[failure]] tables")
-    lines = _entry_lines(text)
-    entries = []
-    for index, raw in enumerate(data.get("failure", [])):
-        where = f"{source}:{lines[index] if index < len(lines) else '?'}"
-        missing = [k for k in REQUIRED if k not in raw]
-        if missing:
-            raise KnownFailuresError(f"{where}: known failure is missing {', '.join(missing)}")
-        extra = sorted(set(raw) - set(REQUIRED) - set(OPTIONAL))
-        if extra:
-            raise KnownFailuresError(f"{where}: unknown key(s) {', '.join(extra)}; "
-                                     f"allowed: {', '.join(REQUIRED + OPTIONAL)}")
-        bad = [k for k, v in raw.items() if not isinstance(v, str) or not v.strip()]
-        if bad:
-            raise KnownFailuresError(f"{where}: {', '.join(bad)} must be non-empty strings")
-        try:
-            versions = SpecifierSet(raw["versions"])
-        except InvalidSpecifier:
-            raise KnownFailuresError(f"{where}: versions {raw['versions']!r} is not a PEP 440 range "
-                                     "such as '>=0.2,<0.3'") from None
-        entries.append(KnownFailure(
-            backend=raw["backend"], versions=versions, arch=raw["arch"], check=raw["check"],
-            reason=raw["reason"], link=raw["link"], repro=raw["repro"], format=raw.get("format", "*"),
-            dtype=raw.get("dtype", "*"), test=raw.get("test", "*"), source=where))
-    return entries
+        raise KnownFailuresError(f"{source}: unknown top-level key(s) {', '.join(map(repr, unknown_top))}; "
+                                 "write each entry as a [[failure]] table")
+    raw_entries = data.get("failure", [])
+    if not isinstance(raw_entries, list):
+        raise KnownFailuresError(f"{source}: 'failure' must be an array of tables: write [[failure]], not [failure]")
+    lines = text.splitlines()
+    spans = _entry_spans(lines)
+    if len(spans) != len(raw_entries):
+        # Inline arrays (failure = [{...}]) parse, but leave no line per entry to point at.
+        raise KnownFailuresError(f"{source}: write each known failure as its own [[failure]] table "
+                                 "(one per entry, not an inline array)")
+    return tuple(_parse_entry(raw, source, lines, span) for raw, span in zip(raw_entries, spans))
 
 
-def load(extra_files: list[str]) -> list[KnownFailure]:
-    """The packaged registry plus each runner's own files."""
+def load(extra_files: list[str] | tuple[str, ...]) -> tuple[KnownFailure, ...]:
+    """The packaged registry plus each runner's own files (``--qconform-known-failures``)."""
     packaged = resources.files("pytest_qconform").joinpath("known_failures.toml")
-    entries = parse(packaged.read_text(encoding="utf-8"), "pytest_qconform/known_failures.toml")
+    entries = parse(packaged.read_text(encoding="utf-8"), PACKAGED)
     for name in extra_files:
         path = Path(name)
         if not path.is_file():
-            raise KnownFailuresError(f"--qconform-known-failures: no such file: {path}")
+            raise KnownFailuresError(f"--qconform-known-failures: no such file: {path} "
+                                     f"(resolved to {path.resolve()})")
         entries += parse(path.read_text(encoding="utf-8"), str(path))
     return entries
 
 
+def configure(config: pytest.Config) -> None:
+    """Read every known-failures file at start-up, so a malformed one stops the run early."""
+    config.stash[state.KNOWN_FAILURES] = load(config.getoption("qconform_known_failures"))
+
+
 def apply(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every item that a known failure matches as a strict expected failure."""
-    entries = load(config.getoption("qconform_known_failures"))
+    entries = config.stash.get(state.KNOWN_FAILURES, None)
+    if entries is None:
+        entries = load(config.getoption("qconform_known_failures"))
     if not entries:
         return
     probe = state.probe(config)
     for item in items:
-        props = dict(item.user_properties)
-        key = props.get(outcomes.KEY_PROPERTY)
+        key = dict(item.user_properties).get(outcomes.KEY_PROPERTY)
         if not key:
             continue
         status = probe.backend(key["backend"])
-        target = item.callspec.params.get("qtarget")
-        markers = target.marker_names if target is not None else ()
+        callspec = getattr(item, "callspec", None)
+        target = callspec.params.get("qtarget") if callspec is not None else None
+        # A test with no device parameter runs on the probe's device.
+        markers = target.marker_names if target is not None else tuple(
+            m for m in (probe.device_kind, probe.arch, probe.family) if m)
         for entry in entries:
             if entry.matches(key, status.version if status else None, markers, item.name):
-                item.add_marker(pytest.mark.xfail(strict=True, reason=f"known failure ({entry.link}): {entry.reason}"))
+                item.add_marker(pytest.mark.xfail(strict=True, reason=entry.xfail_reason()))
                 break

@@ -3,6 +3,13 @@
 Tests carry their cell key (backend, operation, format, dtype, target) in
 ``user_properties`` from collection on, so this works identically under pytest-xdist,
 where the controller sees only serialized reports.
+
+Two outcomes come from outside the test: a worker process that died (pytest-xdist
+reports "worker 'gw0' crashed while running '<nodeid>'" with no properties) and a test
+stopped by pytest-timeout (in-process with ``--timeout-method=signal``: a failure
+"Timeout (>Ns) from pytest-timeout."; with ``--timeout-method=thread`` the worker is
+killed, which xdist reports as a crash). ``crash_case`` turns the former into
+``crashed`` or ``timeout`` from what the recorder remembered of the test.
 """
 from __future__ import annotations
 
@@ -17,6 +24,9 @@ REPRO_PROPERTY = "qconform_repro"
 UNAVAILABLE_PREFIX = "unavailable:"
 NOT_CLAIMED_PREFIX = "not claimed:"
 OOM_PREFIX = "out of memory:"
+TIMEOUT_MESSAGE = "from pytest-timeout"  # pytest-timeout's signal-method failure message ends so
+XPASS_STRICT_PREFIX = "[XPASS(strict)]"  # pytest's longrepr of a strict xfail that passed
+WORKER_CRASH_MARK = "crashed while running"  # pytest-xdist's report of a dead worker
 
 # Worse verdicts override milder ones when an item reports several phases.
 _SEVERITY = {"crashed": 7, "timeout": 6, "fail": 5, "known-failure": 4, "pass": 3, "skipped": 2, "unavailable": 1}
@@ -69,18 +79,23 @@ def _failure_message(report: pytest.TestReport) -> str:
     return str(report.longrepr or "failed").strip().splitlines()[-1] if report.longrepr else "failed"
 
 
+def _unexpected_pass(reason: str) -> str:
+    return (f"passed unexpectedly: this test is listed as a known failure ({reason}); "
+            "if it is fixed, remove or narrow that known-failures entry")
+
+
 def verdict_of(report: pytest.TestReport) -> tuple[str, str] | None:
     """(verdict, message) of one phase's report, or None when the phase says nothing."""
     if hasattr(report, "wasxfail"):
         if report.skipped:
             return "known-failure", str(report.wasxfail)
-        return "fail", f"known failure passed unexpectedly (fixed upstream?): {report.wasxfail}"
+        return "fail", _unexpected_pass(str(report.wasxfail))
     if report.failed:
+        if isinstance(report.longrepr, str) and report.longrepr.startswith(XPASS_STRICT_PREFIX):
+            return "fail", _unexpected_pass(report.longrepr[len(XPASS_STRICT_PREFIX):].strip())
         message = _failure_message(report)
-        if report.when != "call" and "Timeout" in message:
-            return "timeout", message
-        if "Timeout" in message and "pytest-timeout" in str(report.longrepr):
-            return "timeout", message
+        if TIMEOUT_MESSAGE in message:
+            return "timeout", f"{message} (stopped in phase {report.when}: {report.nodeid})"
         return "fail", message
     if report.skipped:
         reason = _skip_reason(report)
@@ -106,6 +121,38 @@ def case_from_report(report: pytest.TestReport) -> Case | None:
     verdict, message = found
     return Case(report.nodeid, key["backend"], key["operation"], key["format"], key["dtype"], key["target"],
                 verdict, props.get(MULTIPLE_PROPERTY), message, str(props.get(REPRO_PROPERTY, "")))
+
+
+def identity_of(report: pytest.TestReport) -> tuple[dict[str, str], str] | None:
+    """(cell key, repro) a report carries, for the recorder to remember until a crash."""
+    props = _props(report)
+    key = props.get(KEY_PROPERTY)
+    return (key, str(props.get(REPRO_PROPERTY, ""))) if key else None
+
+
+def is_worker_crash(report: pytest.TestReport) -> bool:
+    """Whether this is pytest-xdist's report of a worker process that died mid-test."""
+    return bool(report.failed and isinstance(report.longrepr, str) and WORKER_CRASH_MARK in report.longrepr)
+
+
+def crash_case(report: pytest.TestReport, key: dict[str, str], repro: str, elapsed_s: float | None,
+               timeout_s: float | None) -> Case:
+    """The case of a test whose worker died: ``timeout`` when it ran for at least the
+    pytest-timeout limit (the thread method kills the process), else ``crashed`` (a
+    segfault, an abort, a GPU exception). The message names the test and its cell."""
+    where = (f"{report.nodeid} (backend={key['backend']} operation={key['operation']} format={key['format']} "
+             f"dtype={key['dtype']} target={key['target']})")
+    ran = f" after {elapsed_s:.1f} s" if elapsed_s is not None else ""
+    if timeout_s and elapsed_s is not None and elapsed_s >= timeout_s:
+        verdict = "timeout"
+        message = (f"timed out{ran} (limit {timeout_s:g} s): pytest-timeout killed the worker while running "
+                   f"{where}")
+    else:
+        verdict = "crashed"
+        message = (f"the test process died{ran} (segfault, abort or device exception) while running {where}; "
+                   f"{report.longrepr}")
+    return Case(report.nodeid, key["backend"], key["operation"], key["format"], key["dtype"], key["target"],
+                verdict, None, message, repro)
 
 
 def worse(a: Case | None, b: Case) -> Case:

@@ -44,6 +44,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
     session_setup.configure(config)
     config.pluginmanager.import_plugin("pytest_qconform.fixtures")
+    config.pluginmanager.import_plugin("pytest_qconform.oom")
     from pytest_qconform.recorder import RunRecorder
 
     config.pluginmanager.register(RunRecorder(config), "qconform-recorder")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import time
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,27 @@ class RunRecorder:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.nothing_selected = False
+        # Under pytest-xdist a dead worker's report carries no properties: remember each
+        # test's cell key and start time from its earlier reports (see outcomes.crash_case).
+        self.identities: dict[str, tuple[dict[str, str], str]] = {}
+        self.started: dict[str, float] = {}
+
+    def pytest_runtest_logstart(self, nodeid: str, location: tuple) -> None:
+        self.started[nodeid] = time.monotonic()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        case = outcomes.case_from_report(report)
+        if outcomes.is_worker_crash(report):
+            identity = self.identities.get(report.nodeid)
+            if identity is None:
+                return  # died before its setup reported: no cell to charge (pytest reports the crash)
+            start = self.started.get(report.nodeid)
+            elapsed = time.monotonic() - start if start is not None else None
+            case = outcomes.crash_case(report, *identity, elapsed, _timeout_limit(self.config))
+        else:
+            identity = outcomes.identity_of(report)
+            if identity is not None:
+                self.identities[report.nodeid] = identity
+            case = outcomes.case_from_report(report)
         if case is not None:
             cases = self.config.stash[state.CASES]
             cases[case.nodeid] = outcomes.worse(cases.get(case.nodeid), case)
@@ -67,3 +86,12 @@ class RunRecorder:
         path = self.config.stash.get(state.REPORT_PATH, None)
         if path:
             tr.write_line(f"qconform report: {path}")
+
+
+def _timeout_limit(config: pytest.Config) -> float | None:
+    """The run's pytest-timeout limit in seconds, or None without one."""
+    if not config.pluginmanager.hasplugin("timeout"):
+        return None
+    from pytest_timeout import get_env_settings
+
+    return get_env_settings(config).timeout or None

@@ -44,6 +44,9 @@ def configure(config: pytest.Config) -> None:
         # Our Triton kernels can only run interpreted without a GPU; triton reads this
         # variable when kernels are defined, so it must be set before they are imported.
         os.environ.setdefault("TRITON_INTERPRET", "1")
+    from pytest_qconform import known_failures
+
+    known_failures.configure(config)  # a malformed file stops the run before anything runs
     factories = _select_backends(config, _discover_backends(config))
     config.stash[state.BACKEND_FACTORIES] = factories
     statuses = []

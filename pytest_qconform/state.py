@@ -2,7 +2,7 @@
 in-process runs each get their own)."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import pytest
 
@@ -11,12 +11,16 @@ from pytest_qconform.outcomes import Case
 from pytest_qconform.probe import Probe
 from pytest_qconform.targets import Target
 
+if TYPE_CHECKING:
+    from pytest_qconform.known_failures import KnownFailure
+
 PROBE = pytest.StashKey[Probe]()
 TARGETS = pytest.StashKey["tuple[Target, ...]"]()
 BACKEND_FACTORIES = pytest.StashKey["dict[str, Callable[[], Backend]]"]()
 BACKENDS = pytest.StashKey["dict[str, Backend]"]()
 CASES = pytest.StashKey["dict[str, Case]"]()
 REPORT_PATH = pytest.StashKey["str | None"]()
+KNOWN_FAILURES = pytest.StashKey["tuple[KnownFailure, ...]"]()
 
 
 def probe(config: pytest.Config) -> Probe:
@@ -24,8 +28,26 @@ def probe(config: pytest.Config) -> Probe:
 
 
 def backend(config: pytest.Config, name: str) -> Backend:
-    """The session's one instance of backend ``name`` (built on first use)."""
+    """The session's one instance of backend ``name`` (built on first use).
+
+    A factory or ``availability()`` that raises (a conftest backend whose constructor
+    fails, say) does not stop the session: the backend becomes unavailable, with the
+    exception as the reason, and its tests skip while the others run.
+    """
     built = config.stash.setdefault(BACKENDS, {})
     if name not in built:
-        built[name] = config.stash[BACKEND_FACTORIES][name]()
+        built[name] = _build(name, config.stash[BACKEND_FACTORIES][name])
     return built[name]
+
+
+def _build(name: str, factory: Callable[[], Backend]) -> Backend:
+    from pytest_qconform.backends.registry import UnavailableBackend
+
+    try:
+        made = factory()
+        made.availability()
+    except Exception as exc:  # noqa: BLE001 - a broken backend is reported, not raised
+        lines = str(exc).strip().splitlines()
+        return UnavailableBackend(name, f"could not be built: {type(exc).__name__}: "
+                                        f"{lines[0] if lines else '(no message)'}")
+    return made

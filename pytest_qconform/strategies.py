@@ -6,13 +6,16 @@ runners. Both derandomize nothing: the seed is printed on failure for reproducti
 """
 from __future__ import annotations
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 PROFILE_SETTINGS = {
     "ci": dict(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                      HealthCheck.function_scoped_fixture,
                                                                      HealthCheck.differing_executors],
-               print_blob=True, derandomize=True),
+               print_blob=True, derandomize=True,
+               # No shrinking on CI: the derandomized first failure is already reproducible,
+               # and shrinking a failing backend costs tens of seconds per cell.
+               phases=(Phase.explicit, Phase.reuse, Phase.generate)),
     "thorough": dict(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                             HealthCheck.function_scoped_fixture,
                                                                             HealthCheck.differing_executors],

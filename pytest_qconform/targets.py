@@ -7,6 +7,7 @@ instead of a silent "no tests ran".
 """
 from __future__ import annotations
 
+import os
 import platform
 import re
 from dataclasses import dataclass
@@ -68,8 +69,41 @@ def device_target(probe: Probe) -> Target | None:
     if probe.simulated:
         reason = (f"simulated {probe.arch}: the probe is simulated (--qconform-simulate), "
                   f"no {probe.arch} device exists in this run, so nothing was computed on it")
-    return Target(probe.device_kind, probe.arch, probe.family, None if probe.simulated else "cuda:0",
-                  probe.bf16, probe.default_blocksize, reason)
+    device = None if probe.simulated else f"cuda:{_use_worker_device()}"
+    return Target(probe.device_kind, probe.arch, probe.family, device, probe.bf16, probe.default_blocksize, reason)
+
+
+def worker_device_index(worker: str | None, device_count: int) -> int:
+    """The GPU an xdist worker computes on: ``gwN`` uses ``N % device_count``; 0 outside xdist.
+
+    Spreads ``pytest --qconform -n K`` over a host's GPUs, one worker per GPU in turn.
+    The probe describes GPU 0, so this assumes the host's GPUs are alike; on a mixed host,
+    run one job per arch with ``CUDA_VISIBLE_DEVICES`` (or ``HIP_VISIBLE_DEVICES``) set.
+    """
+    if device_count < 1:
+        raise ValueError(f"worker_device_index: device_count must be >= 1, got {device_count}")
+    if not worker:
+        return 0
+    match = re.fullmatch(r"gw(\d+)", worker)
+    if match is None:
+        raise ValueError(f"PYTEST_XDIST_WORKER={worker!r} is not a pytest-xdist worker id like 'gw3'; "
+                         "unset it outside pytest-xdist")
+    return int(match.group(1)) % device_count
+
+
+def _use_worker_device() -> int:
+    """Pick this process's GPU and make it the current device.
+
+    Making it current matters: Triton kernels (and other libraries) launch on the current
+    device, and a launch on GPU 0 with tensors on GPU 1 is an illegal memory access that
+    spoils the worker's CUDA context for every test after it.
+    """
+    import torch
+
+    index = worker_device_index(os.environ.get("PYTEST_XDIST_WORKER"), max(torch.cuda.device_count(), 1))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(index)
+    return index
 
 
 def requested_hardware(markexpr: str) -> list[str]:

@@ -182,12 +182,12 @@ def quantize(weight: torch.Tensor, quant_type: str, blocksize: int) -> tuple[np.
     if blocksize <= 0:
         raise ValueError(f"quantize: blocksize must be positive, got {blocksize}")
     w = weight.detach().to(torch.float64).reshape(-1)
+    if not bool(torch.isfinite(w).all()):
+        raise ValueError("quantize: the weight has NaN or Inf entries; the 4-bit formats have no code for them")
     numel = w.numel()
     nblocks = _nblocks(numel, blocksize)
     padded = torch.zeros(nblocks * blocksize, dtype=torch.float64, device=w.device)
     padded[:numel] = w
-    if not bool(torch.isfinite(w).all()):
-        raise ValueError("quantize: the weight has NaN or Inf entries; the 4-bit formats have no code for them")
     absmax = padded.reshape(nblocks, blocksize).abs().amax(dim=1)
     block_absmax = absmax.repeat_interleave(blocksize)[:numel]
     scaled = torch.where(block_absmax > 0, w / torch.where(block_absmax > 0, block_absmax, 1.0),

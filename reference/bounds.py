@@ -19,6 +19,8 @@ import math
 import numpy as np
 import torch
 
+from pytest_qconform.reference import bnb4
+from pytest_qconform.reference.linear import linear
 from pytest_qconform.reference.packed import PackedBnb4
 
 __all__ = ["BOUND_MULTIPLE", "bnb4_dequantize_bound", "dequantize_bound", "error_multiple", "gamma",
@@ -71,10 +73,14 @@ def rounding_bound(exact: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     u = float(fi.eps) / 2
     emin = int(round(math.log2(float(fi.tiny))))
     emax = int(math.floor(math.log2(float(fi.max))))
-    overflow = float(fi.max) + u * 2.0 ** emax
+    try:
+        overflow = float(fi.max) + u * 2.0 ** emax
+    except OverflowError:  # float64: the threshold is beyond float64 itself, nothing rounds to inf
+        overflow = math.inf
     mag = exact.detach().to(torch.float64).abs()
     _, exponent = torch.frexp(mag)  # mag = m * 2**exponent, m in [0.5, 1)
     binade = torch.clamp(exponent.to(torch.int64) - 1, min=emin)
+    binade = torch.where(mag == 0, torch.full_like(binade, emin), binade)  # frexp(0) has exponent 0
     bound = torch.ldexp(torch.full_like(mag, u), binade)
     bound = torch.where(mag >= overflow, torch.full_like(mag, math.inf), bound)
     return torch.where(torch.isnan(mag), mag, bound)
@@ -125,8 +131,6 @@ def bnb4_dequantize_bound(p: PackedBnb4, out_dtype: torch.dtype,
     ``out_dtype`` is float32 (or wider), rounding to ``out_dtype`` adds
     ``rounding_bound(|v a| + e32, out_dtype)``.
     """
-    from pytest_qconform.reference import bnb4  # the decoding, for the exact a and v
-
     dev = torch.device("cpu" if device is None else device)
     u = unit_roundoff(torch.float32)
     eta = _half_subnormal(torch.float32)
@@ -151,58 +155,70 @@ def bnb4_dequantize_bound(p: PackedBnb4, out_dtype: torch.dtype,
     return bound.reshape(p.shape)
 
 
+def _accumulate_default(compute_dtype: torch.dtype) -> torch.dtype:
+    """float32 for 16-bit compute dtypes (what torch's CPU and cuBLAS bf16/fp16 GEMMs and
+    the 4-bit kernels accumulate in), else the compute dtype itself."""
+    return torch.float32 if unit_roundoff(compute_dtype) > unit_roundoff(torch.float32) else compute_dtype
+
+
 def matmul_bound(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, compute_dtype: torch.dtype,
-                 out_dtype: torch.dtype, k: int | None = None, *,
+                 out_dtype: torch.dtype, k: int | None = None, *, accumulate_dtype: torch.dtype | None = None,
                  w_error: torch.Tensor | None = None) -> torch.Tensor:
     """Bound for ``y = x W^T + b`` computed in ``compute_dtype`` and returned in
     ``out_dtype``; x ``(..., K)``, W ``(N, K)`` and b ``(N,)`` exact float64, shape ``(..., N)``.
 
-    The kernel sees ``x^ = x (1 + d)`` (x rounded to the compute dtype) and a weight
-    ``W^`` with ``|W^ - W| <= E`` (default ``E = u |W|``: the exact decoding rounded to
-    the compute dtype; pass ``w_error`` for a weight computed less accurately). Summing
-    ``n = K`` products (plus the bias, ``beta = 1``) in any order (Higham 3.5) adds
-    ``gamma_{n + beta}`` of the magnitudes; with the rounding of x and of b:
+    The kernel sees its inputs rounded to the compute dtype (unit roundoff ``u``):
+    ``x^ = x (1 + d)``, ``b^ = b (1 + d')`` and a weight ``W^`` with ``|W^ - W| <= E``
+    (default ``E = u |W|``, the exact decoding rounded once; pass ``w_error`` for a
+    weight computed less accurately, e.g. ``bnb4_dequantize_bound(p, compute_dtype)``).
+    It sums the ``n = K`` products (plus the bias, ``beta = 1``) in any order in the
+    accumulation dtype (unit roundoff ``u_a``), which adds at most ``gamma_{n + beta}(u_a)``
+    of the magnitudes (Higham eq. 3.5). With ``M = |x| (|W| + E)^T + |b|``:
 
-        e_c = gamma_{n + beta + 1}(u) (|x| (|W| + E)^T + |b|) + |x| E^T
+        e_c = |x| E^T + (u + (1 + u) gamma_{n + beta}(u_a)) M
 
-    which for the default ``E`` is at most ``gamma_{n + beta + 2}(|x| |W|^T + |b|)``: the
-    brief's ``gamma_K`` with the two input roundings per product. Rounding the result
-    to ``out_dtype`` adds ``rounding_bound(|y| + e_c, out_dtype)`` (counted even when the
-    last addition already rounded to it: one ulp of slack, no more).
+    Accumulating in the compute dtype itself (``accumulate_dtype=compute_dtype``), this
+    is at most ``gamma_{n + beta + 2}(u) (|x| |W|^T + |b|)`` for the default ``E``: the
+    textbook ``gamma_K`` plus the two input roundings of each product. The default
+    accumulation dtype is float32 for bf16/fp16: ``gamma_K(2**-8)`` is infinite from
+    K = 256 on (and about 1 at K = 128), a bound that can never fail; pass the compute
+    dtype for a kernel that really accumulates in 16 bits.
 
-    ``k`` overrides the reduction length ``n`` (a kernel that accumulates in more steps
-    than K, e.g. split-K partial sums added afterwards). Non-finite inputs make the bound
-    non-finite: zero them (``nan_to_num``) to bound the finite entries around them.
+    Rounding the result to ``out_dtype`` adds ``rounding_bound(|y| + e_c, out_dtype)``
+    (counted even when the last addition already rounded to it: one ulp of slack).
+    ``k`` overrides the reduction length ``n`` (e.g. split-K partial sums added
+    afterwards count as more steps). Non-finite inputs make the bound non-finite: zero
+    them (``nan_to_num``) to bound the finite entries around them.
     """
     if w.dim() != 2 or x.shape[-1] != w.shape[1]:
         raise ValueError(f"matmul_bound: x {tuple(x.shape)} and W {tuple(w.shape)} do not chain: need "
                          "x (..., K) and W (N, K)")
-    from pytest_qconform.reference.linear import linear
-
     dev = x.device
     u = unit_roundoff(compute_dtype)
+    u_acc = unit_roundoff(_accumulate_default(compute_dtype) if accumulate_dtype is None else accumulate_dtype)
     n = int(x.shape[-1] if k is None else k)
     x_abs = x.detach().to(device=dev, dtype=torch.float64).abs()
     w_abs = w.detach().to(device=dev, dtype=torch.float64).abs()
     e_w = u * w_abs if w_error is None else w_error.detach().to(device=dev, dtype=torch.float64).abs()
-    g = gamma(n + (b is not None) + 1, u)
     mag = x_abs @ (w_abs + e_w).T
     if b is not None:
         mag = mag + b.detach().to(device=dev, dtype=torch.float64).abs()
-    e_c = g * mag + x_abs @ e_w.T
+    relative = u + (1 + u) * gamma(n + (b is not None), u_acc)
+    e_c = x_abs @ e_w.T + relative * mag
     y = linear(x, w, b)
     return e_c + rounding_bound(y.abs() + e_c, out_dtype)
 
 
 def grad_bound(dy: torch.Tensor, w: torch.Tensor, compute_dtype: torch.dtype, out_dtype: torch.dtype,
-               k: int | None = None, *, w_error: torch.Tensor | None = None) -> torch.Tensor:
+               k: int | None = None, *, accumulate_dtype: torch.dtype | None = None,
+               w_error: torch.Tensor | None = None) -> torch.Tensor:
     """Bound for ``dx = dy W`` (dy ``(..., N)``, W ``(N, K)``) computed in ``compute_dtype``
     and returned in ``out_dtype``: ``matmul_bound`` of ``dy`` against ``W^T`` (the
-    reduction runs over N), same derivation."""
+    reduction runs over N), same derivation and defaults."""
     if w.dim() != 2 or dy.shape[-1] != w.shape[0]:
         raise ValueError(f"grad_bound: dy {tuple(dy.shape)} and W {tuple(w.shape)} do not chain: need "
                          "dy (..., N) and W (N, K)")
-    return matmul_bound(dy, w.T, None, compute_dtype, out_dtype, k,
+    return matmul_bound(dy, w.T, None, compute_dtype, out_dtype, k, accumulate_dtype=accumulate_dtype,
                         w_error=None if w_error is None else w_error.T)
 
 

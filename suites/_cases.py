@@ -90,15 +90,13 @@ def shapes_for(spec: QuantSpec) -> tuple[tuple[int, int], ...]:
 def dequantize_bound(packed: PackedBnb4 | PackedHqq4, exact: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Per-element bound for a dequantized value (derivations in reference.bounds).
 
-    bitsandbytes-layout: ``code * absmax`` in fp32 (1 operation), plus 2 more when the
-    absmax itself is decoded from its double quantization (``nested_code * nested_absmax
-    + offset``), then rounded to the output dtype. HQQ: ``(W_q - zero) * scale`` in the
-    layer's compute dtype (2 operations), then rounded to the output dtype.
+    bitsandbytes-layout: ``code * absmax`` in fp32, the absmax itself decoded from its
+    double quantization when present, then rounded to the output dtype. HQQ:
+    ``(W_q - zero) * scale`` in the layer's compute dtype (2 operations), then rounded.
     """
     from pytest_qconform.reference import bounds
 
     if isinstance(packed, PackedBnb4):
-        return bounds.dequantize_bound(exact, dtype, intermediate=torch.float32,
-                                       ops=3 if packed.double_quant else 1)
+        return bounds.bnb4_dequantize_bound(packed, dtype, device=exact.device)
     compute = getattr(torch, str(packed.meta.get("compute_dtype", "float32")).replace("torch.", ""))
     return bounds.dequantize_bound(exact, dtype, intermediate=compute, ops=2)

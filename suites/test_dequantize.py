@@ -43,10 +43,9 @@ def test_dequantize_matches_reference_bytes(qtarget, qbackend, qdevice, qcheck, 
     check()
 
 
-@pytest.mark.parametrize("blocksize", EXTRA_BLOCKSIZES)
-def test_dequantize_blocksize_range(qtarget, qbackend, qdevice, qcheck, blocksize):
+@pytest.mark.parametrize("spec", [QuantSpec("nf4", bs, double_quant=True) for bs in EXTRA_BLOCKSIZES], ids=spec_id)
+def test_dequantize_blocksize_range(qtarget, qbackend, qdevice, qcheck, spec):
     """The blocksizes beyond 64/128, on NF4 into fp32, double quant on (its widest path)."""
-    spec = QuantSpec("nf4", blocksize, double_quant=True)
     require_claim(qbackend, qtarget, spec, torch.float32)
 
     @given(case=weight_cases(((64, 128),), ("normal", "outliers")))

@@ -55,7 +55,10 @@ def test_quantize_codes_and_absmax_match_reference(qtarget, qbackend, qdevice, q
         block_absmax = ref_absmax.cpu().repeat_interleave(spec.blocksize)[:case_numel]
         scaled = torch.where(block_absmax > 0, flat / block_absmax.clamp_min(1e-300), torch.zeros_like(flat))
         comparable = ~_tie_mask(table, scaled)
-        mismatched = np.flatnonzero((np.asarray(got_codes) != np.asarray(ref_codes)) & comparable.numpy())
+        # Codes that decode to the same value (FP4's +0 and -0) are the same quantization.
+        same_value = table[torch.as_tensor(np.asarray(got_codes, dtype=np.int64))] == \
+            table[torch.as_tensor(np.asarray(ref_codes, dtype=np.int64))]
+        mismatched = np.flatnonzero((~same_value & comparable).numpy())
         if mismatched.size:
             i = int(mismatched[0])
             qcheck.equal(int(got_codes[i]), int(ref_codes[i]),
@@ -63,12 +66,14 @@ def test_quantize_codes_and_absmax_match_reference(qtarget, qbackend, qdevice, q
                          f"{mismatched.size} non-tie mismatches)")
         got_absmax = bnb4.decode_absmax(packed, device="cpu")
         if packed.double_quant:
-            # absmax went through the 8-bit dynamic map: within half a gap of its nested code.
+            # absmax went through the 8-bit dynamic map: its code is one of the two codes
+            # around the normalized value (bitsandbytes' search need not pick the nearest),
+            # so the error is within the full gap of that interval.
             nested = torch.as_tensor(np.asarray(packed.nested_absmax), dtype=torch.float64)
             nested = nested.repeat_interleave(packed.nested_blocksize)[: len(ref_absmax)]
             nested_map = torch.as_tensor(np.asarray(packed.nested_code), dtype=torch.float64)
             normalized = (ref_absmax.cpu() - float(packed.offset)) / nested
-            bound = nested * _half_gaps(nested_map, normalized) + 4 * U32 * ref_absmax.cpu().abs()
+            bound = nested * 2 * _half_gaps(nested_map, normalized) + 4 * U32 * ref_absmax.cpu().abs()
         else:
             bound = bounds.rounding_bound(ref_absmax.cpu(), torch.float32)
         qcheck.within(got_absmax, ref_absmax.cpu(), bound, "blockwise absmax")

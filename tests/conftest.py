@@ -1,7 +1,15 @@
 """Shared helpers for the plugin's own tests."""
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
+
+# The example downstream backend is the correct base of the mutant zoo; import it from
+# the checkout without installing it (the nox session installs it for real).
+EXAMPLE_SRC = Path(__file__).resolve().parent.parent / "examples" / "downstream" / "src"
+if str(EXAMPLE_SRC) not in sys.path:
+    sys.path.insert(0, str(EXAMPLE_SRC))
 
 FAKE_BACKEND_CONFTEST = textwrap.dedent('''
     import torch

@@ -33,8 +33,9 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 FP32_UNIT_ROUNDOFF = 2.0**-24
 
-# Shapes: numel 63 (odd, one partial block), 129 (odd, partial last block), 512 (whole blocks).
-BNB_SHAPES = ((7, 9), (3, 43), (4, 128))
+# numel 63 (odd, one partial block), 129 (odd, partial last block), 512 (whole blocks),
+# 20480 (320 blocks of 64: two nested_absmax groups of 256 blocks under double quantization).
+BNB_SHAPES = ((7, 9), (3, 43), (4, 128), (80, 256))
 # Blocks straddle rows with K even (bitsandbytes' CPU dequantize is wrong here) and K odd.
 STRADDLE_SHAPES = ((6, 96), (5, 45))
 
@@ -135,6 +136,20 @@ def test_dequantize_any_bytes_partial_block_and_out():
     assert got is out
     # A float64 product of two fp32 numbers is exact, so rounding it to fp32 is the fp32 product.
     assert torch.equal(got.cpu().reshape(-1), exact.float())
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_dequantize_rounds_ties_to_even(out_dtype):
+    """Code values halfway between two out_dtype neighbours: nearest-even, not half-up or truncation."""
+    half_ulp = torch.finfo(out_dtype).eps / 2
+    ties = [1 + half_ulp, 1 + 3 * half_ulp, -(1 + half_ulp), -(1 + 3 * half_ulp), 2 - half_ulp, 0.5 + half_ulp / 2]
+    code = torch.tensor(ties + [0.0] * (16 - len(ties)), dtype=torch.float32)
+    packed = torch.tensor([0x01, 0x23, 0x45], dtype=torch.uint8)
+    got = kernels.dequantize_4bit(
+        packed.to(DEVICE), torch.ones(1, device=DEVICE), blocksize=64, shape=(6,), code=code.to(DEVICE),
+        out_dtype=out_dtype,
+    )
+    assert torch.equal(got.cpu(), code[:6].to(out_dtype)), "torch's fp32 -> half casts round to nearest even"
 
 
 @pytest.mark.parametrize("x_dtype", OUT_DTYPES, ids=str)

@@ -26,12 +26,7 @@ CONFTEST = textwrap.dedent("""
 
 
 @pytest.fixture(scope="module")
-def zoo_report(pytester_module_dir) -> dict:
-    return pytester_module_dir
-
-
-@pytest.fixture(scope="module")
-def pytester_module_dir(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def zoo_report(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Run the suites once against the zoo (module scope: the run is the expensive part)."""
     import subprocess
     import sys

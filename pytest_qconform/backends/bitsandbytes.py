@@ -87,7 +87,7 @@ class BitsandbytesBackend(Backend):
         import bitsandbytes.functional as bnb_f
 
         handle: BnbHandle = q.handle
-        return bnb_f.dequantize_4bit(handle.packed, handle.state).to(dtype)
+        return bnb_f.dequantize_4bit(handle.packed, _state_as(handle.state, dtype))
 
     def matmul(self, x: torch.Tensor, q: Quantized, bias: torch.Tensor | None,
                compute_dtype: torch.dtype) -> torch.Tensor:

@@ -29,8 +29,8 @@ OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # Bytes of packed weight one program handles (a power of two >= blocksize // 2).
 # GPU: enough work per program to hide latency; interpreter: few, large programs
 # (it loops over the grid in Python, and each program is a vectorized NumPy step).
-_GPU_BYTES_PER_PROGRAM = 2048
-_INTERPRETER_BYTES_PER_PROGRAM = 8192
+_GPU_TILE = (2048, 4)  # (bytes per program, num_warps)
+_INTERPRETER_TILE = (8192, 1)
 
 
 @triton.jit
@@ -97,17 +97,15 @@ def _dequantize_4bit_kernel(
         NESTED_BLOCKSIZE, DOUBLE_QUANT,
     )
 
+    element = block[:, None] * (2 * HALF_BLOCKSIZE) + tl.arange(0, 2 * HALF_BLOCKSIZE)[None, :]
     byte = block[:, None] * HALF_BLOCKSIZE + tl.arange(0, HALF_BLOCKSIZE)[None, :]  # [R, H]
-    first_element = byte * 2
-    byte_ok = first_element < numel
-    packed = tl.load(packed_ptr + byte, mask=byte_ok, other=0).to(tl.int32)
+    packed = tl.load(packed_ptr + byte, mask=byte * 2 < numel, other=0).to(tl.int32)
     high = tl.load(code_ptr + (packed >> 4))  # element 2*byte
     low = tl.load(code_ptr + (packed & 15))  # element 2*byte + 1
     scale = absmax[:, None]
-    values = tl.join(high * scale, low * scale)  # [R, H, 2]
-    values = tl.reshape(values, (BLOCKS_PER_PROGRAM, 2 * HALF_BLOCKSIZE))
-
-    element = block[:, None] * (2 * HALF_BLOCKSIZE) + tl.arange(0, 2 * HALF_BLOCKSIZE)[None, :]
+    # Both nibbles of each byte, interleaved: element 2*byte then 2*byte + 1. (Indexing by
+    # output element instead, byte = element // 2, measured 30 % slower on H100: bench/notes.md.)
+    values = tl.reshape(tl.join(high * scale, low * scale), (BLOCKS_PER_PROGRAM, 2 * HALF_BLOCKSIZE))
     store_as(out_ptr + element, values, element < numel, BF16_BITS)
 
 
@@ -243,7 +241,7 @@ def dequantize_4bit(
         absmax_flat, nested_absmax, nested_code, offset
     )
     half_blocksize = blocksize // 2
-    bytes_per_program = _GPU_BYTES_PER_PROGRAM if device.type != "cpu" else _INTERPRETER_BYTES_PER_PROGRAM
+    bytes_per_program, num_warps = _GPU_TILE if device.type != "cpu" else _INTERPRETER_TILE
     blocks_per_program = max(1, bytes_per_program // half_blocksize)
     num_blocks = math.ceil(numel / blocksize)
     grid = (math.ceil(num_blocks / blocks_per_program),)
@@ -262,6 +260,7 @@ def dequantize_4bit(
         NESTED_BLOCKSIZE=nested_blocksize,
         DOUBLE_QUANT=double_quant,
         BF16_BITS=out_dtype == torch.bfloat16,
+        num_warps=num_warps,
         enable_fp_fusion=False,  # keep nested_code * scale + offset two roundings, like bitsandbytes
     )
     return out

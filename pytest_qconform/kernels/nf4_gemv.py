@@ -11,8 +11,9 @@ products with x are accumulated in fp32 and rounded once to x's dtype. Compiled 
 the compiler may contract ``x * w + acc`` (and the double-quant ``* + offset``) into FMAs:
 that is one rounding fewer, not a different formula.
 
-Every program owns BLOCK_N output features for all (<= 16) rows of x, so each packed byte
-is read once per call. With K even (the common case) a byte holds the weights of columns
+Every program owns BLOCK_N output features of one row of x and keeps an elementwise fp32
+accumulator tile, reduced once after the K loop; the programs for the other rows of x
+(at most 16) run next to it and find the packed bytes in L2. With K even (the common case) a byte holds the weights of columns
 2j and 2j+1 of one row, so both nibbles are used against x's even and odd columns.
 """
 from __future__ import annotations
@@ -34,7 +35,7 @@ from pytest_qconform.kernels.nf4_dequant import (
 MAX_ROWS = 16
 
 # (BLOCK_N, BLOCK_K, num_warps): GPU tiles; the interpreter prefers few, large programs.
-_GPU_TILE = (16, 256, 4)
+_GPU_TILE = (4, 1024, 4)
 _INTERPRETER_TILE = (64, 1024, 1)
 
 
@@ -60,45 +61,43 @@ def _gemv_4bit_kernel(
     HAS_BIAS: tl.constexpr,
     BF16_BITS: tl.constexpr,
     EVEN_K: tl.constexpr,
-    BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    pid = tl.program_id(0).to(tl.int64)
-    n = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
+    # Program (n-block, row m); the M programs of one n-block are adjacent, so the packed
+    # bytes come from DRAM once and from L2 for the other rows.
+    pid = tl.program_id(0)
+    m = pid % M
+    n = (pid // M).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
     n_ok = n < N
-    m = tl.arange(0, BLOCK_M)  # [BM]
-    m_ok = m < M
-    x_rows = x_ptr + m[:, None].to(tl.int64) * stride_xm
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    x_row = x_ptr + m.to(tl.int64) * stride_xm
 
     if EVEN_K:
         # Row n occupies bytes [n*K/2, (n+1)*K/2); byte j of a row holds columns 2j, 2j+1.
         HALF_K: tl.constexpr = BLOCK_K // 2
+        acc = tl.zeros((BLOCK_N, HALF_K), dtype=tl.float32)  # reduced once, after the loop
         row_byte = n[:, None] * (K // 2)
         for k0 in range(0, K, BLOCK_K):
             j = k0 // 2 + tl.arange(0, HALF_K)  # [HK] byte within the row
-            j_ok = j * 2 < K
-            w_mask = n_ok[:, None] & j_ok[None, :]
+            w_mask = n_ok[:, None] & (j * 2 < K)[None, :]
             byte = row_byte + j[None, :]  # [BN, HK]
             packed = tl.load(packed_ptr + byte, mask=w_mask, other=0).to(tl.int32)
             absmax = load_block_absmax(
                 absmax_ptr, byte // (BLOCKSIZE // 2), w_mask, nested_absmax_ptr, nested_code_ptr, offset,
                 NESTED_BLOCKSIZE, DOUBLE_QUANT,
             )
+            k = k0 + tl.arange(0, BLOCK_K)  # one contiguous load of x, split into even/odd columns
+            x = tl.load(x_row + k * stride_xk, mask=k < K, other=0.0).to(tl.float32)
+            x_even, x_odd = tl.split(tl.reshape(x, (HALF_K, 2)))
             w_even = tl.load(code_ptr + (packed >> 4)) * absmax
             w_odd = tl.load(code_ptr + (packed & 15)) * absmax
-            x_mask = m_ok[:, None] & j_ok[None, :]
-            x_even = tl.load(x_rows + (2 * j)[None, :] * stride_xk, mask=x_mask, other=0.0).to(tl.float32)
-            x_odd = tl.load(x_rows + (2 * j + 1)[None, :] * stride_xk, mask=x_mask, other=0.0).to(tl.float32)
-            prod = x_even[:, None, :] * w_even[None, :, :] + x_odd[:, None, :] * w_odd[None, :, :]
-            acc += tl.sum(prod.to(tl.bfloat16).to(tl.float32), axis=2)
+            acc += w_even * x_even[None, :] + w_odd * x_odd[None, :]
     else:
         # Odd K: a row may start in a low nibble; decode each element from its flat index.
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)  # [BK]
-            k_ok = k < K
-            w_mask = n_ok[:, None] & k_ok[None, :]
+            w_mask = n_ok[:, None] & (k < K)[None, :]
             flat = n[:, None] * K + k[None, :]  # [BN, BK]
             packed = tl.load(packed_ptr + (flat >> 1), mask=w_mask, other=0).to(tl.int32)
             nibble = (packed >> (4 - 4 * (flat & 1).to(tl.int32))) & 15
@@ -106,14 +105,13 @@ def _gemv_4bit_kernel(
                 absmax_ptr, flat // BLOCKSIZE, w_mask, nested_absmax_ptr, nested_code_ptr, offset,
                 NESTED_BLOCKSIZE, DOUBLE_QUANT,
             )
-            w = tl.load(code_ptr + nibble) * absmax
-            x = tl.load(x_rows + k[None, :] * stride_xk, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            acc += tl.sum(x.to(tl.float32)[:, None, :] * w[None, :, :], axis=2)
+            x = tl.load(x_row + k * stride_xk, mask=k < K, other=0.0).to(tl.float32)
+            acc += (tl.load(code_ptr + nibble) * absmax) * x[None, :]
 
+    y = tl.sum(acc, axis=1)  # [BN]
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    out = out_ptr + m[:, None].to(tl.int64) * N + n[None, :]
-    store_as(out, acc, m_ok[:, None] & n_ok[None, :], BF16_BITS)
+        y += tl.load(bias_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
+    store_as(out_ptr + m.to(tl.int64) * N + n, y, n_ok, BF16_BITS)
 
 
 def gemv_4bit(
@@ -173,7 +171,7 @@ def gemv_4bit(
     )
     block_n, block_k, num_warps = _GPU_TILE if x.device.type != "cpu" else _INTERPRETER_TILE
     block_k = min(block_k, max(32, triton.next_power_of_2(K)))
-    grid = (math.ceil(N / block_n),)
+    grid = (math.ceil(N / block_n) * M,)
     _gemv_4bit_kernel[grid](
         x2,
         packed.reshape(-1).contiguous(),
@@ -195,7 +193,6 @@ def gemv_4bit(
         HAS_BIAS=bias is not None,
         BF16_BITS=x.dtype == torch.bfloat16,
         EVEN_K=K % 2 == 0,
-        BLOCK_M=max(1, triton.next_power_of_2(M)),
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         num_warps=num_warps,

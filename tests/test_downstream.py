@@ -1,0 +1,157 @@
+"""The example downstream packages register through the entry point machinery, in process.
+
+Fast stand-ins for ``nox -s downstream`` (which installs them into a fresh virtualenv
+and runs the suites): the entry points declared in their ``pyproject.toml`` are turned
+into ``importlib.metadata.EntryPoint`` objects and handed to the registry as if the
+packages were installed; the planted bug of the broken twin is checked to be the one
+it claims; and the report check the session relies on is checked to tell pass from fail.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import importlib.util
+import sys
+import tomllib
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+import torch
+
+from pytest_qconform.backends import registry
+from pytest_qconform.backends.base import Backend, QuantSpec
+from pytest_qconform.reference import bnb4
+from pytest_qconform.report import Cell
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "downstream"
+BROKEN = EXAMPLE / "broken"
+
+
+def declared_entry_points(project: Path) -> list[importlib.metadata.EntryPoint]:
+    """The ``pytest_qconform.backends`` entry points a package's pyproject.toml declares."""
+    data = tomllib.loads((project / "pyproject.toml").read_text())
+    group = data["project"]["entry-points"][registry.ENTRY_POINT_GROUP]
+    return [importlib.metadata.EntryPoint(name, value, registry.ENTRY_POINT_GROUP) for name, value in group.items()]
+
+
+@pytest.fixture
+def installed_examples(monkeypatch: pytest.MonkeyPatch) -> list[importlib.metadata.EntryPoint]:
+    """Both example packages' entry points, as ``importlib.metadata`` would list them installed."""
+    monkeypatch.syspath_prepend(str(EXAMPLE / "src"))
+    monkeypatch.syspath_prepend(str(BROKEN / "src"))
+    points = declared_entry_points(EXAMPLE) + declared_entry_points(BROKEN)
+    real = importlib.metadata.entry_points
+
+    def entry_points(**selection):
+        if selection.get("group") == registry.ENTRY_POINT_GROUP:
+            return importlib.metadata.EntryPoints(points)
+        return real(**selection)
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
+    return points
+
+
+def test_examples_declare_one_backend_each() -> None:
+    assert [(p.name, p.value) for p in declared_entry_points(EXAMPLE)] == [
+        ("torch-nf4", "qconform_example_nf4.backend:TorchNF4Backend")]
+    assert [(p.name, p.value) for p in declared_entry_points(BROKEN)] == [
+        ("torch-nf4-broken", "qconform_example_nf4_broken.backend:SwappedNibblesNF4Backend")]
+
+
+def test_registry_builds_the_example_backends_from_entry_points(installed_examples) -> None:
+    factories = registry.discover()
+    assert set(registry.BUILTIN_BACKENDS) | {"torch-nf4", "torch-nf4-broken"} <= set(factories)
+    for point in installed_examples:
+        backend = factories[point.name]()
+        assert isinstance(backend, Backend) and not isinstance(backend, registry.UnavailableBackend), \
+            backend.availability().reason
+        # The backend's own name is the one it registers under: it is what Quantized records carry.
+        assert backend.name == point.name
+        assert backend.availability().available
+
+
+def test_example_backend_runs_under_pytest_through_its_entry_point(installed_examples,
+                                                                   pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_suite="""
+        import pytest
+
+        @pytest.mark.qconform_operation("dequantize")
+        def test_registered(qtarget, qbackend):
+            assert type(qbackend).__module__ == "qconform_example_nf4.backend"
+    """)
+    result = pytester.runpytest(str(pytester.path), "--qconform", "--qconform-backend=torch-nf4",
+                                "--qconform-no-report", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*backend torch-nf4: 0.1.0*"])
+
+
+def _quantized_pair(installed_examples):
+    factories = registry.discover()
+    good, broken = factories["torch-nf4"](), factories["torch-nf4-broken"]()
+    weight = torch.randn(7, 33, generator=torch.Generator().manual_seed(0))  # odd numel: a padding nibble
+    spec = QuantSpec("nf4", 64)
+    return good, broken, good.quantize(weight, spec), broken.quantize(weight, spec)
+
+
+def test_broken_example_has_exactly_its_planted_bug(installed_examples) -> None:
+    good, broken, q_good, q_broken = _quantized_pair(installed_examples)
+    packed_good, packed_broken = good.export_packed(q_good), broken.export_packed(q_broken)
+    # Same bytes (quantize and packing are untouched) ...
+    np.testing.assert_array_equal(packed_broken.packed, packed_good.packed)
+    np.testing.assert_array_equal(packed_broken.absmax, packed_good.absmax)
+    exact = bnb4.decode(packed_good)
+    torch.testing.assert_close(good.dequantize(q_good, torch.float32).double(), exact)
+    # ... but its dequantize reads each byte's nibbles in the wrong order.
+    bytes_ = packed_good.packed
+    swapped = bnb4.decode(dataclasses.replace(packed_good, packed=((bytes_ & 0xF) << 4) | (bytes_ >> 4)))
+    torch.testing.assert_close(broken.dequantize(q_broken, torch.float32).double(), swapped)
+    assert not torch.equal(broken.dequantize(q_broken, torch.float32).double(), exact)
+
+
+def _check_report_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("qconform_check_report", EXAMPLE / "check_report.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+CELLS = (
+    Cell("torch-nf4", "dequantize", "nf4-b64", "fp32", "pass", worst_error_multiple=0.5),
+    Cell("torch-nf4", "matmul", "nf4-b64", "fp32", "pass", worst_error_multiple=0.5),
+    Cell("torch-nf4-broken", "dequantize", "nf4-b64", "fp32", "fail", first_failure={"message": "m", "repro": "r"}),
+    Cell("torch-nf4-broken", "dequantize", "nf4-b64", "bf16", "fail", first_failure={"message": "m", "repro": "r"}),
+    Cell("torch-nf4-broken", "quantize", "nf4-b64", "-", "pass"),
+)
+
+
+def test_report_check_tells_pass_from_fail() -> None:
+    problems = _check_report_module().problems
+    assert problems(CELLS, "torch-nf4", all_pass=True, fails_in=()) == []
+    assert problems(CELLS, "torch-nf4-broken", all_pass=False, fails_in=["dequantize"]) == []
+    assert problems(CELLS, "torch-nf4-broken", all_pass=True, fails_in=()) != []
+    assert problems(CELLS, "torch-nf4", all_pass=False, fails_in=["dequantize"]) == [
+        "torch-nf4/dequantize/nf4-b64/fp32: pass, expected fail"]
+    assert problems(CELLS, "torch-nf4-broken", all_pass=False, fails_in=["matmul"]) == [
+        "no matmul cells for backend 'torch-nf4-broken'"]
+    assert "no cells for backend 'nosuch'" in problems(CELLS, "nosuch", all_pass=True, fails_in=())[0]
+    skipped = CELLS + (Cell("torch-nf4", "backward", "nf4-b64", "fp32", "skipped", reason="why"),)
+    assert problems(skipped, "torch-nf4", all_pass=True, fails_in=()) == [
+        "torch-nf4/backward/nf4-b64/fp32: skipped why"]
+
+
+def test_report_check_reads_the_one_report_in_a_folder(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from pytest_qconform.report import RunReport, write_report
+
+    main = _check_report_module().main
+    assert main([str(tmp_path), "--backend", "torch-nf4", "--all-pass"]) == 2
+    assert "expected exactly one run report" in capsys.readouterr().err
+    probe = {"device_kind": "cpu", "arch": "x86_64", "device_name": "x86_64", "host": "h", "torch": "2.13.0",
+             "cuda": None, "hip": None, "simulated": False, "backends": {}}
+    write_report(RunReport(probe=probe, cells=CELLS, created="2026-01-01T00:00:00Z"), tmp_path)
+    assert main([str(tmp_path), "--backend", "torch-nf4", "--all-pass"]) == 0
+    assert main([str(tmp_path), "--backend", "torch-nf4-broken", "--fails-in", "dequantize"]) == 0
+    assert main([str(tmp_path), "--backend", "torch-nf4-broken", "--all-pass"]) == 1
+    assert "torch-nf4-broken/dequantize/nf4-b64/fp32: fail" in capsys.readouterr().err

@@ -1,0 +1,167 @@
+"""The known-failure registry: parsing (errors name file and line) and strict xfail in runs."""
+import json
+
+import pytest
+
+from pytest_qconform import known_failures
+from pytest_qconform.known_failures import KnownFailuresError, parse
+
+ENTRY = """
+[[failure]]
+backend = "fake"
+versions = ">=1.0,<2"
+arch = "cpu"
+check = "dequantize"
+reason = "dequantize returns garbage"
+link = "https://example.invalid/issue/1"
+repro = "python -c 'import fake; fake.dequantize()'"
+"""
+
+SUITE = """
+import pytest
+
+@pytest.mark.qconform_operation("dequantize")
+def test_dequantize(qtarget, qbackend):
+    assert False, "wrong numbers"
+
+@pytest.mark.qconform_operation("quantize")
+def test_quantize(qtarget, qbackend):
+    pass
+"""
+
+BACKENDS = ["--qconform-backend=fake", "--qconform-backend=missing", "-p", "no:cacheprovider"]
+
+
+def entry(**changes: str) -> str:
+    """ENTRY with keys replaced (value None drops the key) or added."""
+    lines = ENTRY.strip().splitlines()
+    for key, value in changes.items():
+        lines = [line for line in lines if not line.startswith(f"{key} =")]
+        if value is not None:
+            lines.append(f"{key} = {value}")
+    return "\n".join(lines) + "\n"
+
+
+def run_with(pytester: pytest.Pytester, toml_text: str, *args: str) -> tuple[pytest.RunResult, dict]:
+    pytester.makefile(".toml", runner_failures=toml_text)
+    pytester.makepyfile(test_suite=SUITE)
+    result = pytester.runpytest(str(pytester.path / "test_suite.py"), "--qconform", *BACKENDS,
+                                "--qconform-known-failures", "runner_failures.toml", "--qconform-report-dir=out",
+                                *args)
+    reports = list((pytester.path / "out").glob("*.json"))
+    assert len(reports) == 1, reports
+    data = json.loads(reports[0].read_text())
+    return result, {(c["backend"], c["operation"]): c for c in data["cells"]}
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def test_a_complete_entry_parses_with_its_line() -> None:
+    (failure,) = parse("# comment\n" + ENTRY, "mine.toml")
+    assert (failure.backend, failure.arch, failure.check, failure.format, failure.dtype) == (
+        "fake", "cpu", "dequantize", "*", "*")
+    assert failure.source == "mine.toml:3"  # the [[failure]] header, after the comment and blank line
+    assert "1.5" in failure.versions and "2.0" not in failure.versions
+
+
+def test_the_packaged_registry_is_valid() -> None:
+    assert all(f.source.startswith(known_failures.PACKAGED) for f in known_failures.load([]))
+
+
+def test_an_unknown_backend_name_is_allowed() -> None:
+    (failure,) = parse(entry(backend='"some-backend-this-runner-lacks"'), "f.toml")
+    assert failure.backend == "some-backend-this-runner-lacks"
+
+
+@pytest.mark.parametrize("changes, line, words", [
+    ({"versions": '"bogus range"'}, 8, "versions 'bogus range' is not a PEP 440 range"),
+    ({"color": '"red"'}, 9, "unknown key 'color'"),
+    ({"reason": '""'}, 8, "reason must be a non-empty string"),
+    ({"check": "3"}, 8, "check must be a non-empty string"),
+    ({"arch": '"gfx9999"'}, 8, "arch 'gfx9999' is not a known arch"),
+    ({"repro": None}, 1, "missing repro"),
+])
+def test_a_malformed_entry_names_file_and_line(changes: dict, line: int, words: str) -> None:
+    # entry() moves a changed key to the end (line 8) and appends a new one (line 9).
+    with pytest.raises(KnownFailuresError, match=f"^f.toml:{line}: .*{words}"):
+        parse(entry(**changes), "f.toml")
+
+
+def test_the_second_entry_is_blamed_not_the_first() -> None:
+    text = ENTRY + "\n# second\n" + entry(versions='"~~1"')
+    with pytest.raises(KnownFailuresError, match=r"^f.toml:\d+: versions"):
+        parse(text, "f.toml")
+    lines = text.splitlines()
+    with pytest.raises(KnownFailuresError) as caught:
+        parse(text, "f.toml")
+    blamed = int(str(caught.value).split(":")[1])
+    assert lines[blamed - 1].startswith("versions = \"~~1\"")
+
+
+def test_invalid_toml_names_the_line() -> None:
+    with pytest.raises(KnownFailuresError, match=r"^f.toml:3: not valid TOML"):
+        parse("[[failure]]\nbackend = 'x'\nversions = \n", "f.toml")
+
+
+def test_a_single_table_instead_of_an_array_is_explained() -> None:
+    with pytest.raises(KnownFailuresError, match=r"write \[\[failure\]\], not \[failure\]"):
+        parse(ENTRY.replace("[[failure]]", "[failure]"), "f.toml")
+
+
+def test_star_versions_and_dev_builds_match() -> None:
+    (failure,) = parse(entry(versions='"*"'), "f.toml")
+    key = {"backend": "fake", "operation": "dequantize", "format": "nf4-b64", "dtype": "bf16"}
+    assert failure.matches(key, "0.1.dev3", ("cpu", "x86_64"), "test_x")
+    (ranged,) = parse(entry(versions='">=1.0"'), "f.toml")
+    assert ranged.matches(key, "1.1.0.dev0", ("cpu",), "test_x")
+    assert not ranged.matches(key, "0.9", ("cpu",), "test_x")
+    assert not ranged.matches(key, None, ("cpu",), "test_x")
+    assert not ranged.matches(dict(key, operation="matmul"), "1.1", ("cpu",), "test_x")
+    assert not ranged.matches(key, "1.1", ("rocm", "gfx1200", "rdna4"), "test_x")
+
+
+# ---------------------------------------------------------------- in a run
+
+
+def test_matches_are_known_failures_and_an_unexpected_pass_is_a_fail(fake_backend_project: pytest.Pytester) -> None:
+    # Two entries: test_dequantize fails as listed; test_quantize is listed but passes.
+    result, cells = run_with(fake_backend_project, ENTRY + "\n" + entry(check='"quantize"'), "-rx")
+    result.assert_outcomes(xfailed=1, failed=1, skipped=2)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    known = cells[("fake", "dequantize")]
+    assert known["verdict"] == "known-failure"
+    assert "dequantize returns garbage" in known["reason"] and "https://example.invalid/issue/1" in known["reason"]
+    xpassed = cells[("fake", "quantize")]
+    assert xpassed["verdict"] == "fail"
+    assert "passed unexpectedly" in xpassed["first_failure"]["message"]
+    assert cells[("missing", "dequantize")]["verdict"] == "unavailable"
+
+
+def test_entries_that_do_not_match_hide_nothing(fake_backend_project: pytest.Pytester) -> None:
+    # Each entry differs from the failing test in one field only.
+    near_misses = [entry(versions='"<1.0"'), entry(arch='"gfx1200"'), entry(backend='"other"'),
+                   entry(format='"fp4*"'), entry(test='"test_other*"'), entry(dtype='"bf16"')]
+    result, cells = run_with(fake_backend_project, "\n".join(near_misses))
+    result.assert_outcomes(passed=1, failed=1, skipped=2)
+    assert cells[("fake", "dequantize")]["verdict"] == "fail"
+    assert "wrong numbers" in cells[("fake", "dequantize")]["first_failure"]["message"]
+    assert cells[("fake", "quantize")]["verdict"] == "pass"
+
+
+def test_a_malformed_runner_file_stops_the_run_at_start_up(fake_backend_project: pytest.Pytester) -> None:
+    fake_backend_project.makefile(".toml", runner_failures="# mine\n" + entry(versions='"bogus"'))
+    fake_backend_project.makepyfile(test_suite=SUITE)
+    result = fake_backend_project.runpytest(str(fake_backend_project.path), "--qconform", "--qconform-no-report",
+                                           *BACKENDS, "--qconform-known-failures", "runner_failures.toml")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*runner_failures.toml:9: versions 'bogus' is not a PEP 440 range*"])
+    assert "collected" not in result.stdout.str()
+
+
+def test_a_missing_runner_file_is_an_error(fake_backend_project: pytest.Pytester) -> None:
+    fake_backend_project.makepyfile(test_suite=SUITE)
+    result = fake_backend_project.runpytest(str(fake_backend_project.path), "--qconform", "--qconform-no-report",
+                                           *BACKENDS, "--qconform-known-failures", "nope.toml")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--qconform-known-failures: no such file: nope.toml*"])
