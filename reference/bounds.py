@@ -19,12 +19,12 @@ import math
 import numpy as np
 import torch
 
-from pytest_qconform.reference import bnb4
+from pytest_qconform.reference import bnb4, hqq4
 from pytest_qconform.reference.linear import linear
-from pytest_qconform.reference.packed import PackedBnb4
+from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 
 __all__ = ["BOUND_MULTIPLE", "bnb4_dequantize_bound", "dequantize_bound", "error_multiple", "gamma",
-           "grad_bound", "matmul_bound", "rounding_bound", "unit_roundoff"]
+           "grad_bound", "hqq4_dequantize_bound", "matmul_bound", "rounding_bound", "unit_roundoff"]
 
 # A result passes when its worst error is at most this multiple of its derived bound.
 # 1.0: the bounds are worst cases of the arithmetic, not statistical estimates, so a
@@ -153,6 +153,55 @@ def bnb4_dequantize_bound(p: PackedBnb4, out_dtype: torch.dtype,
     else:
         bound = e32 + rounding_bound(values * a + e32, out_dtype)
     return bound.reshape(p.shape)
+
+
+def _stored_dtype(name: object) -> torch.dtype:
+    """A dtype named in a packed state's meta ("bfloat16", "torch.float16", ...)."""
+    dtype = getattr(torch, str(name).removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype name {name!r} in packed meta")
+    return dtype
+
+
+def hqq4_dequantize_bound(p: PackedHqq4, out_dtype: torch.dtype, compute_dtype: torch.dtype | None = None,
+                          device: str | torch.device | None = "cpu") -> torch.Tensor:
+    """Bound for HQQ's ``W = (q - zero) * scale`` evaluated in ``compute_dtype`` (default:
+    the layer's, ``p.meta['compute_dtype']``) and returned in ``out_dtype``.
+
+    HQQ keeps ``zero`` and ``scale`` in the layer's compute dtype; a layer used at another
+    compute dtype (a checkpoint quantized with fp32 meta loaded for bf16 compute) first
+    rounds them: ``z' = z + e_z``, ``s' = s + e_s`` with ``|e_z| <= rounding_bound(z)``
+    and likewise for ``s``, both zero when the stored dtype is no wider than the compute
+    dtype. ``q`` (0..15) is exact. Then ``t = fl(q - z')`` and ``w = fl(t s')``, two
+    roundings in ``u`` (plus ``eta`` each on underflow):
+
+        |w - W| <= |s| e_z + |q - z| e_s + e_z e_s
+                   + gamma_2(u) (|q - z| + e_z)(|s| + e_s) + 2 eta
+
+    ``e_z`` is not relative to ``|q - z|``: a zero point near 7.5 rounded to bf16 moves
+    every weight of its group by up to ``2**-6 |s|``, however small ``q - z`` is, which
+    is why a single-rounding model undercounts HQQ at bf16. Rounding to a different
+    ``out_dtype`` adds ``rounding_bound(|W| + e, out_dtype)``; when it is the compute
+    dtype the second rounding above is that one.
+    """
+    compute = _stored_dtype(p.meta.get("compute_dtype", "float32")) if compute_dtype is None else compute_dtype
+    q, zero, scale = hqq4.decode_parts(p, device)
+    u = unit_roundoff(compute)
+
+    def stored_error(values: torch.Tensor, key: str) -> torch.Tensor:
+        stored = _stored_dtype(p.meta.get(key, "float32"))
+        if unit_roundoff(stored) >= u:
+            return torch.zeros_like(values)
+        return rounding_bound(values, compute)
+
+    e_z, e_s = stored_error(zero, "zero_dtype"), stored_error(scale, "scale_dtype")
+    diff = (q - zero).abs()
+    s_abs = scale.abs()
+    e = (s_abs * e_z + diff * e_s + e_z * e_s + gamma(2, u) * (diff + e_z) * (s_abs + e_s)
+         + 2 * _half_subnormal(compute))
+    if out_dtype == compute:
+        return e
+    return e + rounding_bound(diff * s_abs + e, out_dtype)
 
 
 def _accumulate_default(compute_dtype: torch.dtype) -> torch.dtype:

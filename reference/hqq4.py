@@ -28,7 +28,7 @@ import torch
 
 from pytest_qconform.reference.packed import PackedHqq4
 
-__all__ = ["decode", "grouped_shape", "unpack_4bit_u8"]
+__all__ = ["decode", "decode_parts", "grouped_shape", "unpack_4bit_u8"]
 
 
 def grouped_shape(shape: tuple[int, ...], group_size: int, axis: int) -> tuple[int, int]:
@@ -64,8 +64,11 @@ def _per_group(values: np.ndarray, rows: int, cols: int, axis: int, name: str) -
     return flat.reshape(rows, 1) if axis == 1 else flat.reshape(1, cols)
 
 
-def decode(p: PackedHqq4, device: str | torch.device | None = "cpu") -> torch.Tensor:
-    """The weight in float64, shape ``p.shape``: ``((Q - zero) * scale).reshape(shape)``."""
+def decode_parts(p: PackedHqq4, device: str | torch.device | None = "cpu"
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(q, zero, scale)`` in float64, each of the weight's shape (zero and scale repeated
+    over their group): the stored values the weight is computed from, which the error
+    bound of a lower-precision evaluation needs as well as the decoding."""
     if p.packing != "4bit_u8":
         raise ValueError(f"hqq4.decode knows the '4bit_u8' packing only, got {p.packing!r}")
     rows, cols = grouped_shape(tuple(p.shape), p.group_size, p.axis)
@@ -82,5 +85,11 @@ def decode(p: PackedHqq4, device: str | torch.device | None = "cpu") -> torch.Te
     scale = _per_group(p.scale, rows, cols, p.axis, "scale")
     zero = _per_group(p.zero, rows, cols, p.axis, "zero")
     dev = torch.device("cpu" if device is None else device)
-    q_t, zero_t, scale_t = (torch.as_tensor(a, device=dev) for a in (q, zero, scale))
-    return ((q_t - zero_t) * scale_t).reshape(tuple(p.shape))
+    return tuple(torch.as_tensor(np.broadcast_to(a, (rows, cols)).copy(), device=dev).reshape(tuple(p.shape))
+                 for a in (q, zero, scale))
+
+
+def decode(p: PackedHqq4, device: str | torch.device | None = "cpu") -> torch.Tensor:
+    """The weight in float64, shape ``p.shape``: ``((Q - zero) * scale).reshape(shape)``."""
+    q, zero, scale = decode_parts(p, device)
+    return (q - zero) * scale

@@ -98,5 +98,18 @@ def dequantize_bound(packed: PackedBnb4 | PackedHqq4, exact: torch.Tensor, dtype
 
     if isinstance(packed, PackedBnb4):
         return bounds.bnb4_dequantize_bound(packed, dtype, device=exact.device)
-    compute = getattr(torch, str(packed.meta.get("compute_dtype", "float32")).replace("torch.", ""))
-    return bounds.dequantize_bound(exact, dtype, intermediate=compute, ops=2)
+    return bounds.hqq4_dequantize_bound(packed, dtype, device=exact.device)
+
+
+def weight_error(packed: PackedBnb4 | PackedHqq4, exact: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
+    """``E`` of ``bounds.matmul_bound``: how far the weight a matmul kernel multiplies by
+    may be from its exact decoding. A kernel dequantizes into its compute dtype (or keeps
+    more precision), so this is the dequantize bound into that dtype: for HQQ two
+    roundings of ``(W_q - zero) * scale`` after rounding a wider stored zero and scale to
+    the compute dtype, for bitsandbytes ``code * absmax`` in fp32 then one rounding. The
+    default ``u |W|`` (a single rounding) undercounts HQQ's."""
+    from pytest_qconform.reference import bounds
+
+    if isinstance(packed, PackedHqq4):
+        return bounds.hqq4_dequantize_bound(packed, compute_dtype, compute_dtype, device=exact.device)
+    return dequantize_bound(packed, exact, compute_dtype)

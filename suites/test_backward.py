@@ -16,7 +16,7 @@ from pytest_qconform.backends.base import QuantSpec
 from pytest_qconform.reference import bounds, linear
 from pytest_qconform.strategies import WeightCase, activation_cases, weight_cases
 
-from ._cases import DTYPES, SPECS, dtype_id, reference_decode, require_claim, shapes_for, spec_id
+from ._cases import DTYPES, SPECS, dtype_id, reference_decode, require_claim, shapes_for, spec_id, weight_error
 
 pytestmark = pytest.mark.qconform_operation("backward")
 LORA_RANK = 4
@@ -55,14 +55,15 @@ def test_gradients_match_reference(qtarget, qbackend, qdevice, qcheck, spec, dty
             if grad is None or not torch.isfinite(grad).all():
                 state = "missing" if grad is None else "not finite"
                 qcheck.equal(state, "finite", f"gradient of {name}")
-        w = reference_decode(qbackend.export_packed(quantized), qdevice)
+        packed = qbackend.export_packed(quantized)
+        w = reference_decode(packed, qdevice)
         x2, dy2 = x.detach().double().reshape(-1, k), dy.double().reshape(-1, n)
         a64, b64 = a.detach().double(), b.detach().double()
         u = x2 @ a64.T
         dh = dy2 @ w
         du = dh @ b64
         dx_exact = dh + du @ a64
-        e_dh = bounds.grad_bound(dy2, w, dtype, dtype)
+        e_dh = bounds.grad_bound(dy2, w, dtype, dtype, w_error=weight_error(packed, w, dtype))
         e_du = _mm_bound(dh, b64, dtype) + e_dh @ b64.abs()
         e_dx = e_dh + _mm_bound(du, a64, dtype) + e_du @ a64.abs() + bounds.rounding_bound(dx_exact, dtype)
         e_u = _mm_bound(x2, a64.T, dtype)
@@ -97,7 +98,9 @@ def test_fp16_overflow_inside_kernel_stays_finite(qtarget, qbackend, qdevice, qc
     require_claim(qbackend, qtarget, spec, dtype, backward=True)
     weight = _paired_weight(65504.0, qdevice)
     quantized = qbackend.quantize(weight, spec)
-    w = reference_decode(qbackend.export_packed(quantized), qdevice)
+    packed = qbackend.export_packed(quantized)
+    w = reference_decode(packed, qdevice)
+    w_error = weight_error(packed, w, dtype)
     qcheck.describe(shape=(64, 128), distribution="paired-cancelling", seed=1234)
     if not (torch.equal(w[0::2], w[1::2]) and torch.equal(w[:, 0::2], w[:, 1::2])):
         pytest.skip(f"not claimed: {spec.label()} did not quantize paired rows/columns identically")
@@ -107,13 +110,13 @@ def test_fp16_overflow_inside_kernel_stays_finite(qtarget, qbackend, qdevice, qc
     bias = torch.linspace(-1, 1, 64, dtype=dtype, device=qdevice)
     y = qbackend.matmul(x, quantized, bias, dtype)
     y_exact = linear.linear(x.double(), w, bias.double())
-    qcheck.within(y, y_exact, bounds.matmul_bound(x.double(), w, bias.double(), dtype, dtype),
+    qcheck.within(y, y_exact, bounds.matmul_bound(x.double(), w, bias.double(), dtype, dtype, w_error=w_error),
                   "forward with cancelling large products")
     dy = torch.full_like(y, 30000.0)
     dy[:, 1::2] = -30000.0
     y.backward(dy)
     dx_exact = dy.double() @ w
-    qcheck.within(x.grad, dx_exact, bounds.grad_bound(dy.double(), w, dtype, dtype),
+    qcheck.within(x.grad, dx_exact, bounds.grad_bound(dy.double(), w, dtype, dtype, w_error=w_error),
                   "backward with cancelling large products")
 
 
@@ -124,7 +127,8 @@ def test_nonfinite_input_propagates_only_where_reference_does(qtarget, qbackend,
     require_claim(qbackend, qtarget, spec, dtype)
     weight = WeightCase((64, 128), "normal", 7).make(qdevice)
     quantized = qbackend.quantize(weight, spec)
-    w = reference_decode(qbackend.export_packed(quantized), qdevice)
+    packed = qbackend.export_packed(quantized)
+    w = reference_decode(packed, qdevice)
     x = torch.randn(4, 128, generator=torch.Generator().manual_seed(7)).to(qdevice)
     x[1, 5] = poison
     qcheck.describe(shape=(64, 128), seed=7, poison=str(poison))
@@ -134,6 +138,7 @@ def test_nonfinite_input_propagates_only_where_reference_does(qtarget, qbackend,
     same_inf = torch.equal(torch.isinf(y).cpu(), torch.isinf(y_exact).cpu())
     qcheck.equal((same_nan, same_inf), (True, True), "NaN/Inf pattern of y equals the reference's")
     finite = torch.isfinite(y_exact)
-    bound = bounds.matmul_bound(x.double().nan_to_num(0, 0, 0), w, None, dtype, dtype)
+    bound = bounds.matmul_bound(x.double().nan_to_num(0, 0, 0), w, None, dtype, dtype,
+                                w_error=weight_error(packed, w, dtype))
     qcheck.within(torch.where(finite, y.double(), 0.0), torch.where(finite, y_exact, 0.0), bound,
                   "finite entries around the poisoned row")

@@ -45,10 +45,29 @@ def test_dequantize_matches_reference_bytes(qtarget, qbackend, qdevice, qcheck, 
 
 @pytest.mark.parametrize("spec", [QuantSpec("nf4", bs, double_quant=True) for bs in EXTRA_BLOCKSIZES], ids=spec_id)
 def test_dequantize_blocksize_range(qtarget, qbackend, qdevice, qcheck, spec):
-    """The blocksizes beyond 64/128, on NF4 into fp32, double quant on (its widest path)."""
+    """The blocksizes beyond 64/128, on NF4 into fp32, double quant on (its widest path).
+
+    Rows of 4096 hold a whole number of blocks of every blocksize here, so this checks
+    the blocksize alone; rows that straddle blocks are ``test_dequantize_rows_straddle_blocks``.
+    """
     require_claim(qbackend, qtarget, spec, torch.float32)
 
-    @given(case=weight_cases(((64, 128),), ("normal", "outliers")))
+    @given(case=weight_cases(((4, 4096),), ("normal", "outliers")))
+    def check(case):
+        check_dequantize(qbackend, qdevice, qcheck, spec, torch.float32, case)
+
+    check()
+
+
+@pytest.mark.parametrize("spec", [QuantSpec("nf4", bs) for bs in (64, 128, 256)], ids=spec_id)
+def test_dequantize_rows_straddle_blocks(qtarget, qbackend, qdevice, qcheck, spec):
+    """bitsandbytes blocks run over the flattened tensor, so with rows of 1.5 blocks
+    (4 x 96 at blocksize 64) every other block starts mid-row. A kernel that indexes
+    absmax per row instead reads the wrong scale for half the elements."""
+    require_claim(qbackend, qtarget, spec, torch.float32)
+    row = spec.blocksize * 3 // 2
+
+    @given(case=weight_cases(((4, row),), ("normal",)))
     def check(case):
         check_dequantize(qbackend, qdevice, qcheck, spec, torch.float32, case)
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from pytest_qconform.reference import bounds, linear
 from pytest_qconform.strategies import activation_cases, weight_cases
 
-from ._cases import DTYPES, SPECS, dtype_id, reference_decode, require_claim, shapes_for, spec_id
+from ._cases import DTYPES, SPECS, dtype_id, reference_decode, require_claim, shapes_for, spec_id, weight_error
 
 
 def check_matmul(qbackend, qdevice, qcheck, spec, compute_dtype, x_dtype, case, act, with_bias) -> None:
@@ -29,10 +29,12 @@ def check_matmul(qbackend, qdevice, qcheck, spec, compute_dtype, x_dtype, case, 
             if with_bias else None)
     y = qbackend.matmul(x, quantized, bias, compute_dtype)
     qcheck.equal(y.dtype, x_dtype, "matmul output dtype (the activation's dtype)")
-    w_exact = reference_decode(qbackend.export_packed(quantized), qdevice)
+    packed = qbackend.export_packed(quantized)
+    w_exact = reference_decode(packed, qdevice)
     b_exact = bias.double() if bias is not None else None
     y_exact = linear.linear(x.double(), w_exact, b_exact)
-    bound = bounds.matmul_bound(x.double(), w_exact, b_exact, compute_dtype, y.dtype)
+    bound = bounds.matmul_bound(x.double(), w_exact, b_exact, compute_dtype, y.dtype,
+                                w_error=weight_error(packed, w_exact, compute_dtype))
     qcheck.within(y, y_exact, bound, "matmul vs float64 x W^T + b")
 
 

@@ -14,7 +14,7 @@ from pytest_qconform.backends.base import QuantSpec
 from pytest_qconform.reference import bounds, linear
 from pytest_qconform.strategies import WeightCase
 
-from ._cases import dtype_id, reference_decode, require_claim, spec_id, dequantize_bound
+from ._cases import dequantize_bound, dtype_id, reference_decode, require_claim, spec_id, weight_error
 
 pytestmark = pytest.mark.qconform_operation("sequencing")
 SEQUENCE = (torch.bfloat16, torch.float16, torch.bfloat16, torch.float32)
@@ -41,10 +41,12 @@ def test_bf16_fp16_bf16_fp32_in_one_process(qtarget, qbackend, qdevice, qcheck, 
         x.requires_grad_(True)
         y = qbackend.matmul(x, quantized, None, dtype)
         qcheck.equal(y.dtype, dtype, f"step {step}: matmul dtype")
-        qcheck.within(y, linear.linear(x.double(), w), bounds.matmul_bound(x.double(), w, None, dtype, dtype),
+        w_error = weight_error(packed, w, dtype)
+        qcheck.within(y, linear.linear(x.double(), w),
+                      bounds.matmul_bound(x.double(), w, None, dtype, dtype, w_error=w_error),
                       f"step {step}: matmul values")
         dy = torch.ones_like(y)
         y.backward(dy)
         qcheck.equal(x.grad.dtype, dtype, f"step {step}: gradient dtype")
-        qcheck.within(x.grad, dy.double() @ w, bounds.grad_bound(dy.double(), w, dtype, dtype),
+        qcheck.within(x.grad, dy.double() @ w, bounds.grad_bound(dy.double(), w, dtype, dtype, w_error=w_error),
                       f"step {step}: gradient values")

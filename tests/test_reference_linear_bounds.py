@@ -211,3 +211,49 @@ def test_error_multiple_special_values(actual, expected, bound, multiple):
 
 def test_bound_multiple_is_one():
     assert bounds.BOUND_MULTIPLE == 1.0
+
+
+# --- HQQ dequantize with fp32-stored zero/scale evaluated in a 16-bit compute dtype ---------
+
+def _hqq_state(seed: int) -> "PackedHqq4":
+    import numpy as np
+
+    from pytest_qconform.reference.packed import PackedHqq4
+
+    rng = np.random.default_rng(seed)
+    q = rng.integers(0, 16, size=(8, 64), dtype=np.uint8)  # axis 1: 8 groups of 64
+    packed = (q[:4] << 4) | q[4:]
+    zero = rng.uniform(6.5, 8.5, size=(8, 1)).astype(np.float32)  # zero points near the middle
+    scale = rng.uniform(0.5, 4.0, size=(8, 1)).astype(np.float32)  # outlier-sized scales
+    return PackedHqq4(shape=(8, 64), group_size=64, axis=1, packed=packed, scale=scale, zero=zero,
+                      meta={"compute_dtype": "float32", "scale_dtype": "float32", "zero_dtype": "float32"})
+
+
+@pytest.mark.parametrize("compute", (torch.bfloat16, torch.float16))
+def test_hqq4_bound_covers_meta_rounded_to_compute_dtype_and_is_needed(compute):
+    from pytest_qconform.reference import hqq4
+
+    worst_needed = 0.0
+    for seed in range(5):
+        p = _hqq_state(seed)
+        q, zero, scale = hqq4.decode_parts(p)
+        exact = hqq4.decode(p)
+        # What HQQ does at a 16-bit compute dtype: meta cast, then (q - zero) * scale there.
+        actual = (q.to(compute) - zero.to(compute)) * scale.to(compute)
+        bound = bounds.hqq4_dequantize_bound(p, compute, compute)
+        assert bounds.error_multiple(actual, exact, bound) <= 1.0
+        # The relative two-rounding model, blind to the rounded zero point, is exceeded.
+        relative = bounds.dequantize_bound(exact, compute, intermediate=compute, ops=2)
+        worst_needed = max(worst_needed, bounds.error_multiple(actual, exact, relative))
+    assert worst_needed > 1.0
+
+
+def test_hqq4_bound_without_meta_rounding_is_the_two_op_chain():
+    p = _hqq_state(0)
+    from pytest_qconform.reference import hqq4
+
+    exact = hqq4.decode(p)
+    bound = bounds.hqq4_dequantize_bound(p, torch.float32)  # stored fp32, computed fp32: no meta rounding
+    assert torch.all(bound <= bounds.gamma(2, bounds.unit_roundoff(torch.float32)) * exact.abs() * 1.0001 + 1e-40)
+    planted = exact + 4 * bound  # a result off by more than the arithmetic allows
+    assert bounds.error_multiple(planted, exact, bound) > 1.0
