@@ -7,6 +7,7 @@ import pytest
 
 DTYPE_NAMES: tuple[str, ...] = ("bf16", "fp16", "fp32")
 PROFILES: tuple[str, ...] = ("ci", "thorough")
+BENCH_SHAPES: tuple[str, ...] = ("full", "small")
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -30,6 +31,10 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption("--qconform-simulate", default=os.environ.get("QCONFORM_SIMULATE") or None, metavar="ARCH",
                     help="TESTING AID: pretend the probe found ARCH (e.g. gfx1200) to test gating; "
                          "tests on it are skipped, nothing is computed on it (env QCONFORM_SIMULATE)")
+    group.addoption("--qconform-bench-shapes", default="full", choices=BENCH_SHAPES,
+                    help="weight shapes of the benchmark suite (run with --benchmark-only): full (4096x4096, "
+                         "8192x8192, 14336x4096; skipped on the CPU, too slow) or small (the same shapes / 32, "
+                         "which also run on the CPU)")
     parser.addini("qconform_report_dir", "folder for run reports", default="reports")
     parser.addini("qconform_profile", "hypothesis profile (ci or thorough)", default="ci")
     parser.addini("qconform_backends", "backends to test (default: all)", type="args", default=[])

@@ -19,7 +19,13 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 SCHEMA = "pytest-qconform/report"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Version 2 adds the optional top-level ``benchmarks`` list and nothing else. A report is
+# written with the lowest version that holds its content: conformance runs stay version 1
+# (readable by every release), a benchmark run is version 2, which older releases refuse
+# with "upgrade" instead of merging it as an empty conformance run.
+READABLE_VERSIONS: tuple[int, ...] = (1, 2)
+BENCHMARKS_SINCE_VERSION = 2
 
 # Folding precedence, worst first: a cell is as bad as its worst case. A crash or a
 # timeout hides what the remaining cases would have said, so they outrank a plain
@@ -253,7 +259,8 @@ def fold_cell(cells: Iterable[Cell]) -> Cell:
 
 @dataclass(frozen=True)
 class RunReport:
-    """One run: the probe (what hardware and software), its cells, and when (UTC).
+    """One run: the probe (what hardware and software), its cells, its benchmarks (only
+    from ``--benchmark-only`` runs) and when (UTC).
 
     ``source`` is where the report was read from (empty for one built in memory); it is
     not part of the file and not part of equality.
@@ -263,6 +270,7 @@ class RunReport:
     cells: tuple[Cell, ...]
     created: str
     source: str = field(default="", compare=False)
+    benchmarks: tuple["Benchmark", ...] = ()
 
     @property
     def arch(self) -> str:
@@ -286,13 +294,16 @@ class RunReport:
         return Path(self.source).name if self.source else f"{self.arch}-{self.host}-{self.created}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "schema": SCHEMA,
-            "schema_version": SCHEMA_VERSION,
+            "schema_version": BENCHMARKS_SINCE_VERSION if self.benchmarks else 1,
             "created": self.created,
             "probe": dict(self.probe),
             "cells": [cell.to_dict() for cell in self.cells],
         }
+        if self.benchmarks:
+            data["benchmarks"] = [entry.to_dict() for entry in self.benchmarks]
+        return data
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "") -> "RunReport":
@@ -308,8 +319,9 @@ class RunReport:
         if version > SCHEMA_VERSION:
             raise SchemaError(f"schema_version {version} is newer than this pytest-qconform reads "
                               f"(version {SCHEMA_VERSION}); upgrade pytest-qconform to read it")
-        if version != SCHEMA_VERSION:
-            raise SchemaError(f"unknown schema_version {version}; this pytest-qconform reads version {SCHEMA_VERSION}")
+        if version not in READABLE_VERSIONS:
+            raise SchemaError(f"unknown schema_version {version}; this pytest-qconform reads version "
+                              f"{' or '.join(map(str, READABLE_VERSIONS))}")
         created = _require(data, "created", "report")
         parse_created(created)
         probe = validate_probe(_require(data, "probe", "report"))
@@ -317,7 +329,17 @@ class RunReport:
         if not isinstance(raw_cells, list):
             raise SchemaError(f"report.cells: expected a JSON array, got {_type_name(raw_cells)}")
         cells = tuple(Cell.from_dict(cell, f"cells[{i}]") for i, cell in enumerate(raw_cells))
-        return cls(probe=probe, cells=cells, created=created, source=source)
+        benchmarks: tuple[Benchmark, ...] = ()
+        if "benchmarks" in data:
+            if version < BENCHMARKS_SINCE_VERSION:
+                raise SchemaError(f"report.benchmarks: not part of schema_version {version} (added in version "
+                                  f"{BENCHMARKS_SINCE_VERSION}); a report with benchmarks says schema_version "
+                                  f"{BENCHMARKS_SINCE_VERSION}")
+            raw = data["benchmarks"]
+            if not isinstance(raw, list):
+                raise SchemaError(f"report.benchmarks: expected a JSON array, got {_type_name(raw)}")
+            benchmarks = tuple(Benchmark.from_dict(entry, f"benchmarks[{i}]") for i, entry in enumerate(raw))
+        return cls(probe=probe, cells=cells, created=created, source=source, benchmarks=benchmarks)
 
 
 # ---------------------------------------------------------------- files

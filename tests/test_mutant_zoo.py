@@ -70,3 +70,32 @@ def test_mutant_is_caught_by_its_check(zoo_report: dict, mutant) -> None:
     assert "fail" in verdicts.get(mutant.catches, set()), (
         f"{mutant.name} ({mutant.__doc__.strip().splitlines()[0]}) was not caught by the "
         f"{mutant.catches} suite: {verdicts}")
+
+
+# Measured by bench/sensitivity.py (reports/sensitivity-cpu.json, docs/sensitivity.md):
+# the smallest systematic relative matmul error the ci profile catches, per dtype.
+SMALLEST_CAUGHT_EPS = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11, "fp32": 2.0 ** -18}
+
+
+def test_matmul_suite_catches_systematic_error_at_the_documented_threshold(tmp_path) -> None:
+    """Guards the documented sensitivity: a matmul off by the documented relative error
+    in every dtype fails the matmul suite in every dtype (one run, eps per dtype)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests_dir = Path(__file__).parent
+    (tmp_path / "conftest.py").write_text(
+        "from zoo import ScaledMatmul\n"
+        "def pytest_qconform_backends(config):\n"
+        "    return {ScaledMatmul.name: ScaledMatmul}\n")
+    env = {**os.environ, "QCONFORM_MUTANT_EPS": json.dumps(SMALLEST_CAUGHT_EPS),
+           "PYTHONPATH": f"{tests_dir}:{tests_dir.parent / 'examples' / 'downstream' / 'src'}"}
+    args = [sys.executable, "-m", "pytest", "--qconform", "-q", "--tb=no", "-p", "no:cacheprovider",
+            "-o", "addopts=", f"--qconform-report-dir={tmp_path / 'out'}",
+            "--qconform-backend=mutant-scaled-matmul", "-k", "test_matmul_matches_reference and nf4-b64 and not dq"]
+    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    report = json.loads(next((tmp_path / "out").glob("*.json")).read_text())
+    verdicts = {cell["dtype"]: cell["verdict"] for cell in report["cells"] if cell["operation"] == "matmul"}
+    assert verdicts == {"bf16": "fail", "fp16": "fail", "fp32": "fail"}, (verdicts, proc.stdout[-3000:])

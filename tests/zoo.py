@@ -7,7 +7,9 @@ where it should, while the unmodified backend passes everywhere.
 """
 from __future__ import annotations
 
+import json
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -212,7 +214,19 @@ class ScaledMatmul(TorchNF4Backend):
 
     def matmul(self, x, q, bias, compute_dtype):
         y = super().matmul(x, q, bias, compute_dtype)
-        return (y.double() * (1 + self.eps)).to(y.dtype)
+        return (y.double() * (1 + scaled_matmul_eps(compute_dtype, self.eps))).to(y.dtype)
+
+
+def scaled_matmul_eps(dtype: torch.dtype, default: float) -> float:
+    """``QCONFORM_MUTANT_EPS``: one eps for every dtype ("0.01") or a JSON object per
+    dtype ('{"bf16": 0.0078}'), so a sensitivity sweep needs no code change."""
+    raw = os.environ.get("QCONFORM_MUTANT_EPS")
+    if raw is None:
+        return default
+    if raw.lstrip().startswith("{"):
+        name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
+        return float(json.loads(raw).get(name, 0.0))
+    return float(raw)
 
 
 MUTANTS: tuple[type[TorchNF4Backend], ...] = (
