@@ -2,7 +2,8 @@
 
 ``nox -s matrix`` merges the committed run reports; ``nox -s tests`` runs the project's own
 tests in the current environment; ``nox -s downstream`` installs the example downstream
-backend into a fresh virtualenv and runs the suites on it (and on its broken twin).
+backend into a fresh virtualenv and runs the suites on it (and on its broken twin);
+``nox -s bench`` runs the benchmark suite into reports/ and plots it.
 """
 from __future__ import annotations
 
@@ -80,3 +81,31 @@ def downstream(session: nox.Session) -> None:
             session.run("python", check, str(broken), "--backend", "torch-nf4-broken",
                         "--fails-in", "dequantize")
     session.log(f"downstream: done in {time.monotonic() - started:.0f} s")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """The benchmark suite (``pytest --qconform --benchmark-only``) into reports/, then its plot.
+
+    ``nox -s bench`` makes a fresh virtualenv with the CPU torch pin (constraints/cpu.txt),
+    the backends and pytest-benchmark, and times the small shapes
+    (``--qconform-bench-shapes=small``: the full ones are too slow on a CPU). On a GPU
+    runner, time the torch you installed for the GPU instead, in your environment:
+    ``nox -s bench --no-venv --no-install`` (installs nothing; full shapes when torch sees a
+    GPU). Extra arguments go to pytest: ``nox -s bench -- --qconform-backend=triton-nf4``.
+    Writes ``reports/<arch>-<host>-<time>.json`` (its ``benchmarks``) and
+    ``reports/<same stem>-bench.png``.
+    """
+    from pathlib import Path
+
+    if session.venv_backend != "none":
+        session.install("-c", "constraints/cpu.txt", "torch==2.13.0")
+        session.install("-c", "constraints/cpu.txt", "-e", ".[backends,bench]")
+    has_gpu = session.run("python", "-c", "import torch; print(int(torch.cuda.is_available()))", silent=True)
+    shapes = "full" if str(has_gpu).strip().endswith("1") else "small"
+    reports = Path("reports")
+    before = set(reports.glob("*.json"))
+    session.run("python", "-m", "pytest", "--qconform", "--benchmark-only", f"--qconform-bench-shapes={shapes}",
+                f"--qconform-report-dir={reports}", "-p", "no:cacheprovider", *session.posargs)
+    for report in sorted(set(reports.glob("*.json")) - before):
+        session.run("python", "-m", "pytest_qconform.benchplot", str(report))

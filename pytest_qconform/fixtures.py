@@ -42,6 +42,19 @@ def qbackend(request: pytest.FixtureRequest) -> Backend:
     return backend
 
 
+@pytest.fixture
+def qbench(request: pytest.FixtureRequest, qtarget: Target):
+    """The benchmark harness (``pytest_qconform.bench.Harness``) for this case; skipped
+    with the reason unless the run is ``--benchmark-only`` (and, on the CPU, unless
+    ``--qconform-bench-shapes=small``), so a plain ``--qconform`` run times nothing."""
+    from pytest_qconform import bench
+
+    reason = bench.skip_reason(request.config, qtarget)
+    if reason:
+        pytest.skip(reason)
+    return bench.Harness(request.config, request.node, qtarget)
+
+
 class Checker:
     """Compares a backend's result to the reference and says, on failure, how to reproduce.
 

@@ -4,7 +4,8 @@ Rows are (backend, operation, format, dtype), columns are archs. The merge never
 hides evidence: a report replaced by a newer one of the same machine and versions is
 listed as superseded, runs that disagree on a cell show the disagreement instead of
 one of them, and simulated-probe reports (nothing was computed) are excluded with a
-note. Output is deterministic (no clock, stable order) so regenerating an unchanged
+note. Benchmark-run reports (benchmarks, no cells) are left out: they would otherwise
+supersede their machine's conformance report with nothing. Output is deterministic (no clock, stable order) so regenerating an unchanged
 matrix changes no bytes in the repository.
 
 CLI: ``python -m pytest_qconform.matrix [PATHS...] [--readme README.md]
@@ -126,6 +127,8 @@ def merge(reports: Iterable[RunReport]) -> Matrix:
     real: list[RunReport] = []
     simulated: list[RunReport] = []
     for report in reports:
+        if report.benchmarks and not report.cells:
+            continue  # a --benchmark-only run: timings, no conformance evidence to merge or to supersede with
         (simulated if report.simulated else real).append(report)
 
     newest: dict[tuple[Any, ...], list[RunReport]] = {}

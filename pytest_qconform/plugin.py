@@ -28,6 +28,10 @@ def _register_markers(config: pytest.Config) -> None:
     for name, help_text in hardware_marker_names().items():
         config.addinivalue_line("markers", f"{name}: {help_text}")
     config.addinivalue_line("markers", "qconform_operation(name): the matrix operation a conformance test checks")
+    config.addinivalue_line("markers", "qconform_dtype(label): the dtype (bf16, fp16, fp32) of a conformance test "
+                            "that is not parametrized over dtypes, for its matrix cell")
+    config.addinivalue_line("markers", "qconform_benchmark: a benchmark (runs only with --benchmark-only); its "
+                                       "timings go to the report's benchmarks, not to matrix cells")
 
 
 def suites_dir() -> Path:
@@ -69,10 +73,20 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "qbackend" in metafunc.fixturenames:
         names = sorted(config.stash[state.BACKEND_FACTORIES])
         metafunc.parametrize("qbackend", names, indirect=True)
+    if "qbench_shape" in metafunc.fixturenames:
+        from pytest_qconform import bench
+
+        metafunc.parametrize("qbench_shape", bench.shapes(config), ids=bench.shape_id)
 
 
 def _dtype_label(value: object) -> str:
     return DTYPE_LABELS.get(str(value), "-") if value is not None else "-"
+
+
+def _fixed_dtype(item: pytest.Item) -> str:
+    """The ``qconform_dtype`` marker's label, or "-" for a test that spans dtypes."""
+    marker = item.get_closest_marker("qconform_dtype")
+    return str(marker.args[0]) if marker else "-"
 
 
 def _cell_key(item: pytest.Item) -> dict[str, str] | None:
@@ -88,7 +102,7 @@ def _cell_key(item: pytest.Item) -> dict[str, str] | None:
         "backend": str(params["qbackend"]),
         "operation": operation,
         "format": spec.label() if spec is not None else str(params.get("format", "-")),
-        "dtype": _dtype_label(params.get("dtype")),
+        "dtype": _dtype_label(params["dtype"]) if "dtype" in params else _fixed_dtype(item),
         "target": target.id if target is not None else "-",
     }
 
@@ -118,12 +132,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if not _selected(item, key, config):
                 drop.append(item)
                 continue
-            item.user_properties.append((outcomes.KEY_PROPERTY, key))
-            item.user_properties.append((outcomes.REPRO_PROPERTY, _repro(config, item)))
+            if item.get_closest_marker("qconform_benchmark") is None:  # timings are not matrix cells
+                item.user_properties.append((outcomes.KEY_PROPERTY, key))
+                item.user_properties.append((outcomes.REPRO_PROPERTY, _repro(config, item)))
         keep.append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+    from pytest_qconform import bench
+
+    bench.order_items(items)
     from pytest_qconform import known_failures
 
     known_failures.apply(config, items)

@@ -1,4 +1,5 @@
-"""Collects each test's outcome into matrix cases and writes the run report at the end."""
+"""Collects each test's outcome into matrix cases (and each benchmark's timing) and writes
+the run report at the end."""
 from __future__ import annotations
 
 import datetime as _dt
@@ -8,6 +9,10 @@ from pathlib import Path
 import pytest
 
 from pytest_qconform import outcomes, state
+
+# pytest-benchmark's skip of every non-benchmark test under --benchmark-only: it says
+# nothing about conformance, so a benchmark run's report holds no cells.
+BENCHMARK_ONLY_SKIP = "(--benchmark-only active)"
 
 
 class RunRecorder:
@@ -20,11 +25,18 @@ class RunRecorder:
         # test's cell key and start time from its earlier reports (see outcomes.crash_case).
         self.identities: dict[str, tuple[dict[str, str], str]] = {}
         self.started: dict[str, float] = {}
+        self.benchmarks: list[dict] = []  # Benchmark.to_dict() of each timed case, in run order
 
     def pytest_runtest_logstart(self, nodeid: str, location: tuple) -> None:
         self.started[nodeid] = time.monotonic()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call" and report.passed:
+            from pytest_qconform.bench import PROPERTY
+
+            self.benchmarks += [value for name, value in report.user_properties if name == PROPERTY]
+        if report.skipped and BENCHMARK_ONLY_SKIP in str(report.longrepr):
+            return
         if outcomes.is_worker_crash(report):
             identity = self.identities.get(report.nodeid)
             if identity is None:
@@ -62,13 +74,16 @@ class RunRecorder:
             session.exitstatus = pytest.ExitCode.OK
         if hasattr(self.config, "workerinput") or self.config.getoption("qconform_no_report"):
             return
-        from pytest_qconform.report import RunReport, write_report
+        from pytest_qconform.report import Benchmark, RunReport, with_bitsandbytes_ratios, write_report
 
         folder = Path(self.config.getoption("qconform_report_dir") or self.config.getini("qconform_report_dir"))
         if not folder.is_absolute():
             folder = Path(self.config.invocation_params.dir) / folder
         created = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        report = RunReport(probe=state.probe(self.config).to_dict(), cells=tuple(self.cells()), created=created)
+        benchmarks = with_bitsandbytes_ratios(Benchmark.from_dict(data, f"benchmark of {data.get('nodeid')}")
+                                              for data in self.benchmarks)
+        report = RunReport(probe=state.probe(self.config).to_dict(), cells=tuple(self.cells()), created=created,
+                           benchmarks=benchmarks)
         self.config.stash[state.REPORT_PATH] = str(write_report(report, folder))
         self.report = report
 
@@ -83,6 +98,10 @@ class RunRecorder:
             from pytest_qconform.report import format_arch_table
 
             tr.write_line(format_arch_table(report))
+            if report.benchmarks:
+                from pytest_qconform.report import format_bench_table
+
+                tr.write_line(format_bench_table(report))
         path = self.config.stash.get(state.REPORT_PATH, None)
         if path:
             tr.write_line(f"qconform report: {path}")

@@ -89,6 +89,7 @@ def _paired_weight(dtype_max: float, device) -> torch.Tensor:
     return (w / w.abs().max() * 8.0).float().to(device)
 
 
+@pytest.mark.qconform_dtype("fp16")
 @pytest.mark.parametrize("spec", (QuantSpec("nf4", 64), QuantSpec("nf4", 64, True), QuantSpec("hqq4", 64)),
                          ids=spec_id)
 def test_fp16_overflow_inside_kernel_stays_finite(qtarget, qbackend, qdevice, qcheck, spec):
@@ -120,6 +121,7 @@ def test_fp16_overflow_inside_kernel_stays_finite(qtarget, qbackend, qdevice, qc
                   "backward with cancelling large products")
 
 
+@pytest.mark.qconform_dtype("fp32")
 @pytest.mark.parametrize("poison", (float("nan"), float("inf")), ids=("nan", "inf"))
 @pytest.mark.parametrize("spec", (QuantSpec("nf4", 64), QuantSpec("hqq4", 64)), ids=spec_id)
 def test_nonfinite_input_propagates_only_where_reference_does(qtarget, qbackend, qdevice, qcheck, spec, poison):

@@ -43,6 +43,7 @@ def test_dequantize_matches_reference_bytes(qtarget, qbackend, qdevice, qcheck, 
     check()
 
 
+@pytest.mark.qconform_dtype("fp32")
 @pytest.mark.parametrize("spec", [QuantSpec("nf4", bs, double_quant=True) for bs in EXTRA_BLOCKSIZES], ids=spec_id)
 def test_dequantize_blocksize_range(qtarget, qbackend, qdevice, qcheck, spec):
     """The blocksizes beyond 64/128, on NF4 into fp32, double quant on (its widest path).
@@ -59,6 +60,7 @@ def test_dequantize_blocksize_range(qtarget, qbackend, qdevice, qcheck, spec):
     check()
 
 
+@pytest.mark.qconform_dtype("fp32")
 @pytest.mark.parametrize("spec", [QuantSpec("nf4", bs) for bs in (64, 128, 256)], ids=spec_id)
 def test_dequantize_rows_straddle_blocks(qtarget, qbackend, qdevice, qcheck, spec):
     """bitsandbytes blocks run over the flattened tensor, so with rows of 1.5 blocks

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.qconform_operation("interop")
 INTEROP_SPECS = tuple(QuantSpec(fmt, bs, dq) for fmt in ("nf4", "fp4") for bs in (64, 128) for dq in (False, True))
 
 
+@pytest.mark.qconform_dtype("fp32")
 @pytest.mark.parametrize("spec", INTEROP_SPECS, ids=spec_id)
 def test_checkpoint_decodes_exactly_after_reload(qtarget, qbackend, qdevice, qcheck, spec):
     require_claim(qbackend, qtarget, spec, torch.float32, serialize=True)
@@ -43,6 +44,7 @@ def test_checkpoint_decodes_exactly_after_reload(qtarget, qbackend, qdevice, qch
     qcheck.within(after, exact, dequantize_bound(packed, exact, torch.float32), "reloaded vs reference")
 
 
+@pytest.mark.qconform_dtype("fp32")
 @pytest.mark.parametrize("spec", INTEROP_SPECS, ids=spec_id)
 def test_bitsandbytes_bytes_decode_identically(qtarget, qbackend, qdevice, qcheck, qbackend_named, spec):
     if qbackend.name == "bitsandbytes":
