@@ -30,7 +30,7 @@ from pytest_qconform.targets import hardware_marker_names
 
 PACKAGED = "pytest_qconform/known_failures.toml"
 REQUIRED = ("backend", "versions", "arch", "check", "reason", "link", "repro")
-OPTIONAL = ("format", "dtype", "test")
+OPTIONAL = ("format", "dtype", "test", "cpu_capability")
 ANY = "*"
 
 _HEADER = re.compile(r"^\s*\[\[\s*failure\s*\]\]\s*(#.*)?$")
@@ -55,10 +55,11 @@ class KnownFailure:
     format: str = ANY
     dtype: str = ANY
     test: str = ANY
+    cpu_capability: str = ANY  # glob on torch's CPU capability; narrows CPU targets only
     source: str = ""  # "file:line" of the entry, for messages
 
     def matches(self, key: dict[str, str], version: str | None, target_markers: tuple[str, ...],
-                test_name: str) -> bool:
+                test_name: str, cpu_capability: str | None = None) -> bool:
         """Whether a test with cell ``key`` on a target with ``target_markers`` is covered.
 
         Pre-releases and dev builds count as inside a range (``0.46.0.dev0`` matches
@@ -67,6 +68,9 @@ class KnownFailure:
         if key["backend"] != self.backend or key["operation"] != self.check:
             return False
         if self.arch != ANY and self.arch not in target_markers:
+            return False
+        if self.cpu_capability != ANY and not ("cpu" in target_markers and cpu_capability is not None
+                                               and fnmatch.fnmatchcase(cpu_capability, self.cpu_capability)):
             return False
         if not (fnmatch.fnmatchcase(key["format"], self.format) and fnmatch.fnmatchcase(key["dtype"], self.dtype)
                 and fnmatch.fnmatchcase(test_name, self.test)):
@@ -128,7 +132,7 @@ def _parse_entry(raw: dict, source: str, lines: list[str], span: tuple[int, int]
     return KnownFailure(
         backend=raw["backend"], versions=versions, arch=raw["arch"], check=raw["check"], reason=raw["reason"],
         link=raw["link"], repro=raw["repro"], format=raw.get("format", ANY), dtype=raw.get("dtype", ANY),
-        test=raw.get("test", ANY), source=where())
+        test=raw.get("test", ANY), cpu_capability=raw.get("cpu_capability", ANY), source=where())
 
 
 def parse(text: str, source: str) -> tuple[KnownFailure, ...]:
@@ -192,6 +196,6 @@ def apply(config: pytest.Config, items: list[pytest.Item]) -> None:
         markers = target.marker_names if target is not None else tuple(
             m for m in (probe.device_kind, probe.arch, probe.family) if m)
         for entry in entries:
-            if entry.matches(key, status.version if status else None, markers, item.name):
+            if entry.matches(key, status.version if status else None, markers, item.name, probe.cpu_capability):
                 item.add_marker(pytest.mark.xfail(strict=True, reason=entry.xfail_reason()))
                 break

@@ -48,6 +48,9 @@ class Probe:
     simulated: bool = False
     triton: str | None = None
     python: str = platform.python_version()
+    # torch's CPU kernel level ("AVX512", "AVX2", "DEFAULT", ...): CPU backends pick code
+    # paths by it, so a CPU known failure can be narrowed to it.
+    cpu_capability: str | None = None
     backends: tuple[BackendStatus, ...] = field(default=())
 
     @property
@@ -79,7 +82,8 @@ class Probe:
             + (" [SIMULATED: nothing runs on this device]" if self.simulated else ""),
             f"  device: {self.device_name}  host: {self.host}",
             f"  torch {self.torch}  cuda {self.cuda}  hip {self.hip}  triton {self.triton}  python {self.python}",
-            f"  bf16: {'yes' if self.bf16 else 'no'}  default 4-bit blocksize: {self.default_blocksize}",
+            f"  bf16: {'yes' if self.bf16 else 'no'}  default 4-bit blocksize: {self.default_blocksize}"
+            f"  cpu capability: {self.cpu_capability}",
         ]
         for b in self.backends:
             state = f"{b.version}" if b.available else f"unavailable: {b.reason}"
@@ -111,6 +115,7 @@ def probe_hardware(simulate: str | None = None) -> Probe:
     triton_version = _module_version("triton")
     if simulate:
         return simulated_probe(simulate, host=host, torch_version=torch_version, triton_version=triton_version)
+    cpu_capability = _cpu_capability(torch)
     hip = getattr(torch.version, "hip", None)
     cuda = getattr(torch.version, "cuda", None)
     if torch.cuda.is_available():
@@ -126,9 +131,18 @@ def probe_hardware(simulate: str | None = None) -> Probe:
         blocksize = facts.default_blocksize if facts else (
             archs.ROCM_DEFAULT_BLOCKSIZE if hip else archs.CUDA_DEFAULT_BLOCKSIZE)
         return Probe(kind, arch, facts.family if facts else None, props.name, host, torch_version,
-                     None if hip else cuda, hip, bf16, blocksize, triton=triton_version)
+                     None if hip else cuda, hip, bf16, blocksize, triton=triton_version,
+                     cpu_capability=cpu_capability)
     return Probe("cpu", platform.machine() or "cpu", None, platform.processor() or platform.machine(), host,
-                 torch_version, cuda, hip, True, archs.CPU_DEFAULT_BLOCKSIZE, triton=triton_version)
+                 torch_version, cuda, hip, True, archs.CPU_DEFAULT_BLOCKSIZE, triton=triton_version,
+                 cpu_capability=cpu_capability)
+
+
+def _cpu_capability(torch_module: Any) -> str | None:
+    try:
+        return str(torch_module.backends.cpu.get_cpu_capability())
+    except Exception:  # noqa: BLE001 - older torch or an odd build: unknown
+        return None
 
 
 def simulated_probe(arch: str, *, host: str = "simulated", torch_version: str | None = None,

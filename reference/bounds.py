@@ -23,7 +23,7 @@ from pytest_qconform.reference import bnb4, hqq4
 from pytest_qconform.reference.linear import linear
 from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 
-__all__ = ["BOUND_MULTIPLE", "bnb4_dequantize_bound", "dequantize_bound", "error_multiple", "gamma",
+__all__ = ["BOUND_MULTIPLE", "bnb4_dequantize_bound", "bnb4_matmul_weight_bound", "dequantize_bound", "error_multiple", "gamma",
            "grad_bound", "hqq4_dequantize_bound", "matmul_bound", "rounding_bound", "unit_roundoff"]
 
 # A result passes when its worst error is at most this multiple of its derived bound.
@@ -153,6 +153,31 @@ def bnb4_dequantize_bound(p: PackedBnb4, out_dtype: torch.dtype,
     else:
         bound = e32 + rounding_bound(values * a + e32, out_dtype)
     return bound.reshape(p.shape)
+
+
+def bnb4_matmul_weight_bound(p: PackedBnb4, compute_dtype: torch.dtype,
+                             device: str | torch.device | None = "cpu") -> torch.Tensor:
+    """``E`` of ``matmul_bound`` for a bitsandbytes-format weight used by a kernel that
+    computes in ``compute_dtype``: how far the weight it multiplies by may be from the
+    exact decoding.
+
+    A dequantize-then-GEMM path rounds the fp32 ``code * absmax`` once to the compute
+    dtype. bitsandbytes' CUDA gemv (``kgemm_4bit_inference_naive`` in csrc/kernels.cu)
+    instead keeps the code table and the absmax in the compute dtype ``T`` and multiplies
+    there: ``w = fl_T(fl_T(code) * fl_T(absmax))``, three roundings in ``u_T``, after the
+    absmax itself was decoded in fp32 (double quantization). Both are conformant; the
+    bound is the wider one. With ``e32 = bnb4_dequantize_bound(p, float32)`` (the fp32
+    decoding's error, nested absmax included):
+
+        E = e32 + gamma_3(u_T) (|W| + e32) + 3 eta_T
+
+    For an fp32 compute dtype ``E = e32``.
+    """
+    e32 = bnb4_dequantize_bound(p, torch.float32, device=device)
+    if compute_dtype == torch.float32 or unit_roundoff(compute_dtype) <= unit_roundoff(torch.float32):
+        return e32
+    mag = bnb4.decode(p, device=device).abs()
+    return e32 + gamma(3, unit_roundoff(compute_dtype)) * (mag + e32) + 3 * _half_subnormal(compute_dtype)
 
 
 def _stored_dtype(name: object) -> torch.dtype:

@@ -104,12 +104,12 @@ def dequantize_bound(packed: PackedBnb4 | PackedHqq4, exact: torch.Tensor, dtype
 def weight_error(packed: PackedBnb4 | PackedHqq4, exact: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
     """``E`` of ``bounds.matmul_bound``: how far the weight a matmul kernel multiplies by
     may be from its exact decoding. A kernel dequantizes into its compute dtype (or keeps
-    more precision), so this is the dequantize bound into that dtype: for HQQ two
-    roundings of ``(W_q - zero) * scale`` after rounding a wider stored zero and scale to
-    the compute dtype, for bitsandbytes ``code * absmax`` in fp32 then one rounding. The
-    default ``u |W|`` (a single rounding) undercounts HQQ's."""
+    more precision): for HQQ two roundings of ``(W_q - zero) * scale`` after rounding a
+    wider stored zero and scale to the compute dtype; for bitsandbytes' format the code
+    table and absmax rounded to the compute dtype and multiplied there, as bitsandbytes'
+    own CUDA gemv does. The default ``u |W|`` (a single rounding) undercounts both."""
     from pytest_qconform.reference import bounds
 
     if isinstance(packed, PackedHqq4):
         return bounds.hqq4_dequantize_bound(packed, compute_dtype, compute_dtype, device=exact.device)
-    return dequantize_bound(packed, exact, compute_dtype)
+    return bounds.bnb4_matmul_weight_bound(packed, compute_dtype, device=exact.device)

@@ -121,6 +121,18 @@ def test_star_versions_and_dev_builds_match() -> None:
     assert not ranged.matches(key, "1.1", ("rocm", "gfx1200", "rdna4"), "test_x")
 
 
+def test_cpu_capability_narrows_cpu_targets_only() -> None:
+    """bitsandbytes' CPU kernels differ by CPU level: an AVX512-only failure must not be
+    expected on an AVX2 runner (it would pass there, a strict-xfail failure)."""
+    (failure,) = parse(entry(arch='"x86_64"', cpu_capability='"AVX512"'), "f.toml")
+    key = {"backend": "fake", "operation": "dequantize", "format": "nf4-b64", "dtype": "bf16"}
+    assert failure.matches(key, "1.1", ("cpu", "x86_64"), "test_x", "AVX512")
+    assert not failure.matches(key, "1.1", ("cpu", "x86_64"), "test_x", "AVX2")
+    assert not failure.matches(key, "1.1", ("cpu", "x86_64"), "test_x", None)
+    (gpu,) = parse(entry(arch='"sm90"', cpu_capability='"AVX512"'), "f.toml")
+    assert not gpu.matches(key, "1.1", ("cuda", "sm90", "hopper"), "test_x", "AVX512")
+
+
 # ---------------------------------------------------------------- in a run
 
 

@@ -257,3 +257,33 @@ def test_hqq4_bound_without_meta_rounding_is_the_two_op_chain():
     assert torch.all(bound <= bounds.gamma(2, bounds.unit_roundoff(torch.float32)) * exact.abs() * 1.0001 + 1e-40)
     planted = exact + 4 * bound  # a result off by more than the arithmetic allows
     assert bounds.error_multiple(planted, exact, bound) > 1.0
+
+
+# --- bitsandbytes-format weight as a 16-bit gemv computes it -----------------------------
+
+@pytest.mark.parametrize("compute", (torch.bfloat16, torch.float16))
+def test_bnb4_matmul_weight_bound_covers_code_times_absmax_in_compute_dtype(compute):
+    """bitsandbytes' CUDA gemv multiplies a compute-dtype code table by a compute-dtype
+    absmax; the weight bound must hold for that, and a single rounding must not."""
+    import numpy as np
+
+    from pytest_qconform.reference import bnb4
+    from pytest_qconform.reference.packed import PackedBnb4
+
+    needed = 0.0
+    for seed in range(5):
+        gen = torch.Generator().manual_seed(seed)
+        weight = torch.randn(64, 128, generator=gen) * 3
+        packed, absmax = bnb4.quantize(weight, "nf4", 64)
+        p = PackedBnb4("nf4", 64, (64, 128), packed, absmax.float().numpy(),
+                       np.asarray(bnb4.code_table("nf4"), dtype=np.float32))
+        exact = bnb4.decode(p)
+        codes = torch.as_tensor(bnb4.unpack_codes(packed, exact.numel()).astype(np.int64))
+        table = torch.as_tensor(p.code).to(compute)
+        blocks = torch.as_tensor(p.absmax).to(compute).repeat_interleave(64)
+        gemv_weight = (table[codes] * blocks).reshape(64, 128)  # in the compute dtype
+        bound = bounds.bnb4_matmul_weight_bound(p, compute)
+        assert bounds.error_multiple(gemv_weight, exact, bound) <= 1.0
+        single = bounds.rounding_bound(exact, compute)
+        needed = max(needed, bounds.error_multiple(gemv_weight, exact, single))
+    assert needed > 1.0
