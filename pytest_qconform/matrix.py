@@ -4,9 +4,10 @@ Rows are (backend, operation, format, dtype), columns are archs. The merge never
 hides evidence: a report replaced by a newer one of the same machine and versions is
 listed as superseded, runs that disagree on a cell show the disagreement instead of
 one of them, and simulated-probe reports (nothing was computed) are excluded with a
-note. Benchmark-run reports (benchmarks, no cells) are left out: they would otherwise
-supersede their machine's conformance report with nothing. Output is deterministic (no clock, stable order) so regenerating an unchanged
-matrix changes no bytes in the repository.
+note. Reports without cells (a ``--benchmark-only`` run, a selection that matched
+nothing) are left out: they would otherwise supersede their machine's conformance
+report with nothing. Output is deterministic (no clock, stable order) so regenerating
+an unchanged matrix changes no bytes in the repository.
 
 CLI: ``python -m pytest_qconform.matrix [PATHS...] [--readme README.md]
 [--out reports/MATRIX.md] [--png reports/matrix.png] [--step-summary] [--ignore-invalid]``.
@@ -127,8 +128,8 @@ def merge(reports: Iterable[RunReport]) -> Matrix:
     real: list[RunReport] = []
     simulated: list[RunReport] = []
     for report in reports:
-        if report.benchmarks and not report.cells:
-            continue  # a --benchmark-only run: timings, no conformance evidence to merge or to supersede with
+        if not report.cells:
+            continue  # e.g. a --benchmark-only run: no conformance evidence to merge, nor to supersede with
         (simulated if report.simulated else real).append(report)
 
     newest: dict[tuple[Any, ...], list[RunReport]] = {}

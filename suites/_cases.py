@@ -101,15 +101,19 @@ def dequantize_bound(packed: PackedBnb4 | PackedHqq4, exact: torch.Tensor, dtype
     return bounds.hqq4_dequantize_bound(packed, dtype, device=exact.device)
 
 
-def weight_error(packed: PackedBnb4 | PackedHqq4, exact: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
+def weight_error(packed: PackedBnb4 | PackedHqq4, exact: torch.Tensor, compute_dtype: torch.dtype,
+                 rows: int | None = None) -> torch.Tensor:
     """``E`` of ``bounds.matmul_bound``: how far the weight a matmul kernel multiplies by
     may be from its exact decoding. A kernel dequantizes into its compute dtype (or keeps
     more precision): for HQQ two roundings of ``(W_q - zero) * scale`` after rounding a
-    wider stored zero and scale to the compute dtype; for bitsandbytes' format the code
-    table and absmax rounded to the compute dtype and multiplied there, as bitsandbytes'
-    own CUDA gemv does. The default ``u |W|`` (a single rounding) undercounts both."""
+    wider stored zero and scale to the compute dtype; for bitsandbytes' format the fp32
+    ``code * absmax`` rounded once, except for a single activation row (``rows == 1``,
+    the gemv path), where bitsandbytes' CUDA gemv rounds the code table and absmax to
+    the compute dtype and multiplies there. The default ``u |W|`` undercounts both."""
     from pytest_qconform.reference import bounds
 
     if isinstance(packed, PackedHqq4):
         return bounds.hqq4_dequantize_bound(packed, compute_dtype, compute_dtype, device=exact.device)
-    return bounds.bnb4_matmul_weight_bound(packed, compute_dtype, device=exact.device)
+    if rows == 1:
+        return bounds.bnb4_matmul_weight_bound(packed, compute_dtype, device=exact.device)
+    return bounds.bnb4_dequantize_bound(packed, compute_dtype, device=exact.device)

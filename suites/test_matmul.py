@@ -34,7 +34,7 @@ def check_matmul(qbackend, qdevice, qcheck, spec, compute_dtype, x_dtype, case, 
     b_exact = bias.double() if bias is not None else None
     y_exact = linear.linear(x.double(), w_exact, b_exact)
     bound = bounds.matmul_bound(x.double(), w_exact, b_exact, compute_dtype, y.dtype,
-                                w_error=weight_error(packed, w_exact, compute_dtype))
+                                w_error=weight_error(packed, w_exact, compute_dtype, rows=x.numel() // k))
     qcheck.within(y, y_exact, bound, "matmul vs float64 x W^T + b")
 
 

@@ -41,7 +41,7 @@ def test_bf16_fp16_bf16_fp32_in_one_process(qtarget, qbackend, qdevice, qcheck, 
         x.requires_grad_(True)
         y = qbackend.matmul(x, quantized, None, dtype)
         qcheck.equal(y.dtype, dtype, f"step {step}: matmul dtype")
-        w_error = weight_error(packed, w, dtype)
+        w_error = weight_error(packed, w, dtype, rows=rows)
         qcheck.within(y, linear.linear(x.double(), w),
                       bounds.matmul_bound(x.double(), w, None, dtype, dtype, w_error=w_error),
                       f"step {step}: matmul values")

@@ -3,7 +3,6 @@ and its report entries read strictly."""
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -207,10 +206,11 @@ def test_benchplot_cli_refuses_bad_reports_in_one_line(tmp_path: Path, capsys) -
     assert "has no benchmark entries" in capsys.readouterr().err and not list(tmp_path.glob("*.png"))
 
 
-def test_matrix_ignores_benchmark_reports_so_they_supersede_nothing() -> None:
+def test_matrix_ignores_reports_without_cells_so_they_supersede_nothing() -> None:
     conformance = RunReport(bench_report().probe, (Cell("bitsandbytes", "matmul", "nf4-b64", "bf16", "pass"),),
                             "2025-01-31T12:00:00Z")
     later_bench = replace(bench_report(entry()), created="2025-02-01T12:00:00Z")
-    matrix = merge([conformance, later_bench])
+    timed_nothing = replace(bench_report(), created="2025-02-02T12:00:00Z")  # --benchmark-only, all skipped
+    matrix = merge([conformance, later_bench, timed_nothing])
     assert matrix.runs == (conformance,) and matrix.superseded == ()
-    assert not math.isnan(len(matrix.rows))
+    assert [row for row in matrix.rows] == [("bitsandbytes", "matmul", "nf4-b64", "bf16")]
