@@ -7,6 +7,7 @@ instead of a silent "no tests ran".
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import re
@@ -136,11 +137,24 @@ def absent_target(name: str, probe: Probe) -> Target:
 
 
 def build_targets(probe: Probe, markexpr: str = "") -> tuple[Target, ...]:
-    """Present targets first, then one absent target per hardware name ``-m`` asks for."""
-    targets = [cpu_target()]
+    """The probe's device first, then one absent target per hardware name ``-m`` asks for.
+
+    A run computes on one device, the probe's: its report is one column of the matrix,
+    labelled with the probe's arch, so CPU results from a GPU host (or from a simulated
+    GPU probe) must not land in it. On a GPU host the CPU instances are therefore
+    generated but skipped with the reason; a CPU runner (or the same host with the GPU
+    hidden, ``CUDA_VISIBLE_DEVICES=``) produces the CPU column.
+    """
     gpu = device_target(probe)
-    if gpu is not None:
-        targets.append(gpu)
+    cpu = cpu_target()
+    if gpu is None:
+        targets = [cpu]
+    else:
+        why = (f"simulated {probe.arch} run" if probe.simulated else f"run on {probe.device_kind} {probe.arch}")
+        cpu = dataclasses.replace(cpu, torch_device=None, skip_reason=(
+            f"this is a {why}: a run reports on one device, so its CPU instances run on a CPU runner "
+            "(or here with the GPU hidden: CUDA_VISIBLE_DEVICES= / HIP_VISIBLE_DEVICES=)"))
+        targets = [gpu, cpu]
     for name in requested_hardware(markexpr):
         if not any(name in t.marker_names for t in targets):
             targets.append(absent_target(name, probe))

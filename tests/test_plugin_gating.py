@@ -82,6 +82,23 @@ def test_defaults(qtarget, qbackend, qconform_probe):
     result.stdout.fnmatch_lines(["*SIMULATED*", "*simulated gfx1200: the probe is simulated*"])
 
 
+def test_a_simulated_gpu_run_computes_nothing_at_all_not_even_on_the_cpu(
+        fake_backend_project: pytest.Pytester) -> None:
+    """Its report is labelled gfx1200, so a CPU result in it would claim to be a gfx1200
+    result: without -m the CPU instances are skipped too, each saying why."""
+    fake_backend_project.makepyfile(test_suite="""
+import pytest
+
+@pytest.mark.qconform_operation("dequantize")
+def test_defaults(qtarget, qbackend):
+    raise AssertionError("must never run in a simulated run")
+""")
+    result = run(fake_backend_project, "--qconform-simulate=gfx1200", "-rs")
+    assert result.ret == 0
+    result.assert_outcomes(skipped=4)  # two backends x (simulated gfx1200, cpu)
+    result.stdout.fnmatch_lines(["*this is a simulated gfx1200 run: a run reports on one device*"])
+
+
 def test_simulated_probe_applies_the_arch_defaults(fake_backend_project: pytest.Pytester) -> None:
     fake_backend_project.makepyfile(test_suite="""
 def test_defaults(request):
