@@ -7,11 +7,20 @@ backend into a fresh virtualenv and runs the suites on it (and on its broken twi
 """
 from __future__ import annotations
 
+import sys
+
 import nox
 
 # The standard library's venv: no extra tool to install, the same as the README's setup; sessions with
 # python=False (matrix) create no environment at all.
 nox.options.default_venv_backend = "venv"
+
+
+def _python(session: nox.Session) -> str:
+    """The interpreter a session runs: its virtualenv's, or, for sessions without one
+    (``python=False``, ``--no-venv``), the one nox itself runs in, so that
+    ``.venv/bin/nox -s matrix`` uses ``.venv`` rather than whatever ``python`` PATH finds."""
+    return "python" if session.venv_backend not in ("none", None) else sys.executable
 
 
 @nox.session(python=False)
@@ -22,7 +31,7 @@ def matrix(session: nox.Session) -> None:
     merge reads JSON only. Pass report files or folders to merge others:
     ``nox -s matrix -- path/to/reports``.
     """
-    session.run("python", "-m", "pytest_qconform.matrix", *(session.posargs or ["reports/"]),
+    session.run(_python(session), "-m", "pytest_qconform.matrix", *(session.posargs or ["reports/"]),
                 "--readme", "README.md", "--out", "reports/MATRIX.md", "--png", "reports/matrix.png")
 
 
@@ -33,7 +42,7 @@ def tests(session: nox.Session) -> None:
     Same as the README's ``python -m pytest``; extra arguments go to pytest:
     ``nox -s tests -- -k xdist``.
     """
-    session.run("python", "-m", "pytest", *session.posargs)
+    session.run(_python(session), "-m", "pytest", *session.posargs)
 
 
 DOWNSTREAM_ARGS = ("--qconform", "-q", "-p", "no:cacheprovider", "--tb=line")
@@ -101,11 +110,11 @@ def bench(session: nox.Session) -> None:
     if session.venv_backend != "none":
         session.install("-c", "constraints/cpu.txt", "torch==2.13.0")
         session.install("-c", "constraints/cpu.txt", "-e", ".[backends,bench]")
-    has_gpu = session.run("python", "-c", "import torch; print(int(torch.cuda.is_available()))", silent=True)
+    has_gpu = session.run(_python(session), "-c", "import torch; print(int(torch.cuda.is_available()))", silent=True)
     shapes = "full" if str(has_gpu).strip().endswith("1") else "small"
     reports = Path("reports")
     before = set(reports.glob("*.json"))
-    session.run("python", "-m", "pytest", "--qconform", "--benchmark-only", f"--qconform-bench-shapes={shapes}",
+    session.run(_python(session), "-m", "pytest", "--qconform", "--benchmark-only", f"--qconform-bench-shapes={shapes}",
                 f"--qconform-report-dir={reports}", "-p", "no:cacheprovider", *session.posargs)
     for report in sorted(set(reports.glob("*.json")) - before):
-        session.run("python", "-m", "pytest_qconform.benchplot", str(report))
+        session.run(_python(session), "-m", "pytest_qconform.benchplot", str(report))

@@ -4,7 +4,7 @@ For each dtype, the real ``test_matmul_matches_reference`` runs (default ``ci`` 
 NF4 blocksize 64, no double quant, one cell per dtype) against ``mutant-scaled-matmul``, whose output is
 the correct one times ``1 + eps``; eps halves from 2**-1 down until the suite passes.
 The last eps that still fails is the detection threshold. Writes a Markdown table to
-stdout and JSON to the path given (default ``reports/sensitivity-cpu.json``).
+stdout and JSON to the path given (default ``bench/results/sensitivity-cpu.json``).
 
     .venv/bin/python bench/sensitivity.py [OUT.json]
 """
@@ -40,7 +40,7 @@ def suite_fails(dtype: str, eps: float, workdir: Path) -> bool:
 
 
 def main() -> None:
-    out = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "reports" / "sensitivity-cpu.json"
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "bench" / "results" / "sensitivity-cpu.json"
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "conftest.py").write_text(CONFTEST)

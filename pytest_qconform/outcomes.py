@@ -24,6 +24,7 @@ REPRO_PROPERTY = "qconform_repro"
 UNAVAILABLE_PREFIX = "unavailable:"
 NOT_CLAIMED_PREFIX = "not claimed:"
 OOM_PREFIX = "out of memory:"
+OTHER_DEVICE_PREFIX = "other device:"  # an instance for a device this run does not report on
 TIMEOUT_MESSAGE = "from pytest-timeout"  # pytest-timeout's signal-method failure message ends so
 XPASS_STRICT_PREFIX = "[XPASS(strict)]"  # pytest's longrepr of a strict xfail that passed
 WORKER_CRASH_MARK = "crashed while running"  # pytest-xdist's report of a dead worker
@@ -99,7 +100,7 @@ def verdict_of(report: pytest.TestReport) -> tuple[str, str] | None:
         return "fail", message
     if report.skipped:
         reason = _skip_reason(report)
-        if reason.startswith(NOT_CLAIMED_PREFIX):
+        if reason.startswith((NOT_CLAIMED_PREFIX, OTHER_DEVICE_PREFIX)):
             return None
         if reason.startswith(UNAVAILABLE_PREFIX):
             return "unavailable", reason

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 
 from pytest_qconform import archs
+from pytest_qconform.outcomes import OTHER_DEVICE_PREFIX
 from pytest_qconform.probe import Probe
 
 CPU_MACHINES: tuple[str, ...] = ("x86_64", "aarch64", "arm64", "ppc64le", "s390x")
@@ -152,8 +153,8 @@ def build_targets(probe: Probe, markexpr: str = "") -> tuple[Target, ...]:
     else:
         why = (f"simulated {probe.arch} run" if probe.simulated else f"run on {probe.device_kind} {probe.arch}")
         cpu = dataclasses.replace(cpu, torch_device=None, skip_reason=(
-            f"this is a {why}: a run reports on one device, so its CPU instances run on a CPU runner "
-            "(or here with the GPU hidden: CUDA_VISIBLE_DEVICES= / HIP_VISIBLE_DEVICES=)"))
+            f"{OTHER_DEVICE_PREFIX} this is a {why}: a run reports on one device, so its CPU instances run "
+            "on a CPU runner (or here with the GPU hidden: CUDA_VISIBLE_DEVICES= / HIP_VISIBLE_DEVICES=)"))
         targets = [gpu, cpu]
     for name in requested_hardware(markexpr):
         if not any(name in t.marker_names for t in targets):

@@ -72,7 +72,7 @@ def test_mutant_is_caught_by_its_check(zoo_report: dict, mutant) -> None:
         f"{mutant.catches} suite: {verdicts}")
 
 
-# Measured by bench/sensitivity.py (reports/sensitivity-cpu.json, docs/sensitivity.md):
+# Measured by bench/sensitivity.py (bench/results/sensitivity-cpu.json, docs/sensitivity.md):
 # the smallest systematic relative matmul error the ci profile catches, per dtype.
 SMALLEST_CAUGHT_EPS = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -10, "fp32": 2.0 ** -18}
 

@@ -96,7 +96,7 @@ def test_defaults(qtarget, qbackend):
     result = run(fake_backend_project, "--qconform-simulate=gfx1200", "-rs")
     assert result.ret == 0
     result.assert_outcomes(skipped=4)  # two backends x (simulated gfx1200, cpu)
-    result.stdout.fnmatch_lines(["*this is a simulated gfx1200 run: a run reports on one device*"])
+    result.stdout.fnmatch_lines(["*other device: this is a simulated gfx1200 run: a run reports on one device*"])
 
 
 def test_simulated_probe_applies_the_arch_defaults(fake_backend_project: pytest.Pytester) -> None:
