@@ -8,7 +8,7 @@ uses the reference quantizer (``reference.bnb4.encode``) when it is importable, 
 plain-PyTorch one in ``_torch_util``; double quantization of absmax is ``_torch_util``'s.
 ``from_packed`` adopts bytes bitsandbytes produced, which is the interop the suites check.
 
-Matmul: at most ``MAX_ROWS`` rows go through the fused ``gemv_4bit``; more rows dequantize
+Matmul: at most ``FUSED_MAX_ROWS`` rows go through the fused ``gemv_4bit``; more rows dequantize
 into the adapter's ``WeightBuffer`` in the compute dtype and call ``torch.matmul``. The
 backward (``dx = dy W``) dequantizes again rather than keeping the buffer's view, which
 the next call overwrites. On CPU the kernels run in Triton's interpreter, which needs
@@ -32,6 +32,12 @@ DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
 STATE_FORMAT_VERSION = 1  # of serialize()'s dict
 _QUANT_TYPES = ("nf4", "fp4")
 
+
+# Rows routed to the fused gemv. Measured on the H100 (reports/bench, bench/notes.md): at
+# 8192x8192 bf16 the fused kernel takes 75 us for 1 row but 269 us for 4 and 1054 us for
+# 16 (it repeats the decode per row), while dequantize + cuBLAS takes ~135 us at any
+# small batch; so only a single row is worth fusing until the kernel shares the decode.
+FUSED_MAX_ROWS = 1
 
 @dataclass(frozen=True)
 class Nf4State:
@@ -122,7 +128,7 @@ class TritonNf4Backend(Backend):
         devices = (("cuda",) if torch.cuda.is_available() else ()) + (("cpu",) if kernels.interpreter_active() else ())
         return Capabilities(formats=_QUANT_TYPES, blocksizes=tuple(kernels.SUPPORTED_BLOCKSIZES), double_quant=True,
                             dtypes=DTYPES, devices=devices, backward=True, serialize=True,
-                            max_gemv_rows=kernels.MAX_ROWS)
+                            max_gemv_rows=min(FUSED_MAX_ROWS, kernels.MAX_ROWS))
 
     # -- quantize / dequantize / matmul ------------------------------------------------------
     def quantize(self, weight: torch.Tensor, spec: QuantSpec) -> Quantized:
@@ -158,7 +164,7 @@ class TritonNf4Backend(Backend):
         if len(state.shape) != 2:
             raise ValueError(f"{self.name}: matmul needs a 2-D (out, in) weight, got shape {state.shape}")
         rows = math.prod(x.shape[:-1])
-        if rows <= kernels.MAX_ROWS:
+        if rows <= min(FUSED_MAX_ROWS, kernels.MAX_ROWS):
             return kernels.gemv_4bit(x, state.packed, state.absmax, bias=bias, **state.kernel_args())
         y = torch.matmul(x, self.buffered_weight(state, x.dtype).t())
         return y + bias if bias is not None else y
