@@ -11,7 +11,9 @@ from dataclasses import dataclass
 SOURCES: dict[str, str] = {
     "dlm-rocm": "DocumentLanguageModel ROCm page, 'Supported GPUs' table (shared/seeds/002): bf16 per gfx arch",
     "unsloth-amd": "unsloth AMD heuristic (shared/seeds/000): 4-bit blocksize 64 on CUDA, 128 on ROCm; "
-    "bitsandbytes Params4bit: `blocksize = 64 if not HIP_ENVIRONMENT else 128`",
+    "bitsandbytes Params4bit in the ROCm-enabled releases before 0.50: `blocksize = 64 if not "
+    "HIP_ENVIRONMENT else 128`; bitsandbytes 0.50.2 defaults to 64 on every platform "
+    "(bitsandbytes/nn/modules.py, Params4bit.__new__), so checkpoints of both kinds exist",
     "nvidia-bf16": "NVIDIA: bf16 arithmetic from compute capability 8.0 (Ampere) on",
     "rdna4-hqq": "QLoRA on RDNA4 via HQQ (shared/seeds/004): no bitsandbytes binary for gfx1200/gfx1201",
     "cpu": "bitsandbytes CPU backend and torch CPU: blocksize 64 default, bf16 supported by torch on CPU",
