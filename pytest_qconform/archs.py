@@ -11,7 +11,7 @@ from dataclasses import dataclass
 SOURCES: dict[str, str] = {
     "dlm-rocm": "DocumentLanguageModel ROCm page, 'Supported GPUs' table (shared/seeds/002): bf16 per gfx arch",
     "unsloth-amd": "unsloth AMD heuristic (shared/seeds/000): 4-bit blocksize 64 on CUDA, 128 on ROCm; "
-    "bitsandbytes Params4bit in the ROCm-enabled releases before 0.50: `blocksize = 64 if not "
+    "earlier bitsandbytes releases, whose Params4bit source unsloth inspects for `blocksize = 64 if not "
     "HIP_ENVIRONMENT else 128`; bitsandbytes 0.50.2 defaults to 64 on every platform "
     "(bitsandbytes/nn/modules.py, Params4bit.__new__), so checkpoints of both kinds exist",
     "nvidia-bf16": "NVIDIA: bf16 arithmetic from compute capability 8.0 (Ampere) on",
