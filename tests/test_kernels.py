@@ -35,7 +35,8 @@ FP32_UNIT_ROUNDOFF = 2.0**-24
 
 # numel 63 (odd, one partial block), 129 (odd, partial last block), 512 (whole blocks),
 # 20480 (320 blocks of 64: two nested_absmax groups of 256 blocks under double quantization).
-BNB_SHAPES = ((7, 9), (3, 43), (4, 128), (80, 256))
+# (64, 256) fills every interpreter program exactly (the unmasked kernel).
+BNB_SHAPES = ((7, 9), (3, 43), (4, 128), (80, 256), (64, 256))
 # Blocks straddle rows with K even (bitsandbytes' CPU dequantize is wrong here) and K odd.
 STRADDLE_SHAPES = ((6, 96), (5, 45))
 
@@ -160,6 +161,13 @@ def test_gemv_matches_float64_matmul(double_quant, x_dtype):
         ((24, 128), (1, 128), False),  # one row, whole blocks
         ((6, 96), (3, 96), True),  # three rows, blocks straddle rows, bias
         ((5, 45), (2, 3, 45), True),  # 3-D x, odd K: rows start mid-byte
+        # Rows start on a block (K % blocksize == 0): per-(row, block) absmax tiles. With the
+        # interpreter's tiles, (80, 256) has a partial feature tile and two nested groups,
+        # (128, 1024) and (64, 512) fill every tile (no masks); 4 and 16 rows take the
+        # tensor-core kernel, 1 row the elementwise one.
+        ((80, 256), (4, 256), True),
+        ((128, 1024), (1, 1024), False),
+        ((64, 512), (16, 512), False),
     ]
     for (N, K), x_shape, with_bias in cases:
         packed, state, kw = quantize((N, K), "nf4", 64, double_quant, seed=N)

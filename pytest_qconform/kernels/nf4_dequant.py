@@ -43,33 +43,53 @@ def load_block_absmax(
     offset,
     NESTED_BLOCKSIZE: tl.constexpr,
     DOUBLE_QUANT: tl.constexpr,
+    MASKED: tl.constexpr = True,
 ):
-    """fp32 absmax of quantization block ``block`` (any shape), decoding double quantization."""
+    """fp32 absmax of quantization block ``block`` (any shape), decoding double quantization.
+
+    ``block`` indexes from ``absmax_ptr``; with double quantization the nested group is
+    ``block // NESTED_BLOCKSIZE`` from ``nested_absmax_ptr``, so a caller that advanced
+    ``absmax_ptr`` must pass block indices counted from the start. ``mask`` is ignored
+    unless MASKED.
+    """
     if DOUBLE_QUANT:
-        absmax_code = tl.load(absmax_ptr + block, mask=mask, other=0).to(tl.int32)
-        nested_value = tl.load(nested_code_ptr + absmax_code, mask=mask, other=0.0)
-        nested_scale = tl.load(nested_absmax_ptr + block // NESTED_BLOCKSIZE, mask=mask, other=0.0)
+        if MASKED:
+            absmax_code = tl.load(absmax_ptr + block, mask=mask, other=0).to(tl.int32)
+            nested_scale = tl.load(nested_absmax_ptr + block // NESTED_BLOCKSIZE, mask=mask, other=0.0)
+        else:
+            absmax_code = tl.load(absmax_ptr + block).to(tl.int32)
+            nested_scale = tl.load(nested_absmax_ptr + block // NESTED_BLOCKSIZE)
+        nested_value = tl.load(nested_code_ptr + absmax_code)  # code < 256: always in bounds
         absmax = nested_value * nested_scale + offset
     else:
-        absmax = tl.load(absmax_ptr + block, mask=mask, other=0.0).to(tl.float32)
+        if MASKED:
+            absmax = tl.load(absmax_ptr + block, mask=mask, other=0.0).to(tl.float32)
+        else:
+            absmax = tl.load(absmax_ptr + block).to(tl.float32)
     return absmax
 
 
 @triton.jit
-def store_as(out_ptr, values, mask, BF16_BITS: tl.constexpr):
+def store_as(out_ptr, values, mask, BF16_BITS: tl.constexpr, MASKED: tl.constexpr = True):
     """Store fp32 ``values`` rounded to nearest-even in ``out_ptr``'s dtype.
 
-    BF16_BITS: ``out_ptr`` is a bfloat16 buffer viewed as int16 and the rounding is done
-    with integer ops, because Triton's interpreter truncates fp32 -> bf16 casts (3.9) and
-    we want the same bits compiled and interpreted. NaN stays a quiet NaN.
+    BF16_BITS (interpreter only): ``out_ptr`` is a bfloat16 buffer viewed as int16 and the
+    rounding is done with integer ops, because Triton's interpreter truncates fp32 -> bf16
+    casts (3.9). Compiled, the cast itself rounds to nearest even (one cvt.rn per pair of
+    values instead of eight integer ops per value, measured in bench/notes.md v3); the two
+    differ only in the payload of a NaN (0x7FC0 here, the hardware's 0x7FFF compiled).
     """
     if BF16_BITS:
         bits = values.to(tl.uint32, bitcast=True)
         rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
         rounded = tl.where(values != values, 0x7FC0, rounded)
-        tl.store(out_ptr, rounded.to(tl.int32).to(tl.int16), mask=mask)
+        stored = rounded.to(tl.int32).to(tl.int16)
     else:
-        tl.store(out_ptr, values.to(out_ptr.dtype.element_ty), mask=mask)
+        stored = values.to(out_ptr.dtype.element_ty)
+    if MASKED:
+        tl.store(out_ptr, stored, mask=mask)
+    else:
+        tl.store(out_ptr, stored)
 
 
 @triton.jit
@@ -88,25 +108,35 @@ def _dequantize_4bit_kernel(
     NESTED_BLOCKSIZE: tl.constexpr,
     DOUBLE_QUANT: tl.constexpr,
     BF16_BITS: tl.constexpr,
+    MASKED: tl.constexpr,
 ):
-    pid = tl.program_id(0).to(tl.int64)
-    block = pid * BLOCKS_PER_PROGRAM + tl.arange(0, BLOCKS_PER_PROGRAM)  # [R]
-    block_ok = block < num_blocks
+    # Index math in int32 relative to the program's first byte (the caller checks that the
+    # block count fits); only the program's base offset is int64. MASKED is False when every
+    # program is full (numel a multiple of the program's elements): no masks at all.
+    pid = tl.program_id(0)
+    BYTES: tl.constexpr = BLOCKS_PER_PROGRAM * HALF_BLOCKSIZE
+    first_byte = pid.to(tl.int64) * BYTES
+    block_in_program = tl.arange(0, BLOCKS_PER_PROGRAM)  # [R]
+    block = pid * BLOCKS_PER_PROGRAM + block_in_program
+    byte = block_in_program[:, None] * HALF_BLOCKSIZE + tl.arange(0, HALF_BLOCKSIZE)[None, :]  # [R, H]
+    element = block_in_program[:, None] * (2 * HALF_BLOCKSIZE) + tl.arange(0, 2 * HALF_BLOCKSIZE)[None, :]
+    if MASKED:
+        remaining = tl.minimum(numel - 2 * first_byte, 2 * BYTES).to(tl.int32)  # elements left
+        packed = tl.load(packed_ptr + first_byte + byte, mask=byte * 2 < remaining, other=0).to(tl.int32)
+    else:
+        remaining = 2 * BYTES
+        packed = tl.load(packed_ptr + first_byte + byte).to(tl.int32)
     absmax = load_block_absmax(
-        absmax_ptr, block, block_ok, nested_absmax_ptr, nested_code_ptr, offset,
-        NESTED_BLOCKSIZE, DOUBLE_QUANT,
+        absmax_ptr, block, block < num_blocks, nested_absmax_ptr, nested_code_ptr, offset,
+        NESTED_BLOCKSIZE, DOUBLE_QUANT, MASKED,
     )
-
-    element = block[:, None] * (2 * HALF_BLOCKSIZE) + tl.arange(0, 2 * HALF_BLOCKSIZE)[None, :]
-    byte = block[:, None] * HALF_BLOCKSIZE + tl.arange(0, HALF_BLOCKSIZE)[None, :]  # [R, H]
-    packed = tl.load(packed_ptr + byte, mask=byte * 2 < numel, other=0).to(tl.int32)
     high = tl.load(code_ptr + (packed >> 4))  # element 2*byte
     low = tl.load(code_ptr + (packed & 15))  # element 2*byte + 1
     scale = absmax[:, None]
     # Both nibbles of each byte, interleaved: element 2*byte then 2*byte + 1. (Indexing by
     # output element instead, byte = element // 2, measured 30 % slower on H100: bench/notes.md.)
     values = tl.reshape(tl.join(high * scale, low * scale), (BLOCKS_PER_PROGRAM, 2 * HALF_BLOCKSIZE))
-    store_as(out_ptr + element, values, element < numel, BF16_BITS)
+    store_as(out_ptr + 2 * first_byte + element, values, element < remaining, BF16_BITS, MASKED)
 
 
 def interpreter_active() -> bool:
@@ -244,12 +274,15 @@ def dequantize_4bit(
     bytes_per_program, num_warps = _GPU_TILE if device.type != "cpu" else _INTERPRETER_TILE
     blocks_per_program = max(1, bytes_per_program // half_blocksize)
     num_blocks = math.ceil(numel / blocksize)
+    if num_blocks + blocks_per_program >= 2**31:
+        raise ValueError(f"{where}: {num_blocks} blocks exceed the kernel's int32 block index; use a larger blocksize")
     grid = (math.ceil(num_blocks / blocks_per_program),)
+    bf16_bits = out_dtype == torch.bfloat16 and interpreter_active()
     _dequantize_4bit_kernel[grid](
         packed_flat,
         absmax_flat,
         code.contiguous(),
-        out.view(torch.int16) if out_dtype == torch.bfloat16 else out,
+        out.view(torch.int16) if bf16_bits else out,
         nested_absmax_arg,
         nested_code_arg,
         offset_value,
@@ -259,7 +292,8 @@ def dequantize_4bit(
         BLOCKS_PER_PROGRAM=blocks_per_program,
         NESTED_BLOCKSIZE=nested_blocksize,
         DOUBLE_QUANT=double_quant,
-        BF16_BITS=out_dtype == torch.bfloat16,
+        BF16_BITS=bf16_bits,
+        MASKED=numel % (2 * blocks_per_program * half_blocksize) != 0,
         num_warps=num_warps,
         enable_fp_fusion=False,  # keep nested_code * scale + offset two roundings, like bitsandbytes
     )

@@ -27,6 +27,7 @@ import triton.language as tl
 from pytest_qconform.kernels.nf4_dequant import (
     check_launchable,
     check_packed_state,
+    interpreter_active,
     load_block_absmax,
     nested_args,
     store_as,
@@ -37,6 +38,88 @@ MAX_ROWS = 16
 # (BLOCK_N, BLOCK_K, num_warps): GPU tiles; the interpreter prefers few, large programs.
 _GPU_TILE = (4, 1024, 4)
 _INTERPRETER_TILE = (64, 1024, 1)
+# Batches of at least this many rows go through the tensor-core kernel (one program per
+# BLOCK_N features serves all rows, so the weights are decoded once), smaller ones through
+# the elementwise kernel. (BLOCK_N, BLOCK_K, num_warps, operand order) for it: "wx" computes
+# W x^T (W is the dot's first operand), "xw" x W^T.
+_DOT_MIN_ROWS = 2
+_GPU_DOT_TILE = (64, 256, 4, "wx")
+_INTERPRETER_DOT_TILE = (64, 512, 1, "wx")
+# fp32 dot on tensor cores: 3 tf32 products per pair (Triton's "tf32x3"), about 2**-21
+# relative per product, well inside the fp32-accumulation bound; plain "tf32" is not.
+_DOT_PRECISION = "tf32x3"
+
+
+@triton.jit
+def load_weight_tile(
+    packed_ptr,
+    absmax_ptr,
+    code_ptr,
+    nested_absmax_ptr,
+    nested_code_ptr,
+    offset,
+    n0,
+    k0,
+    N,
+    K,
+    BLOCKSIZE: tl.constexpr,
+    NESTED_BLOCKSIZE: tl.constexpr,
+    DOUBLE_QUANT: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    MASKED: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """fp32 weights ``W[n0 : n0 + BLOCK_N, k0 : k0 + BLOCK_K]`` ([BLOCK_N, BLOCK_K], 0 outside W).
+
+    ALIGNED (K a multiple of BLOCKSIZE, BLOCK_K a multiple of BLOCKSIZE): every row starts
+    on a block, so the tile is [rows, blocks, bytes of a block]: one absmax per (row,
+    block), int32 offsets from the tile's first row, both nibbles of a byte interleaved.
+    Otherwise each element is decoded from its flat index (blocks straddle rows; with K
+    odd a row starts mid-byte). MASKED: the tile may reach past N or K.
+    """
+    if ALIGNED:
+        HALF: tl.constexpr = BLOCKSIZE // 2
+        BLOCKS: tl.constexpr = BLOCK_K // BLOCKSIZE
+        BLOCKS_PER_ROW = K // BLOCKSIZE
+        row = tl.arange(0, BLOCK_N)  # [BN], from n0
+        block_in_row = k0 // BLOCKSIZE + tl.arange(0, BLOCKS)  # [NB]
+        block = row[:, None] * BLOCKS_PER_ROW + block_in_row[None, :]  # [BN, NB], from row n0
+        byte = block[:, :, None] * HALF + tl.arange(0, HALF)[None, None, :]  # [BN, NB, H]
+        first_block = n0.to(tl.int64) * BLOCKS_PER_ROW
+        block_ok = ((n0 + row) < N)[:, None] & (block_in_row < BLOCKS_PER_ROW)[None, :]
+        if DOUBLE_QUANT:  # nested groups count blocks from the start of absmax: index from there
+            absmax = load_block_absmax(
+                absmax_ptr, first_block + block, block_ok, nested_absmax_ptr, nested_code_ptr, offset,
+                NESTED_BLOCKSIZE, DOUBLE_QUANT, MASKED,
+            )
+        else:
+            absmax = load_block_absmax(
+                absmax_ptr + first_block, block, block_ok, nested_absmax_ptr, nested_code_ptr, offset,
+                NESTED_BLOCKSIZE, DOUBLE_QUANT, MASKED,
+            )
+        packed_tile = packed_ptr + first_block * HALF + byte
+        if MASKED:
+            packed = tl.load(packed_tile, mask=block_ok[:, :, None], other=0).to(tl.int32)
+        else:
+            packed = tl.load(packed_tile).to(tl.int32)
+        scale = absmax[:, :, None]
+        high = tl.load(code_ptr + (packed >> 4)) * scale  # column 2j of the block's bytes
+        low = tl.load(code_ptr + (packed & 15)) * scale  # column 2j + 1
+        w = tl.reshape(tl.join(high, low), (BLOCK_N, BLOCK_K))
+    else:
+        n = n0.to(tl.int64) + tl.arange(0, BLOCK_N)
+        k = k0 + tl.arange(0, BLOCK_K)
+        w_mask = (n < N)[:, None] & (k < K)[None, :]
+        flat = n[:, None] * K + k[None, :]  # [BN, BK]
+        packed = tl.load(packed_ptr + (flat >> 1), mask=w_mask, other=0).to(tl.int32)
+        nibble = (packed >> (4 - 4 * (flat & 1).to(tl.int32))) & 15
+        absmax = load_block_absmax(
+            absmax_ptr, flat // BLOCKSIZE, w_mask, nested_absmax_ptr, nested_code_ptr, offset,
+            NESTED_BLOCKSIZE, DOUBLE_QUANT,
+        )
+        w = tl.load(code_ptr + nibble) * absmax
+    return w
 
 
 @triton.jit
@@ -60,58 +143,99 @@ def _gemv_4bit_kernel(
     DOUBLE_QUANT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BF16_BITS: tl.constexpr,
-    EVEN_K: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    MASKED: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    # Program (n-block, row m); the M programs of one n-block are adjacent, so the packed
-    # bytes come from DRAM once and from L2 for the other rows.
+    """One program per (BLOCK_N features, one row of x); elementwise fp32 accumulator tile,
+    reduced once after the K loop. The M programs of a feature block are adjacent, so the
+    packed bytes come from DRAM once and from L2 for the other rows."""
     pid = tl.program_id(0)
     m = pid % M
-    n = (pid // M).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
-    n_ok = n < N
+    n0 = (pid // M) * BLOCK_N
     x_row = x_ptr + m.to(tl.int64) * stride_xm
-
-    if EVEN_K:
-        # Row n occupies bytes [n*K/2, (n+1)*K/2); byte j of a row holds columns 2j, 2j+1.
-        HALF_K: tl.constexpr = BLOCK_K // 2
-        acc = tl.zeros((BLOCK_N, HALF_K), dtype=tl.float32)  # reduced once, after the loop
-        row_byte = n[:, None] * (K // 2)
-        for k0 in range(0, K, BLOCK_K):
-            j = k0 // 2 + tl.arange(0, HALF_K)  # [HK] byte within the row
-            w_mask = n_ok[:, None] & (j * 2 < K)[None, :]
-            byte = row_byte + j[None, :]  # [BN, HK]
-            packed = tl.load(packed_ptr + byte, mask=w_mask, other=0).to(tl.int32)
-            absmax = load_block_absmax(
-                absmax_ptr, byte // (BLOCKSIZE // 2), w_mask, nested_absmax_ptr, nested_code_ptr, offset,
-                NESTED_BLOCKSIZE, DOUBLE_QUANT,
-            )
-            k = k0 + tl.arange(0, BLOCK_K)  # one contiguous load of x, split into even/odd columns
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        w = load_weight_tile(
+            packed_ptr, absmax_ptr, code_ptr, nested_absmax_ptr, nested_code_ptr, offset, n0, k0, N, K,
+            BLOCKSIZE, NESTED_BLOCKSIZE, DOUBLE_QUANT, ALIGNED, MASKED, BLOCK_N, BLOCK_K,
+        )
+        k = k0 + tl.arange(0, BLOCK_K)
+        if MASKED:
             x = tl.load(x_row + k * stride_xk, mask=k < K, other=0.0).to(tl.float32)
-            x_even, x_odd = tl.split(tl.reshape(x, (HALF_K, 2)))
-            w_even = tl.load(code_ptr + (packed >> 4)) * absmax
-            w_odd = tl.load(code_ptr + (packed & 15)) * absmax
-            acc += w_even * x_even[None, :] + w_odd * x_odd[None, :]
-    else:
-        # Odd K: a row may start in a low nibble; decode each element from its flat index.
-        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            k = k0 + tl.arange(0, BLOCK_K)  # [BK]
-            w_mask = n_ok[:, None] & (k < K)[None, :]
-            flat = n[:, None] * K + k[None, :]  # [BN, BK]
-            packed = tl.load(packed_ptr + (flat >> 1), mask=w_mask, other=0).to(tl.int32)
-            nibble = (packed >> (4 - 4 * (flat & 1).to(tl.int32))) & 15
-            absmax = load_block_absmax(
-                absmax_ptr, flat // BLOCKSIZE, w_mask, nested_absmax_ptr, nested_code_ptr, offset,
-                NESTED_BLOCKSIZE, DOUBLE_QUANT,
-            )
-            x = tl.load(x_row + k * stride_xk, mask=k < K, other=0.0).to(tl.float32)
-            acc += (tl.load(code_ptr + nibble) * absmax) * x[None, :]
-
+        else:
+            x = tl.load(x_row + k * stride_xk).to(tl.float32)
+        acc += w * x[None, :]
     y = tl.sum(acc, axis=1)  # [BN]
+    n = n0 + tl.arange(0, BLOCK_N)
+    n_ok = n < N
     if HAS_BIAS:
         y += tl.load(bias_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
     store_as(out_ptr + m.to(tl.int64) * N + n, y, n_ok, BF16_BITS)
+
+
+@triton.jit
+def _gemm_4bit_kernel(
+    x_ptr,
+    packed_ptr,
+    absmax_ptr,
+    code_ptr,
+    bias_ptr,
+    out_ptr,
+    nested_absmax_ptr,
+    nested_code_ptr,
+    offset,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_xk,
+    BLOCKSIZE: tl.constexpr,
+    NESTED_BLOCKSIZE: tl.constexpr,
+    DOUBLE_QUANT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BF16_BITS: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    MASKED: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    W_FIRST: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """One program per BLOCK_N features and all (<= BLOCK_M) rows of x: the weight tile is
+    decoded once and multiplied on tensor cores (fp32 operands, PRECISION)."""
+    n0 = tl.program_id(0) * BLOCK_N
+    m = tl.arange(0, BLOCK_M)
+    m_ok = m < M
+    x_rows = x_ptr + m.to(tl.int64)[:, None] * stride_xm
+    if W_FIRST:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        w = load_weight_tile(
+            packed_ptr, absmax_ptr, code_ptr, nested_absmax_ptr, nested_code_ptr, offset, n0, k0, N, K,
+            BLOCKSIZE, NESTED_BLOCKSIZE, DOUBLE_QUANT, ALIGNED, MASKED, BLOCK_N, BLOCK_K,
+        )
+        k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_rows + k[None, :] * stride_xk, mask=m_ok[:, None] & (k < K)[None, :], other=0.0)
+        x = x.to(tl.float32)
+        if W_FIRST:
+            acc = tl.dot(w, tl.trans(x), acc, input_precision=PRECISION)
+        else:
+            acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
+    if W_FIRST:
+        y = tl.trans(acc)  # [BM, BN]
+    else:
+        y = acc
+    n = n0 + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    out = out_ptr + m.to(tl.int64)[:, None] * N + n[None, :]
+    store_as(out, y, m_ok[:, None] & n_ok[None, :], BF16_BITS)
 
 
 def gemv_4bit(
@@ -165,20 +289,34 @@ def gemv_4bit(
         return out.reshape(*x.shape[:-1], N)
     check_launchable(x.device, where)
 
+    if N * K >= 2**31 * min(blocksize, 64):
+        raise ValueError(f"{where}: a weight of {N} x {K} exceeds the kernel's int32 block index")
     absmax_flat = absmax.reshape(-1).contiguous()
     nested_absmax_arg, nested_code_arg, offset_value, double_quant = nested_args(
         absmax_flat, nested_absmax, nested_code, offset
     )
-    block_n, block_k, num_warps = _GPU_TILE if x.device.type != "cpu" else _INTERPRETER_TILE
-    block_k = min(block_k, max(32, triton.next_power_of_2(K)))
-    grid = (math.ceil(N / block_n) * M,)
-    _gemv_4bit_kernel[grid](
+    on_gpu = x.device.type != "cpu"
+    bf16_bits = x.dtype == torch.bfloat16 and interpreter_active()
+    use_dot = M >= _DOT_MIN_ROWS
+    if use_dot:
+        block_n, block_k, num_warps, order = _GPU_DOT_TILE if on_gpu else _INTERPRETER_DOT_TILE
+    else:
+        block_n, block_k, num_warps = _GPU_TILE if on_gpu else _INTERPRETER_TILE
+    aligned = K % blocksize == 0
+    if aligned:
+        block_k = max(blocksize, min(block_k, triton.next_power_of_2(K)))
+        if N * (K // 2) >= 2**31:  # int32 byte offsets from a tile's first row
+            aligned = False
+    else:
+        block_k = min(block_k, max(32, triton.next_power_of_2(K)))
+    masked = not aligned or N % block_n != 0 or K % block_k != 0
+    args = (
         x2,
         packed.reshape(-1).contiguous(),
         absmax_flat,
         code.contiguous(),
         bias.reshape(-1).contiguous() if bias is not None else absmax_flat,
-        out.view(torch.int16) if x.dtype == torch.bfloat16 else out,
+        out.view(torch.int16) if bf16_bits else out,
         nested_absmax_arg,
         nested_code_arg,
         offset_value,
@@ -187,14 +325,25 @@ def gemv_4bit(
         K,
         x2.stride(0),
         x2.stride(1),
+    )
+    meta = dict(
         BLOCKSIZE=blocksize,
         NESTED_BLOCKSIZE=nested_blocksize,
         DOUBLE_QUANT=double_quant,
         HAS_BIAS=bias is not None,
-        BF16_BITS=x.dtype == torch.bfloat16,
-        EVEN_K=K % 2 == 0,
+        BF16_BITS=bf16_bits,
+        ALIGNED=aligned,
+        MASKED=masked,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         num_warps=num_warps,
     )
+    if use_dot:
+        grid = (math.ceil(N / block_n),)
+        _gemm_4bit_kernel[grid](
+            *args, BLOCK_M=MAX_ROWS, W_FIRST=order == "wx", PRECISION=_DOT_PRECISION, **meta
+        )
+    else:
+        grid = (math.ceil(N / block_n) * M,)
+        _gemv_4bit_kernel[grid](*args, **meta)
     return out.reshape(*x.shape[:-1], N)
