@@ -34,23 +34,38 @@ _INTERPRETER_TILE = (8192, 1)
 
 
 @triton.jit
+def lookup(table, index):
+    """``table[index]`` for a 1-D register tensor ``table`` and an int32 ``index`` of any shape.
+
+    Compiled, this is a shared-memory gather (``tl.gather``): 32-bit addresses and no
+    global load, so a loop that Triton software-pipelines does not stage it like the
+    weight bytes (a ``tl.load`` from a global table would be copied to shared memory per
+    element, measured in bench/notes.md v3).
+    """
+    flat = tl.reshape(index, (index.numel,))
+    return tl.reshape(tl.gather(table, flat, 0), index.shape)
+
+
+@triton.jit
 def load_block_absmax(
     absmax_ptr,
     block,
     mask,
     nested_absmax_ptr,
-    nested_code_ptr,
+    nested_code,
     offset,
     NESTED_BLOCKSIZE: tl.constexpr,
     DOUBLE_QUANT: tl.constexpr,
     MASKED: tl.constexpr = True,
+    NESTED_TABLE: tl.constexpr = False,
 ):
     """fp32 absmax of quantization block ``block`` (any shape), decoding double quantization.
 
     ``block`` indexes from ``absmax_ptr``; with double quantization the nested group is
     ``block // NESTED_BLOCKSIZE`` from ``nested_absmax_ptr``, so a caller that advanced
     ``absmax_ptr`` must pass block indices counted from the start. ``mask`` is ignored
-    unless MASKED.
+    unless MASKED. ``nested_code``: a pointer to the 256 nested code values, or (NESTED_TABLE)
+    those values as a register tensor, looked up with ``lookup``.
     """
     if DOUBLE_QUANT:
         if MASKED:
@@ -59,7 +74,10 @@ def load_block_absmax(
         else:
             absmax_code = tl.load(absmax_ptr + block).to(tl.int32)
             nested_scale = tl.load(nested_absmax_ptr + block // NESTED_BLOCKSIZE)
-        nested_value = tl.load(nested_code_ptr + absmax_code)  # code < 256: always in bounds
+        if NESTED_TABLE:
+            nested_value = lookup(nested_code, absmax_code)
+        else:
+            nested_value = tl.load(nested_code + absmax_code)  # code < 256: always in bounds
         absmax = nested_value * nested_scale + offset
     else:
         if MASKED:
@@ -130,6 +148,8 @@ def _dequantize_4bit_kernel(
         absmax_ptr, block, block < num_blocks, nested_absmax_ptr, nested_code_ptr, offset,
         NESTED_BLOCKSIZE, DOUBLE_QUANT, MASKED,
     )
+    # Global-load lookups (L1 hits); a shared-memory gather (``lookup``) measured the same
+    # here (bench/notes.md v4): this kernel is bound by its stores.
     high = tl.load(code_ptr + (packed >> 4))  # element 2*byte
     low = tl.load(code_ptr + (packed & 15))  # element 2*byte + 1
     scale = absmax[:, None]

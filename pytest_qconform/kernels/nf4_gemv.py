@@ -11,9 +11,11 @@ products with x are accumulated in fp32 and rounded once to x's dtype. Compiled 
 the compiler may contract ``x * w + acc`` (and the double-quant ``* + offset``) into FMAs:
 that is one rounding fewer, not a different formula.
 
-Every program owns BLOCK_N output features of one row of x and keeps an elementwise fp32
-accumulator tile, reduced once after the K loop; the programs for the other rows of x
-(at most 16) run next to it and find the packed bytes in L2. With K even (the common case) a byte holds the weights of columns
+Below ``_DOT_MIN_ROWS`` rows, every program owns BLOCK_N output features of one row of x and
+keeps an elementwise fp32 accumulator tile, reduced once after the K loop; the programs for
+the other rows of x run next to it and find the packed bytes in L2. From ``_DOT_MIN_ROWS``
+rows on (at most 16), one program serves all rows of a feature block and multiplies the
+decoded fp32 tile on tensor cores with tf32x3 (about fp32 accuracy). With K even (the common case) a byte holds the weights of columns
 2j and 2j+1 of one row, so both nibbles are used against x's even and odd columns.
 """
 from __future__ import annotations
@@ -29,22 +31,26 @@ from pytest_qconform.kernels.nf4_dequant import (
     check_packed_state,
     interpreter_active,
     load_block_absmax,
+    lookup,
     nested_args,
     store_as,
 )
 
 MAX_ROWS = 16
 
-# (BLOCK_N, BLOCK_K, num_warps): GPU tiles; the interpreter prefers few, large programs.
-_GPU_TILE = (4, 1024, 4)
+# (BLOCK_N, BLOCK_K, num_warps): GPU tiles of the elementwise kernel; the interpreter
+# prefers few, large programs. Measured on the H100: bench/notes.md.
+_GPU_TILE = (4, 512, 4)
 _INTERPRETER_TILE = (64, 1024, 1)
 # Batches of at least this many rows go through the tensor-core kernel (one program per
 # BLOCK_N features serves all rows, so the weights are decoded once), smaller ones through
-# the elementwise kernel. (BLOCK_N, BLOCK_K, num_warps, operand order) for it: "wx" computes
-# W x^T (W is the dot's first operand), "xw" x W^T.
-_DOT_MIN_ROWS = 2
-_GPU_DOT_TILE = (64, 256, 4, "wx")
-_INTERPRETER_DOT_TILE = (64, 512, 1, "wx")
+# the elementwise kernel (H100, 8192 x 8192: 4 rows 136 us elementwise vs 152 us, 16 rows
+# 496 vs 152). (BLOCK_N, BLOCK_K, num_warps, num_stages, operand order) for it: num_stages
+# > 1 software-pipelines the loop's loads through shared memory; "wx" computes W x^T (W is
+# the dot's first operand), "xw" x W^T.
+_DOT_MIN_ROWS = 5
+_GPU_DOT_TILE = (64, 64, 4, 3, "wx")
+_INTERPRETER_DOT_TILE = (64, 512, 1, 1, "wx")
 # fp32 dot on tensor cores: 3 tf32 products per pair (Triton's "tf32x3"), about 2**-21
 # relative per product, well inside the fp32-accumulation bound; plain "tf32" is not.
 _DOT_PRECISION = "tf32x3"
@@ -54,9 +60,9 @@ _DOT_PRECISION = "tf32x3"
 def load_weight_tile(
     packed_ptr,
     absmax_ptr,
-    code_ptr,
+    code,
     nested_absmax_ptr,
-    nested_code_ptr,
+    nested_code,
     offset,
     n0,
     k0,
@@ -69,6 +75,7 @@ def load_weight_tile(
     MASKED: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    GATHER: tl.constexpr,
 ):
     """fp32 weights ``W[n0 : n0 + BLOCK_N, k0 : k0 + BLOCK_K]`` ([BLOCK_N, BLOCK_K], 0 outside W).
 
@@ -77,6 +84,11 @@ def load_weight_tile(
     block), int32 offsets from the tile's first row, both nibbles of a byte interleaved.
     Otherwise each element is decoded from its flat index (blocks straddle rows; with K
     odd a row starts mid-byte). MASKED: the tile may reach past N or K.
+    GATHER: ``code`` (16 values) and, with DOUBLE_QUANT, ``nested_code`` (256) are register
+    tensors looked up in shared memory (``lookup``), which a software-pipelined loop needs;
+    otherwise they are pointers and each lookup is a global load (L1 hits). The
+    elementwise kernel keeps global loads: with the shared-memory gather, Triton 3.6 gave
+    wrong sums on the H100 for tiles of 512+ columns (bench/notes.md v4).
     """
     if ALIGNED:
         HALF: tl.constexpr = BLOCKSIZE // 2
@@ -90,13 +102,13 @@ def load_weight_tile(
         block_ok = ((n0 + row) < N)[:, None] & (block_in_row < BLOCKS_PER_ROW)[None, :]
         if DOUBLE_QUANT:  # nested groups count blocks from the start of absmax: index from there
             absmax = load_block_absmax(
-                absmax_ptr, first_block + block, block_ok, nested_absmax_ptr, nested_code_ptr, offset,
-                NESTED_BLOCKSIZE, DOUBLE_QUANT, MASKED,
+                absmax_ptr, first_block + block, block_ok, nested_absmax_ptr, nested_code, offset,
+                NESTED_BLOCKSIZE, DOUBLE_QUANT, MASKED, NESTED_TABLE=GATHER,
             )
         else:
             absmax = load_block_absmax(
-                absmax_ptr + first_block, block, block_ok, nested_absmax_ptr, nested_code_ptr, offset,
-                NESTED_BLOCKSIZE, DOUBLE_QUANT, MASKED,
+                absmax_ptr + first_block, block, block_ok, nested_absmax_ptr, nested_code, offset,
+                NESTED_BLOCKSIZE, DOUBLE_QUANT, MASKED, NESTED_TABLE=GATHER,
             )
         packed_tile = packed_ptr + first_block * HALF + byte
         if MASKED:
@@ -104,8 +116,12 @@ def load_weight_tile(
         else:
             packed = tl.load(packed_tile).to(tl.int32)
         scale = absmax[:, :, None]
-        high = tl.load(code_ptr + (packed >> 4)) * scale  # column 2j of the block's bytes
-        low = tl.load(code_ptr + (packed & 15)) * scale  # column 2j + 1
+        if GATHER:
+            high = lookup(code, packed >> 4) * scale  # column 2j of the block's bytes
+            low = lookup(code, packed & 15) * scale  # column 2j + 1
+        else:
+            high = tl.load(code + (packed >> 4)) * scale
+            low = tl.load(code + (packed & 15)) * scale
         w = tl.reshape(tl.join(high, low), (BLOCK_N, BLOCK_K))
     else:
         n = n0.to(tl.int64) + tl.arange(0, BLOCK_N)
@@ -115,10 +131,13 @@ def load_weight_tile(
         packed = tl.load(packed_ptr + (flat >> 1), mask=w_mask, other=0).to(tl.int32)
         nibble = (packed >> (4 - 4 * (flat & 1).to(tl.int32))) & 15
         absmax = load_block_absmax(
-            absmax_ptr, flat // BLOCKSIZE, w_mask, nested_absmax_ptr, nested_code_ptr, offset,
-            NESTED_BLOCKSIZE, DOUBLE_QUANT,
+            absmax_ptr, flat // BLOCKSIZE, w_mask, nested_absmax_ptr, nested_code, offset,
+            NESTED_BLOCKSIZE, DOUBLE_QUANT, NESTED_TABLE=GATHER,
         )
-        w = tl.load(code_ptr + nibble) * absmax
+        if GATHER:
+            w = lookup(code, nibble) * absmax
+        else:
+            w = tl.load(code + nibble) * absmax
     return w
 
 
@@ -159,7 +178,7 @@ def _gemv_4bit_kernel(
     for k0 in range(0, K, BLOCK_K):
         w = load_weight_tile(
             packed_ptr, absmax_ptr, code_ptr, nested_absmax_ptr, nested_code_ptr, offset, n0, k0, N, K,
-            BLOCKSIZE, NESTED_BLOCKSIZE, DOUBLE_QUANT, ALIGNED, MASKED, BLOCK_N, BLOCK_K,
+            BLOCKSIZE, NESTED_BLOCKSIZE, DOUBLE_QUANT, ALIGNED, MASKED, BLOCK_N, BLOCK_K, GATHER=False,
         )
         k = k0 + tl.arange(0, BLOCK_K)
         if MASKED:
@@ -203,6 +222,7 @@ def _gemm_4bit_kernel(
     BLOCK_M: tl.constexpr,
     W_FIRST: tl.constexpr,
     PRECISION: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
     """One program per BLOCK_N features and all (<= BLOCK_M) rows of x: the weight tile is
     decoded once and multiplied on tensor cores (fp32 operands, PRECISION)."""
@@ -214,10 +234,15 @@ def _gemm_4bit_kernel(
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    code = tl.load(code_ptr + tl.arange(0, 16))
+    if DOUBLE_QUANT:
+        nested_code = tl.load(nested_code_ptr + tl.arange(0, 256))
+    else:
+        nested_code = nested_code_ptr  # never read
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
         w = load_weight_tile(
-            packed_ptr, absmax_ptr, code_ptr, nested_absmax_ptr, nested_code_ptr, offset, n0, k0, N, K,
-            BLOCKSIZE, NESTED_BLOCKSIZE, DOUBLE_QUANT, ALIGNED, MASKED, BLOCK_N, BLOCK_K,
+            packed_ptr, absmax_ptr, code, nested_absmax_ptr, nested_code, offset, n0, k0, N, K,
+            BLOCKSIZE, NESTED_BLOCKSIZE, DOUBLE_QUANT, ALIGNED, MASKED, BLOCK_N, BLOCK_K, GATHER=True,
         )
         k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_rows + k[None, :] * stride_xk, mask=m_ok[:, None] & (k < K)[None, :], other=0.0)
@@ -299,9 +324,10 @@ def gemv_4bit(
     bf16_bits = x.dtype == torch.bfloat16 and interpreter_active()
     use_dot = M >= _DOT_MIN_ROWS
     if use_dot:
-        block_n, block_k, num_warps, order = _GPU_DOT_TILE if on_gpu else _INTERPRETER_DOT_TILE
+        block_n, block_k, num_warps, num_stages, order = _GPU_DOT_TILE if on_gpu else _INTERPRETER_DOT_TILE
     else:
         block_n, block_k, num_warps = _GPU_TILE if on_gpu else _INTERPRETER_TILE
+        num_stages = 1
     aligned = K % blocksize == 0
     if aligned:
         block_k = max(blocksize, min(block_k, triton.next_power_of_2(K)))
@@ -341,7 +367,7 @@ def gemv_4bit(
     if use_dot:
         grid = (math.ceil(N / block_n),)
         _gemm_4bit_kernel[grid](
-            *args, BLOCK_M=MAX_ROWS, W_FIRST=order == "wx", PRECISION=_DOT_PRECISION, **meta
+            *args, BLOCK_M=MAX_ROWS, W_FIRST=order == "wx", PRECISION=_DOT_PRECISION, NUM_STAGES=num_stages, **meta
         )
     else:
         grid = (math.ceil(N / block_n) * M,)
