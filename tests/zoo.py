@@ -58,6 +58,29 @@ class WrongBlockAbsmax(TorchNF4Backend):
         return absmax
 
 
+class RowwiseAbsmax(TorchNF4Backend):
+    """Indexes absmax per row (row * ceil(K / blocksize) + k // blocksize) instead of over
+    the flattened tensor: right whenever rows hold whole blocks, wrong when a block starts
+    mid-row. The class of bitsandbytes 0.50.2's CPU dequantize bug (known_failures.toml);
+    like it, odd row lengths take the correct flat path."""
+
+    name = "mutant-rowwise-absmax"
+    catches = "dequantize"
+
+    def dequantize(self, q: Quantized, dtype: torch.dtype) -> torch.Tensor:
+        if len(q.shape) != 2 or q.shape[1] % 2:
+            return super().dequantize(q, dtype)
+        h = q.handle
+        rows, cols = q.shape
+        bs = h["blocksize"]
+        codes = self.unpack(h["packed"], rows * cols).reshape(rows, cols)
+        per_row = math.ceil(cols / bs)
+        index = torch.arange(rows).unsqueeze(1) * per_row + torch.arange(cols).unsqueeze(0) // bs
+        absmax = self.decode_absmax(h)
+        index = index.clamp(max=absmax.numel() - 1).to(absmax.device)
+        return (h["code"][codes.long()] * absmax[index]).to(dtype)
+
+
 class DroppedNestedOffset(TorchNF4Backend):
     """Decodes a double-quantized absmax without adding back the mean offset."""
 
@@ -230,7 +253,7 @@ def scaled_matmul_eps(dtype: torch.dtype, default: float) -> float:
 
 
 MUTANTS: tuple[type[TorchNF4Backend], ...] = (
-    KeepsFirstDtypeBuffer, SwappedNibbles, WrongBlockAbsmax, DroppedNestedOffset, IgnoredBias, WrongGemvTail,
-    NaNGradients, Fp16Accumulation, ForgetsBlocksize, OffThresholds, WrongOutputDtype, NaNForZeroBlocks,
+    KeepsFirstDtypeBuffer, SwappedNibbles, WrongBlockAbsmax, RowwiseAbsmax, DroppedNestedOffset, IgnoredBias,
+    WrongGemvTail, NaNGradients, Fp16Accumulation, ForgetsBlocksize, OffThresholds, WrongOutputDtype, NaNForZeroBlocks,
     HidesNonFinite, CrashesOnFp32Input, ScaledMatmul,
 )
