@@ -170,24 +170,53 @@ def test_gemv_matches_float64_matmul(double_quant, x_dtype):
         ((64, 512), (16, 512), False),
     ]
     for (N, K), x_shape, with_bias in cases:
-        packed, state, kw = quantize((N, K), "nf4", 64, double_quant, seed=N)
-        exact_w, w_error = decode_float64(packed, state.absmax, N * K, **kw)
-        exact_w, w_error = exact_w.reshape(N, K), w_error.reshape(N, K)
-        x = torch.randn(x_shape, generator=gen).to(x_dtype)
-        bias = torch.randn(N, generator=gen) if with_bias else None
-        got = kernels.gemv_4bit(
-            x.to(DEVICE), packed.to(DEVICE), state.absmax.to(DEVICE), shape=(N, K),
-            bias=None if bias is None else bias.to(DEVICE), **kw,
-        )
-        assert got.shape == (*x_shape[:-1], N) and got.dtype == x_dtype
-        x64 = x.double().reshape(-1, K)
-        expected = x64 @ exact_w.T + (0 if bias is None else bias.double())
-        # Weights off by w_error each; fp32 accumulation of K products plus a bias: (K + 2) roundings.
-        magnitude = x64.abs() @ (exact_w.abs() + w_error).T + (0 if bias is None else bias.double().abs())
-        fp32_error = x64.abs() @ w_error.T + (K + 2) * FP32_UNIT_ROUNDOFF * magnitude
-        bound = rounding_bound(expected, fp32_error, x_dtype)
-        deviation = (got.cpu().double().reshape(-1, N) - expected).abs()
-        assert bool((deviation <= bound).all()), f"W {(N, K)}, x {x_shape}: max excess {(deviation - bound).max():.3g}"
+        check_gemv((N, K), x_shape, with_bias, double_quant, x_dtype, gen)
+
+
+def check_gemv(weight_shape, x_shape, with_bias, double_quant, x_dtype, gen, blocksize=64):
+    """``gemv_4bit`` within the fp32-accumulation bound of the float64 matmul."""
+    N, K = weight_shape
+    packed, state, kw = quantize((N, K), "nf4", blocksize, double_quant, seed=N)
+    exact_w, w_error = decode_float64(packed, state.absmax, N * K, **kw)
+    exact_w, w_error = exact_w.reshape(N, K), w_error.reshape(N, K)
+    x = torch.randn(x_shape, generator=gen).to(x_dtype)
+    bias = torch.randn(N, generator=gen) if with_bias else None
+    got = kernels.gemv_4bit(
+        x.to(DEVICE), packed.to(DEVICE), state.absmax.to(DEVICE), shape=(N, K),
+        bias=None if bias is None else bias.to(DEVICE), **kw,
+    )
+    assert got.shape == (*x_shape[:-1], N) and got.dtype == x_dtype
+    x64 = x.double().reshape(-1, K)
+    expected = x64 @ exact_w.T + (0 if bias is None else bias.double())
+    # Weights off by w_error each; fp32 accumulation of K products plus a bias: (K + 2) roundings.
+    magnitude = x64.abs() @ (exact_w.abs() + w_error).T + (0 if bias is None else bias.double().abs())
+    fp32_error = x64.abs() @ w_error.T + (K + 2) * FP32_UNIT_ROUNDOFF * magnitude
+    bound = rounding_bound(expected, fp32_error, x_dtype)
+    deviation = (got.cpu().double().reshape(-1, N) - expected).abs()
+    assert bool((deviation <= bound).all()), f"W {(N, K)}, x {x_shape}: max excess {(deviation - bound).max():.3g}"
+
+
+@pytest.mark.parametrize("lookup", ["shuffle", "gather", "index"])
+@pytest.mark.parametrize("tile", [(16, 256, 1, True), (8, 128, 1, False)], ids=["prefetch", "no-prefetch"])
+def test_gemv_word_kernel_configurations(monkeypatch, tile, lookup):
+    """The word kernel (K a multiple of the blocksize) with the GPU's choices, run here:
+    prefetched words, a partial feature tile (N = 40), a step shorter than a block
+    (blocksize 256 > 128 columns per step), each lookup (the shuffle runs on a GPU only, with
+    prefetch; elsewhere it falls back to the gather), several rows, double quant."""
+    from pytest_qconform.kernels import nf4_gemv
+
+    launched = []
+    kernel = nf4_gemv._gemv_4bit_words_kernel
+    monkeypatch.setattr(nf4_gemv, "_GPU_WORDS_TILE" if DEVICE.type == "cuda" else "_INTERPRETER_WORDS_TILE", tile)
+    monkeypatch.setattr(nf4_gemv, "_WORDS_LOOKUP", lookup)
+    monkeypatch.setattr(nf4_gemv, "_gemv_4bit_words_kernel",
+                        type("Spy", (), {"__getitem__": lambda _, grid: launched.append(grid) or kernel[grid]})())
+    gen = torch.Generator().manual_seed(11)
+    for blocksize in (64, 256):
+        for double_quant in (False, True):
+            check_gemv((40, 512), (3, 512), True, double_quant, torch.bfloat16, gen, blocksize)
+            check_gemv((32, 1024), (1, 1024), False, double_quant, torch.float32, gen, blocksize)
+    assert len(launched) == 8, "every case must take the word kernel"
 
 
 def test_gemv_reads_non_contiguous_x():

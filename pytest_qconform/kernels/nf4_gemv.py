@@ -11,12 +11,14 @@ products with x are accumulated in fp32 and rounded once to x's dtype. Compiled 
 the compiler may contract ``x * w + acc`` (and the double-quant ``* + offset``) into FMAs:
 that is one rounding fewer, not a different formula.
 
-Below ``_DOT_MIN_ROWS`` rows, every program owns BLOCK_N output features of one row of x and
-keeps an elementwise fp32 accumulator tile, reduced once after the K loop; the programs for
-the other rows of x run next to it and find the packed bytes in L2. From ``_DOT_MIN_ROWS``
-rows on (at most 16), one program serves all rows of a feature block and multiplies the
-decoded fp32 tile on tensor cores with tf32x3 (about fp32 accuracy). With K even (the common case) a byte holds the weights of columns
-2j and 2j+1 of one row, so both nibbles are used against x's even and odd columns.
+Below ``_DOT_MIN_ROWS`` rows, every program owns BLOCK_N output features of one row of x;
+the programs for the other rows of x run next to it and find the packed bytes in L2. When
+K is a multiple of the blocksize (rows start on a block) the word kernel reads int32 words
+of 8 nibbles and multiplies absmax once per word's partial sum; otherwise the elementwise
+kernel decodes every weight from its flat index. From ``_DOT_MIN_ROWS`` rows on (at most
+16), one program serves all rows of a feature block and multiplies the decoded fp32 tile on
+tensor cores with tf32x3 (about fp32 accuracy). Kernel versions and their timings:
+bench/notes.md.
 """
 from __future__ import annotations
 
@@ -49,6 +51,17 @@ _INTERPRETER_TILE = (64, 1024, 1)
 # > 1 software-pipelines the loop's loads through shared memory; "wx" computes W x^T (W is
 # the dot's first operand), "xw" x W^T.
 _DOT_MIN_ROWS = 5
+# (BLOCK_N, BLOCK_K, num_warps, PREFETCH) of the word kernel, which serves batches below
+# _DOT_MIN_ROWS whenever K is a multiple of the blocksize (bench/notes.md v6, v6c).
+_GPU_WORDS_TILE = (16, 512, 8, True)
+_INTERPRETER_WORDS_TILE = (64, 1024, 1, False)
+# How the word kernel looks code values up on the GPU: "shuffle" (a warp shuffle, needs
+# PREFETCH), "gather" (lookup(), shared memory) or "index" (global loads). H100, 8192 x 8192,
+# batch 1: 34.1, 37.7 and 59.1 us (bench/notes.md v6, v6c). The interpreter runs the gather
+# for "shuffle" (no PTX there).
+_WORDS_LOOKUP = "shuffle"
+# Fewer programs than this leave SMs idle (132 on the H100): halve BLOCK_N down to 4 rows.
+_WORDS_MIN_PROGRAMS = 512
 _GPU_DOT_TILE = (64, 64, 4, 3, "wx")
 _INTERPRETER_DOT_TILE = (64, 512, 1, 1, "wx")
 # fp32 dot on tensor cores: 3 tf32 products per pair (Triton's "tf32x3"), about 2**-21
@@ -195,6 +208,135 @@ def _gemv_4bit_kernel(
 
 
 @triton.jit
+def _gemv_4bit_words_kernel(
+    x_ptr,
+    words_ptr,
+    absmax_ptr,
+    code_ptr,
+    bias_ptr,
+    out_ptr,
+    nested_absmax_ptr,
+    nested_code_ptr,
+    offset,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_xk,
+    BLOCKSIZE: tl.constexpr,
+    NESTED_BLOCKSIZE: tl.constexpr,
+    DOUBLE_QUANT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BF16_BITS: tl.constexpr,
+    MASKED: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    GATHER: tl.constexpr,
+    SHUFFLE: tl.constexpr = False,
+):
+    """The gemv for K a multiple of BLOCKSIZE and of BLOCK_K: the weight read as int32
+    words of 8 nibbles, one program per (BLOCK_N features, one row of x).
+
+    The tile is [BLOCK_N, groups, GROUP] words, GROUP words (``min(BLOCKSIZE, BLOCK_K) // 8``)
+    sharing one absmax, which is loaded once per (row, group). Per word, the 8 products
+    ``code[nibble] * x`` go into an fp32 partial sum that absmax multiplies once
+    (``absmax * sum(code * x)``: the exact value of ``sum((code * absmax) * x)``). The
+    nibble of column ``8 w + j`` is taken with a constant shift (even flat index in the high
+    nibble of its byte, bytes little-endian in the word): no interleave, no layout shuffle.
+    GATHER: the 16 code values are held in registers and looked up with ``lookup`` (shared
+    memory); otherwise every lookup is a global load (L1 hits), which measured 1.6x slower
+    on the H100 (bench/notes.md v6). PREFETCH loads the next step's words before decoding
+    the current ones, so a warp has DRAM loads in flight while it decodes. MASKED: BLOCK_N
+    does not divide N.
+    """
+    pid = tl.program_id(0)
+    m = pid % M
+    n0 = (pid // M) * BLOCK_N
+    GROUPS: tl.constexpr = BLOCK_K // (8 * GROUP)
+    WORDS_PER_BLOCK: tl.constexpr = BLOCKSIZE // 8
+    words_per_row = K // 8
+    blocks_per_row = K // BLOCKSIZE
+    rows = tl.arange(0, BLOCK_N)
+    row_ok = (n0 + rows) < N
+    group_word = tl.arange(0, GROUPS)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [G, GW], from w0
+    word_rel = rows[:, None, None] * words_per_row + group_word[None, :, :]  # int32, from the tile's first word
+    block_row = rows[:, None] * blocks_per_row  # int32, from the tile's first block
+    first_word = words_ptr + n0.to(tl.int64) * words_per_row
+    first_block = n0.to(tl.int64) * blocks_per_row
+    if not DOUBLE_QUANT:
+        absmax_ptr = absmax_ptr + first_block
+    if GATHER:
+        code_values = tl.load(code_ptr + tl.arange(0, 16))
+    x_row = x_ptr + m.to(tl.int64) * stride_xm
+    word_ok = row_ok[:, None, None]
+    acc = tl.zeros((BLOCK_N, GROUPS, GROUP), dtype=tl.float32)
+    if PREFETCH:
+        if MASKED:
+            words = tl.load(first_word + word_rel, mask=word_ok, other=0)
+        else:
+            words = tl.load(first_word + word_rel)
+        if SHUFFLE:
+            # Every lane holds code[lane % 16]; a lookup is one shuffle from lane `nibble`. The
+            # lane id is not elementwise: computed from another tensor, Triton 3.6 gave it that
+            # tensor's layout and converted it, moving values to other lanes (bench/notes.md
+            # v6c). Computed from the loaded words, it has the layout the loop uses them in.
+            lane = tl.inline_asm_elementwise(
+                "mov.u32 $0, %laneid;", "=r,r", [words], dtype=tl.int32, is_pure=True, pack=1,
+            )
+            lane_code = tl.load(code_ptr + (lane & 15)).to(tl.int32, bitcast=True)
+    for k0 in range(0, K, BLOCK_K):
+        w0 = k0 // 8
+        if PREFETCH:
+            current = words
+            if k0 + BLOCK_K < K:
+                if MASKED:
+                    words = tl.load(first_word + (w0 + BLOCK_K // 8) + word_rel, mask=word_ok, other=0)
+                else:
+                    words = tl.load(first_word + (w0 + BLOCK_K // 8) + word_rel)
+        else:
+            if MASKED:
+                current = tl.load(first_word + w0 + word_rel, mask=word_ok, other=0)
+            else:
+                current = tl.load(first_word + w0 + word_rel)
+        block = block_row + ((w0 + tl.arange(0, GROUPS) * GROUP) // WORDS_PER_BLOCK)[None, :]  # [BN, G]
+        if DOUBLE_QUANT:
+            absmax = load_block_absmax(
+                absmax_ptr, first_block + block, row_ok[:, None], nested_absmax_ptr, nested_code_ptr, offset,
+                NESTED_BLOCKSIZE, DOUBLE_QUANT, MASKED,
+            )
+        else:
+            absmax = load_block_absmax(
+                absmax_ptr, block, row_ok[:, None], nested_absmax_ptr, nested_code_ptr, offset,
+                NESTED_BLOCKSIZE, DOUBLE_QUANT, MASKED,
+            )
+        current = current.to(tl.uint32, bitcast=True)  # logical shifts
+        x_cols = x_row + (k0 + 8 * group_word) * stride_xk  # [G, GW]
+        partial = tl.zeros((BLOCK_N, GROUPS, GROUP), dtype=tl.float32)
+        for j in tl.static_range(8):
+            # column 8w + j: byte j // 2 of the word, its high nibble for even j
+            nibble = (current >> (8 * (j // 2) + 4 * (1 - j % 2))) & 15
+            if SHUFFLE:  # the lane must be masked: the H100 returned the own lane's value for lanes > 31
+                value = tl.inline_asm_elementwise(
+                    "shfl.sync.idx.b32 $0, $1, $2, 0x1f, -1;", "=r,r,r", [lane_code, nibble.to(tl.int32, bitcast=True)],
+                    dtype=tl.int32, is_pure=True, pack=1,
+                ).to(tl.float32, bitcast=True)
+            elif GATHER:
+                value = lookup(code_values, nibble.to(tl.int32))
+            else:
+                value = tl.load(code_ptr + nibble)
+            xj = tl.load(x_cols + j * stride_xk).to(tl.float32)
+            partial += value * xj[None, :, :]
+        acc += partial * absmax[:, :, None]
+    y = tl.sum(tl.sum(acc, axis=2), axis=1)  # [BN]
+    n = n0 + rows
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + n, mask=row_ok, other=0.0).to(tl.float32)
+    store_as(out_ptr + m.to(tl.int64) * N + n, y, row_ok, BF16_BITS)
+
+
+@triton.jit
 def _gemm_4bit_kernel(
     x_ptr,
     packed_ptr,
@@ -261,6 +403,15 @@ def _gemm_4bit_kernel(
         y += tl.load(bias_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     out = out_ptr + m.to(tl.int64)[:, None] * N + n[None, :]
     store_as(out, y, m_ok[:, None] & n_ok[None, :], BF16_BITS)
+
+
+def _largest_dividing_tile(K: int, block_k: int) -> int:
+    """The largest power of two <= block_k that divides K and holds whole words (>= 8), or 0."""
+    while block_k >= 8:
+        if K % block_k == 0:
+            return block_k
+        block_k //= 2
+    return 0
 
 
 def gemv_4bit(
@@ -364,7 +515,22 @@ def gemv_4bit(
         BLOCK_K=block_k,
         num_warps=num_warps,
     )
-    if use_dot:
+    words_tile = _GPU_WORDS_TILE if on_gpu else _INTERPRETER_WORDS_TILE
+    words_block_k = _largest_dividing_tile(K, words_tile[1]) if aligned else 0
+    if not use_dot and words_block_k and args[1].data_ptr() % 4 == 0 and args[1].numel() % 4 == 0:
+        block_n, _, num_warps, prefetch = words_tile
+        while on_gpu and block_n > 4 and math.ceil(N / block_n) * M < _WORDS_MIN_PROGRAMS:
+            block_n //= 2  # small N: more, smaller programs (v5's 4-row tiles won at 4096 x 4096)
+        meta.update(BLOCK_N=block_n, BLOCK_K=words_block_k, num_warps=num_warps, MASKED=N % block_n != 0)
+        del meta["ALIGNED"]
+        words = args[1].view(torch.int32)
+        grid = (math.ceil(N / block_n) * M,)
+        _gemv_4bit_words_kernel[grid](
+            *args[:1], words, *args[2:], GROUP=min(blocksize, words_block_k) // 8, PREFETCH=prefetch,
+            GATHER=_WORDS_LOOKUP == "gather" or (_WORDS_LOOKUP == "shuffle" and not (on_gpu and prefetch)),
+            SHUFFLE=_WORDS_LOOKUP == "shuffle" and on_gpu and prefetch, **meta,
+        )
+    elif use_dot:
         grid = (math.ceil(N / block_n),)
         _gemm_4bit_kernel[grid](
             *args, BLOCK_M=MAX_ROWS, W_FIRST=order == "wx", PRECISION=_DOT_PRECISION, NUM_STAGES=num_stages, **meta
