@@ -9,12 +9,11 @@ backend moved its unavoidable bytes as fast as the run's device-to-device copy.
 from __future__ import annotations
 
 import argparse
-import io
 import sys
 from pathlib import Path
 from typing import Sequence
 
-from pytest_qconform.report import Benchmark, ReportError, RunReport, read_report, write_bytes_atomically
+from pytest_qconform.report import Benchmark, ReportError, RunReport, read_report, write_figure_png
 
 METRICS = ("percent", "time")
 PROG = "qconform benchplot"
@@ -84,12 +83,7 @@ def render(report: RunReport, png_path: str | Path, metric: str = "percent") -> 
         ax.set_xticks(range(len(cases)), labels=cases, rotation=30, ha="right", fontsize=7)
         ax.legend(fontsize=7, frameon=False)
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", metadata={"Software": None})
-    png_path = Path(png_path)
-    png_path.parent.mkdir(parents=True, exist_ok=True)
-    write_bytes_atomically(png_path, buffer.getvalue())
-    return png_path
+    return write_figure_png(fig, png_path)
 
 
 def _parser() -> argparse.ArgumentParser:

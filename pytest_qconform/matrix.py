@@ -15,7 +15,6 @@ CLI: ``python -m pytest_qconform.matrix [PATHS...] [--readme README.md]
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 import os
@@ -31,7 +30,7 @@ from pytest_qconform.report import (
     RunReport,
     format_multiple,
     read_report,
-    write_bytes_atomically,
+    write_figure_png,
     write_text_atomically,
 )
 
@@ -373,12 +372,7 @@ def render_heatmap(matrix: Matrix, png_path: Path) -> Path:
         ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=4, fontsize=7,
                   frameon=False)
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", metadata={"Software": None})
-    png_path = Path(png_path)
-    png_path.parent.mkdir(parents=True, exist_ok=True)
-    write_bytes_atomically(png_path, buffer.getvalue())
-    return png_path
+    return write_figure_png(fig, png_path)
 
 
 # ---------------------------------------------------------------- CLI

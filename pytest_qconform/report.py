@@ -516,6 +516,20 @@ def safe_filename_part(text: str) -> str:
     return cleaned or "unknown"
 
 
+def write_figure_png(fig: Any, png_path: str | Path) -> Path:
+    """Save a matplotlib figure as PNG at ``png_path`` (folders created), atomically and
+    without the matplotlib version in its metadata, so that the same data gives the same
+    bytes (``nox -s matrix`` promises that of its heatmap)."""
+    import io
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", metadata={"Software": None})
+    png_path = Path(png_path)
+    png_path.parent.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomically(png_path, buffer.getvalue())
+    return png_path
+
+
 def write_bytes_atomically(path: Path, data: bytes) -> None:
     """Write ``data`` so that ``path`` holds either its old content or all of the new one.
 
