@@ -234,7 +234,7 @@ def _gemv_4bit_words_kernel(
     GROUP: tl.constexpr,
     PREFETCH: tl.constexpr,
     GATHER: tl.constexpr,
-    SHUFFLE: tl.constexpr = False,
+    SHUFFLE: tl.constexpr,
 ):
     """The gemv for K a multiple of BLOCKSIZE and of BLOCK_K: the weight read as int32
     words of 8 nibbles, one program per (BLOCK_N features, one row of x).
@@ -247,9 +247,11 @@ def _gemv_4bit_words_kernel(
     nibble of its byte, bytes little-endian in the word): no interleave, no layout shuffle.
     GATHER: the 16 code values are held in registers and looked up with ``lookup`` (shared
     memory); otherwise every lookup is a global load (L1 hits), which measured 1.6x slower
-    on the H100 (bench/notes.md v6). PREFETCH loads the next step's words before decoding
-    the current ones, so a warp has DRAM loads in flight while it decodes. MASKED: BLOCK_N
-    does not divide N.
+    on the H100 (bench/notes.md v6). SHUFFLE (compiled, with PREFETCH): a warp shuffle
+    from the lane that holds ``code[nibble]``, no shared memory and no barriers (v6c, the
+    default on GPUs). PREFETCH loads the next step's words before decoding the current
+    ones, so a warp has DRAM loads in flight while it decodes. MASKED: BLOCK_N does not
+    divide N.
     """
     pid = tl.program_id(0)
     m = pid % M
@@ -317,7 +319,7 @@ def _gemv_4bit_words_kernel(
         for j in tl.static_range(8):
             # column 8w + j: byte j // 2 of the word, its high nibble for even j
             nibble = (current >> (8 * (j // 2) + 4 * (1 - j % 2))) & 15
-            if SHUFFLE:  # the lane must be masked: the H100 returned the own lane's value for lanes > 31
+            if SHUFFLE:  # code[nibble] from lane `nibble`, which holds it in `lane_code`
                 value = tl.inline_asm_elementwise(
                     "shfl.sync.idx.b32 $0, $1, $2, 0x1f, -1;", "=r,r,r", [lane_code, nibble.to(tl.int32, bitcast=True)],
                     dtype=tl.int32, is_pure=True, pack=1,
