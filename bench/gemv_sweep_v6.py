@@ -3,7 +3,8 @@ against v5's elementwise kernel, every configuration checked before it is timed.
 
 Run from the repo root on a CUDA machine: ``PYTHONPATH=. python bench/gemv_sweep_v6.py``.
 Prints one line per configuration and writes JSON lines to ``$OUT/gemv_sweep_v6.jsonl``.
-Mode ``b`` (``python bench/gemv_sweep_v6.py b``, ``b shuffle`` for the shuffle lookup) times launches queued behind a device
+Mode ``b`` (``python bench/gemv_sweep_v6.py b``, ``b shuffle`` for the shuffle lookup, ``b packed``
+for x in 8-byte loads) times launches queued behind a device
 sleep over weight copies larger than L2 (no host overhead in the times); the default mode
 uses ``do_bench``, whose times include host overhead for small shapes. The "table" lookup
 measured in the first run (addresses OR-ed into an aligned table) was removed after it:
@@ -112,11 +113,13 @@ if len(sys.argv) > 1 and sys.argv[1] == "b":  # v6b: queued timing, gather tiles
         p, a, c, d = weight(N, K)
         copies.append((p, a, c, d))
     ref0 = {dqf: decode(N, K, *copies[0], dqf) for dqf in (False, True)}
-    def sweep(label, M, dqf, tile=None, lookup="gather", elementwise=False, n=N, k=K, cps=copies, ref=None):
-        saved = nf4_gemv._GPU_WORDS_TILE, nf4_gemv._WORDS_LOOKUP
+    def sweep(label, M, dqf, tile=None, lookup="gather", elementwise=False, n=N, k=K, cps=copies, ref=None,
+              x_packed=False):
+        saved = nf4_gemv._GPU_WORDS_TILE, nf4_gemv._WORDS_LOOKUP, nf4_gemv._X_PACKED
         nf4_gemv._GPU_WORDS_TILE = (4, 4, 4, False) if elementwise else (tile or saved[0])
         nf4_gemv._WORDS_LOOKUP = lookup
-        row = dict(label=label, N=n, K=k, M=M, dq=dqf, tile=tile, lookup=lookup)
+        nf4_gemv._X_PACKED = x_packed
+        row = dict(label=label, N=n, K=k, M=M, dq=dqf, tile=tile, lookup=lookup, x_packed=x_packed)
         try:
             x = torch.randn(M, k, device=dev, generator=g).bfloat16()
             def call(cp):
@@ -135,13 +138,19 @@ if len(sys.argv) > 1 and sys.argv[1] == "b":  # v6b: queued timing, gather tiles
         except Exception as e:
             row.update(status="error", error=f"{type(e).__name__}: {e}"[:300])
         finally:
-            nf4_gemv._GPU_WORDS_TILE, nf4_gemv._WORDS_LOOKUP = saved
+            nf4_gemv._GPU_WORDS_TILE, nf4_gemv._WORDS_LOOKUP, nf4_gemv._X_PACKED = saved
         print(json.dumps(row), flush=True)
         log.write(json.dumps(row) + "\n")
         return row
     sweep("v5", 1, False, elementwise=True)
     rows = []
-    if len(sys.argv) > 2 and sys.argv[2] == "shuffle":  # v6c: the shuffle lookup
+    if len(sys.argv) > 2 and sys.argv[2] == "packed":  # v7: x in 8-byte loads
+        rows.append(sweep("v6c", 1, False, tile=(16, 512, 8, True), lookup="shuffle"))
+        for t in [(16, 512, 8, True), (16, 512, 4, True), (32, 512, 8, True), (8, 512, 4, True), (16, 1024, 8, True),
+                  (32, 1024, 8, True), (16, 256, 4, True), (64, 512, 8, True), (32, 256, 8, True), (8, 1024, 8, True)]:
+            rows.append(sweep("v7", 1, False, tile=t, lookup="shuffle", x_packed=True))
+        rows.append(sweep("v7", 1, False, tile=(16, 512, 4, True), lookup="gather", x_packed=True))
+    elif len(sys.argv) > 2 and sys.argv[2] == "shuffle":  # v6c: the shuffle lookup
         rows.append(sweep("v6b", 1, False, tile=(16, 512, 4, True)))
         for t in [(16, 512, 4, True), (32, 512, 4, True), (32, 512, 8, True), (16, 512, 8, True), (32, 256, 4, True),
                   (16, 256, 4, True), (8, 512, 4, True), (64, 512, 8, True), (16, 512, 4, False), (32, 512, 4, False),
@@ -155,9 +164,10 @@ if len(sys.argv) > 1 and sys.argv[1] == "b":  # v6b: queued timing, gather tiles
             rows.append(sweep("v6b", 1, False, tile=t, lookup="index"))
     ok = sorted((r for r in rows if r.get("status") == "ok"), key=lambda r: r["us"])
     for r in ok[:2]:
-        sweep("v6b-best", 1, True, tile=tuple(r["tile"]), lookup=r["lookup"])
+        xp = r.get("x_packed", False)
+        sweep("v6b-best", 1, True, tile=tuple(r["tile"]), lookup=r["lookup"], x_packed=xp)
         for M in (2, 4):
-            sweep("v6b-best", M, False, tile=tuple(r["tile"]), lookup=r["lookup"])
+            sweep("v6b-best", M, False, tile=tuple(r["tile"]), lookup=r["lookup"], x_packed=xp)
     sweep("v5", 4, False, elementwise=True)
     sweep("v5", 1, True, elementwise=True)
     for (n, k) in [(4096, 4096), (14336, 4096)]:
@@ -165,8 +175,9 @@ if len(sys.argv) > 1 and sys.argv[1] == "b":  # v6b: queued timing, gather tiles
         r = decode(n, k, *cps[0], False)
         sweep("v5", 1, False, elementwise=True, n=n, k=k, cps=cps, ref=r)
         for r0 in ok[:2]:
-            sweep("v6b-best", 1, False, tile=tuple(r0["tile"]), lookup=r0["lookup"], n=n, k=k, cps=cps, ref=r)
-            sweep("v6b-best", 4, False, tile=tuple(r0["tile"]), lookup=r0["lookup"], n=n, k=k, cps=cps, ref=r)
+            xp = r0.get("x_packed", False)
+            sweep("v6b-best", 1, False, tile=tuple(r0["tile"]), lookup=r0["lookup"], n=n, k=k, cps=cps, ref=r, x_packed=xp)
+            sweep("v6b-best", 4, False, tile=tuple(r0["tile"]), lookup=r0["lookup"], n=n, k=k, cps=cps, ref=r, x_packed=xp)
     print(json.dumps({"sweep_s": round(time.time() - t0)}))
     sys.exit(0)
 

@@ -33,8 +33,8 @@ STATE_FORMAT_VERSION = 1  # of serialize()'s dict
 _QUANT_TYPES = ("nf4", "fp4")
 
 
-# Rows routed to the fused gemv. Measured on the H100 (reports/bench, bench/notes.md v6c): at
-# 8192x8192 bf16 the fused kernel takes 34 us for 1 row, 62 us for 2 and 116 us for 4 (it
+# Rows routed to the fused gemv. Measured on the H100 (reports/bench, bench/notes.md v7): at
+# 8192x8192 bf16 the fused kernel takes 30 us for 1 row, 52 us for 2 and 98 us for 4 (it
 # repeats the decode per row), dequantize + cuBLAS ~116-120 us at any small batch: 2 and 3
 # rows would gain too, but the suites' gemv error model (bitsandbytes' rounding of code and
 # absmax) is tied to single-row calls, so that change waits for a check of its own.

@@ -53,13 +53,15 @@ _INTERPRETER_TILE = (64, 1024, 1)
 _DOT_MIN_ROWS = 5
 # (BLOCK_N, BLOCK_K, num_warps, PREFETCH) of the word kernel, which serves batches below
 # _DOT_MIN_ROWS whenever K is a multiple of the blocksize (bench/notes.md v6, v6c).
-_GPU_WORDS_TILE = (16, 512, 8, True)
+_GPU_WORDS_TILE = (16, 512, 4, True)
 _INTERPRETER_WORDS_TILE = (64, 1024, 1, False)
 # How the word kernel looks code values up on the GPU: "shuffle" (a warp shuffle, needs
 # PREFETCH), "gather" (lookup(), shared memory) or "index" (global loads). H100, 8192 x 8192,
-# batch 1: 34.1, 37.7 and 59.1 us (bench/notes.md v6, v6c). The interpreter runs the gather
-# for "shuffle" (no PTX there).
+# batch 1, x in 2-byte loads: 34.1, 37.7 and 59.1 us (bench/notes.md v6, v6c); shuffle with
+# x in 8-byte loads 30.2 us (v7). The interpreter runs the gather for "shuffle" (no PTX there).
 _WORDS_LOOKUP = "shuffle"
+# Read x in 8-byte loads where its layout allows: 30.2 vs 34.2 us (bench/notes.md v7).
+_X_PACKED = True
 # Fewer programs than this leave SMs idle (132 on the H100): halve BLOCK_N down to 4 rows.
 _WORDS_MIN_PROGRAMS = 512
 _GPU_DOT_TILE = (64, 64, 4, 3, "wx")
@@ -208,6 +210,13 @@ def _gemv_4bit_kernel(
 
 
 @triton.jit
+def x_value(quad, index: tl.constexpr, dtype: tl.constexpr):
+    """fp32 value of the 16-bit float at position ``index`` (0-3, little-endian) of int64 ``quad``."""
+    bits = ((quad >> (16 * index)) & 0xFFFF).to(tl.uint16)
+    return bits.to(dtype, bitcast=True).to(tl.float32)
+
+
+@triton.jit
 def _gemv_4bit_words_kernel(
     x_ptr,
     words_ptr,
@@ -235,6 +244,7 @@ def _gemv_4bit_words_kernel(
     PREFETCH: tl.constexpr,
     GATHER: tl.constexpr,
     SHUFFLE: tl.constexpr,
+    X_PACKED: tl.constexpr = False,
 ):
     """The gemv for K a multiple of BLOCKSIZE and of BLOCK_K: the weight read as int32
     words of 8 nibbles, one program per (BLOCK_N features, one row of x).
@@ -251,7 +261,8 @@ def _gemv_4bit_words_kernel(
     from the lane that holds ``code[nibble]``, no shared memory and no barriers (v6c, the
     default on GPUs). PREFETCH loads the next step's words before decoding the current
     ones, so a warp has DRAM loads in flight while it decodes. MASKED: BLOCK_N does not
-    divide N.
+    divide N. X_PACKED (bf16/fp16 x, contiguous rows on 8-byte boundaries): a word's 8
+    values of x come in two 8-byte loads instead of eight 2-byte ones (v7).
     """
     pid = tl.program_id(0)
     m = pid % M
@@ -315,6 +326,10 @@ def _gemv_4bit_words_kernel(
             )
         current = current.to(tl.uint32, bitcast=True)  # logical shifts
         x_cols = x_row + (k0 + 8 * group_word) * stride_xk  # [G, GW]
+        if X_PACKED:  # x[8w : 8w + 8] as two int64 of four 16-bit values each
+            x_quads = x_row.to(tl.pointer_type(tl.int64), bitcast=True) + (k0 // 4 + 2 * group_word)
+            x_low = tl.load(x_quads)
+            x_high = tl.load(x_quads + 1)
         partial = tl.zeros((BLOCK_N, GROUPS, GROUP), dtype=tl.float32)
         for j in tl.static_range(8):
             # column 8w + j: byte j // 2 of the word, its high nibble for even j
@@ -328,7 +343,10 @@ def _gemv_4bit_words_kernel(
                 value = lookup(code_values, nibble.to(tl.int32))
             else:
                 value = tl.load(code_ptr + nibble)
-            xj = tl.load(x_cols + j * stride_xk).to(tl.float32)
+            if X_PACKED:
+                xj = x_value(x_low if j < 4 else x_high, j % 4, x_ptr.dtype.element_ty)
+            else:
+                xj = tl.load(x_cols + j * stride_xk).to(tl.float32)
             partial += value * xj[None, :, :]
         acc += partial * absmax[:, :, None]
     y = tl.sum(tl.sum(acc, axis=2), axis=1)  # [BN]
@@ -530,7 +548,9 @@ def gemv_4bit(
         _gemv_4bit_words_kernel[grid](
             *args[:1], words, *args[2:], GROUP=min(blocksize, words_block_k) // 8, PREFETCH=prefetch,
             GATHER=_WORDS_LOOKUP == "gather" or (_WORDS_LOOKUP == "shuffle" and not (on_gpu and prefetch)),
-            SHUFFLE=_WORDS_LOOKUP == "shuffle" and on_gpu and prefetch, **meta,
+            SHUFFLE=_WORDS_LOOKUP == "shuffle" and on_gpu and prefetch,
+            X_PACKED=_X_PACKED and x.dtype != torch.float32 and x2.stride(1) == 1 and x2.stride(0) % 4 == 0
+            and x2.data_ptr() % 8 == 0, **meta,
         )
     elif use_dot:
         grid = (math.ceil(N / block_n),)
