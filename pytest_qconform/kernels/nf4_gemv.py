@@ -244,7 +244,7 @@ def _gemv_4bit_words_kernel(
     PREFETCH: tl.constexpr,
     GATHER: tl.constexpr,
     SHUFFLE: tl.constexpr,
-    X_PACKED: tl.constexpr = False,
+    X_PACKED: tl.constexpr,
 ):
     """The gemv for K a multiple of BLOCKSIZE and of BLOCK_K: the weight read as int32
     words of 8 nibbles, one program per (BLOCK_N features, one row of x).
@@ -325,11 +325,12 @@ def _gemv_4bit_words_kernel(
                 NESTED_BLOCKSIZE, DOUBLE_QUANT, MASKED,
             )
         current = current.to(tl.uint32, bitcast=True)  # logical shifts
-        x_cols = x_row + (k0 + 8 * group_word) * stride_xk  # [G, GW]
         if X_PACKED:  # x[8w : 8w + 8] as two int64 of four 16-bit values each
             x_quads = x_row.to(tl.pointer_type(tl.int64), bitcast=True) + (k0 // 4 + 2 * group_word)
             x_low = tl.load(x_quads)
             x_high = tl.load(x_quads + 1)
+        else:
+            x_cols = x_row + (k0 + 8 * group_word) * stride_xk  # [G, GW]
         partial = tl.zeros((BLOCK_N, GROUPS, GROUP), dtype=tl.float32)
         for j in tl.static_range(8):
             # column 8w + j: byte j // 2 of the word, its high nibble for even j
