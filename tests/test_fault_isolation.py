@@ -8,29 +8,17 @@ import json
 import textwrap
 
 import pytest
+from fake_backend import FAKE_BACKEND
 
-BROKEN_BACKENDS_CONFTEST = textwrap.dedent('''
+BROKEN_BACKENDS_CONFTEST = FAKE_BACKEND + textwrap.dedent('''
     import ctypes
     import importlib
     import os
     import time
 
-    import torch
-    from pytest_qconform.backends.base import Availability, Backend, Capabilities
-
-    class GoodBackend(Backend):
+    class GoodBackend(FakeBackend):
         """Computes x @ W.T for an all-ones W of 4 rows: each output is the row sum of x."""
         name = "good"
-
-        def availability(self):
-            return Availability(True, "1.0")
-
-        def capabilities(self, device):
-            return Capabilities(("nf4",), (64,), False, (torch.float32,), ("cpu",))
-
-        def quantize(self, weight, spec): raise NotImplementedError
-        def dequantize(self, q, dtype): raise NotImplementedError
-        def export_packed(self, q): raise NotImplementedError
 
         def matmul(self, x, q, bias, compute_dtype):
             return x.sum(-1, keepdim=True).expand(x.shape[0], 4).to(compute_dtype)
