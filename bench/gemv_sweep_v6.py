@@ -3,7 +3,7 @@
 against an fp32 decode before it is timed.
 
 Run from the repo root on a CUDA machine:
-``PYTHONPATH=. python bench/gemv_sweep_v6.py {gather|shuffle|packed}`` (v6b, v6c, v7).
+``PYTHONPATH=. python bench/gemv_sweep_v6.py {gather|shuffle|packed|rows}`` (v6b, v6c, v7, v8).
 Times are medians of launches queued behind a device sleep, rotating over weight copies
 larger than L2, so host overhead is not timed. Prints one JSON line per configuration and
 writes them to ``$OUT/gemv_sweep_v6.jsonl``. (The first v6 run used ``do_bench``, which
@@ -91,12 +91,21 @@ class Sweep:
         self.copies = [weight(N, K) for _ in range(copies)]
         self.ref = {dq: decode(N, K, *self.copies[0], dq) for dq in (False, True)}
 
-    def run(self, label, M, double_quant, tile=ELEMENTWISE, lookup="gather", x_packed=False):
+    def run(self, label, M, double_quant, tile=ELEMENTWISE, lookup="gather", x_packed=False, rows_per_sm=0,
+            rows_words=None):
         """Check one configuration against the fp32 decode, then time it; a failure to
-        compile is a result, not the end of the sweep."""
-        saved = nf4_gemv._GPU_WORDS_TILE, nf4_gemv._WORDS_LOOKUP, nf4_gemv._X_PACKED
-        nf4_gemv._GPU_WORDS_TILE, nf4_gemv._WORDS_LOOKUP, nf4_gemv._X_PACKED = tile, lookup, x_packed
-        row = dict(label=label, N=self.N, K=self.K, M=M, dq=double_quant, tile=tile, lookup=lookup, x_packed=x_packed)
+        compile is a result, not the end of the sweep. rows_per_sm > 0: the rows kernel (v8)
+        with that many programs per multiprocessor and rows_words (words per step, num_warps)
+        as its only step size (None: the package's); 0: the word or elementwise kernel."""
+        names = ("_GPU_WORDS_TILE", "_WORDS_LOOKUP", "_X_PACKED", "_ROWS_KERNEL", "_ROWS_PROGRAMS_PER_SM", "_ROWS_WORDS",
+                 "_ROWS_WORDS_MANY_ITEMS")
+        saved = [getattr(nf4_gemv, n) for n in names]
+        values = (tile, lookup, x_packed, rows_per_sm > 0, rows_per_sm or saved[-3],
+                  (rows_words,) if rows_words else saved[-2], (rows_words,) if rows_words else saved[-1])
+        for n, v in zip(names, values):
+            setattr(nf4_gemv, n, v)
+        row = dict(label=label, N=self.N, K=self.K, M=M, dq=double_quant, tile=tile, lookup=lookup, x_packed=x_packed,
+                   rows_per_sm=rows_per_sm, rows_words=rows_words)
         try:
             x = torch.randn(M, self.K, device=DEVICE, generator=GEN).bfloat16()
 
@@ -117,13 +126,37 @@ class Sweep:
         except Exception as e:
             row.update(status="error", error=f"{type(e).__name__}: {e}"[:300])
         finally:
-            nf4_gemv._GPU_WORDS_TILE, nf4_gemv._WORDS_LOOKUP, nf4_gemv._X_PACKED = saved
+            for n, v in zip(names, saved):
+                setattr(nf4_gemv, n, v)
         print(json.dumps(row), flush=True)
         self.log.write(json.dumps(row) + "\n")
         return row
 
 
+def rows_sweep(log):
+    """v8: the rows kernel (the package's choice of step size and grid, label "v8") against
+    the word kernel (v7) on every shape, batch 1 and 4; at 8192 x 8192 batch 1 also each
+    step size and programs per SM ("v8-steps")."""
+    v7 = dict(tile=(16, 512, 4, True), lookup="shuffle", x_packed=True)
+    square = Sweep(8192, 8192, copies=3, log=log)
+    for per_sm, rows_words in ((8, (256, 2)), (16, (256, 2)), (16, (512, 2)), (16, (512, 4)), (16, (256, 4)),
+                               (12, (128, 1)), (16, (128, 1)), (16, (64, 1)), (32, (64, 1))):
+        square.run("v8-steps", 1, False, rows_per_sm=per_sm, rows_words=rows_words)
+    for M, double_quant in ((1, False), (2, False), (4, False), (1, True)):
+        square.run("v7", M, double_quant, **v7)
+        square.run("v8", M, double_quant, rows_per_sm=nf4_gemv._ROWS_PROGRAMS_PER_SM)
+    for N, K in [(4096, 4096), (14336, 4096), (4096, 14336)]:
+        other = Sweep(N, K, copies=6, log=log)
+        for M in (1, 4):
+            other.run("v7", M, False, **v7)
+            other.run("v8", M, False, rows_per_sm=nf4_gemv._ROWS_PROGRAMS_PER_SM)
+
+
 def main(mode):
+    if mode == "rows":
+        with open(os.path.join(os.environ.get("OUT", "."), "gemv_sweep_v6.jsonl"), "w") as log:
+            rows_sweep(log)
+        return
     spec = MODES[mode]
     start = time.time()
     with open(os.path.join(os.environ.get("OUT", "."), "gemv_sweep_v6.jsonl"), "w") as log:

@@ -93,7 +93,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="a run report written by pytest --qconform --benchmark-only")
     parser.add_argument("--out", type=Path, help="the PNG to write (default: <report-stem>-bench.png beside it)")
     parser.add_argument("--metric", choices=METRICS, default="percent",
-                        help="percent: % of the copy floor (default); time: median time per call")
+                        help="percent: %% of the copy floor (default); time: median time per call")
     return parser
 
 

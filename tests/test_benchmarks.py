@@ -3,6 +3,8 @@ and its report entries read strictly."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -191,6 +193,13 @@ def test_benchplot_cli_writes_png_beside_the_report(tmp_path: Path, capsys) -> N
     assert png.read_bytes().startswith(b"\x89PNG") and capsys.readouterr().out.strip() == str(png)
     assert benchplot.main([str(path), "--metric", "time", "--out", str(tmp_path / "t.png")]) == 0
     assert (tmp_path / "t.png").read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize("module", ["pytest_qconform", "pytest_qconform.benchplot", "pytest_qconform.matrix"])
+def test_every_cli_prints_its_help(module: str) -> None:
+    """argparse formats help strings with %: a bare "%" in one crashed ``--help``."""
+    proc = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "usage:" in proc.stdout, proc.stderr[-2000:]
 
 
 def test_benchplot_cli_refuses_bad_reports_in_one_line(tmp_path: Path, capsys) -> None:

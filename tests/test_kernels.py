@@ -196,6 +196,14 @@ def check_gemv(weight_shape, x_shape, with_bias, double_quant, x_dtype, gen, blo
     assert bool((deviation <= bound).all()), f"W {(N, K)}, x {x_shape}: max excess {(deviation - bound).max():.3g}"
 
 
+def spy_on(monkeypatch, module, name):
+    """Replace kernel ``name`` of ``module`` by a wrapper that records each launch's grid."""
+    launched = []
+    kernel = getattr(module, name)
+    monkeypatch.setattr(module, name, type("Spy", (), {"__getitem__": lambda _, grid: launched.append(grid) or kernel[grid]})())
+    return launched
+
+
 @pytest.mark.parametrize("lookup", ["shuffle", "gather", "index"])
 @pytest.mark.parametrize("tile", [(16, 256, 1, True), (8, 128, 1, False)], ids=["prefetch", "no-prefetch"])
 def test_gemv_word_kernel_configurations(monkeypatch, tile, lookup):
@@ -205,18 +213,75 @@ def test_gemv_word_kernel_configurations(monkeypatch, tile, lookup):
     prefetch; elsewhere it falls back to the gather), several rows, double quant."""
     from pytest_qconform.kernels import nf4_gemv
 
-    launched = []
-    kernel = nf4_gemv._gemv_4bit_words_kernel
+    monkeypatch.setattr(nf4_gemv, "_ROWS_KERNEL", False)  # bf16 x here would take the rows kernel
     monkeypatch.setattr(nf4_gemv, "_GPU_WORDS_TILE" if DEVICE.type == "cuda" else "_INTERPRETER_WORDS_TILE", tile)
     monkeypatch.setattr(nf4_gemv, "_WORDS_LOOKUP", lookup)
-    monkeypatch.setattr(nf4_gemv, "_gemv_4bit_words_kernel",
-                        type("Spy", (), {"__getitem__": lambda _, grid: launched.append(grid) or kernel[grid]})())
+    launched = spy_on(monkeypatch, nf4_gemv, "_gemv_4bit_words_kernel")
     gen = torch.Generator().manual_seed(11)
     for blocksize in (64, 256):
         for double_quant in (False, True):
             check_gemv((40, 512), (3, 512), True, double_quant, torch.bfloat16, gen, blocksize)
             check_gemv((32, 1024), (1, 1024), False, double_quant, torch.float32, gen, blocksize)
     assert len(launched) == 8, "every case must take the word kernel"
+
+
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("step_words", [None, (32, 1)], ids=["default-steps", "32-word-steps"])
+def test_gemv_rows_kernel_configurations(monkeypatch, step_words, x_dtype):
+    """The rows kernel (bf16/fp16 x, K a multiple of 256 and of the blocksize) in the
+    configurations the GPU meets: N not a multiple of 4 (the last group's rows clamped and
+    not stored), 1 and 3 rows of x, several steps per row (32-word steps: 1024 columns are 4
+    steps), programs that walk several row groups (the interpreter runs 3 programs), the
+    prefetch crossing from one group (or row of x) to the next, blocksizes 32 to 256, double
+    quant, bias. On a GPU the code values come from warp shuffles, here from loads."""
+    from pytest_qconform.kernels import nf4_gemv
+
+    if step_words is not None:
+        monkeypatch.setattr(nf4_gemv, "_ROWS_WORDS", (step_words,))
+        monkeypatch.setattr(nf4_gemv, "_ROWS_WORDS_MANY_ITEMS", (step_words,))
+    launched = spy_on(monkeypatch, nf4_gemv, "_gemv_4bit_rows_kernel")
+    gen = torch.Generator().manual_seed(12)
+    cases = 0
+    for blocksize, double_quant in ((64, False), (32, True), (256, False), (128, True)):
+        check_gemv((42, 1024), (3, 1024), True, double_quant, x_dtype, gen, blocksize)
+        check_gemv((12, 512), (1, 512), False, double_quant, x_dtype, gen, blocksize)
+        cases += 2
+    assert len(launched) == cases, "every case must take the rows kernel"
+
+
+def test_gemv_rows_kernel_only_where_it_can_read_x(monkeypatch):
+    """fp32 x, x with strided columns, rows of x off 16-byte boundaries and K not a multiple
+    of 256 go to the other kernels (and still compute the right numbers)."""
+    from pytest_qconform.kernels import nf4_gemv
+
+    launched = spy_on(monkeypatch, nf4_gemv, "_gemv_4bit_rows_kernel")
+    gen = torch.Generator().manual_seed(13)
+    check_gemv((8, 512), (1, 512), False, False, torch.float32, gen)
+    check_gemv((8, 192), (2, 192), False, False, torch.bfloat16, gen)  # K = 192: no step size divides 24 words
+    packed, state, kw = quantize((8, 512), "nf4", 64, False, seed=4)
+    args = (packed.to(DEVICE), state.absmax.to(DEVICE))
+    wide = torch.randn(2, 1024, generator=gen).bfloat16().to(DEVICE)
+    offset_rows = torch.randn(2 * 516, generator=gen).bfloat16().to(DEVICE)[4:].view(2, 514)[:, :512]  # rows at 8-byte offsets
+    for x in (wide[:, ::2], offset_rows):
+        assert torch.equal(kernels.gemv_4bit(x, *args, shape=(8, 512), **kw),
+                           kernels.gemv_4bit(x.contiguous(), *args, shape=(8, 512), **kw))
+    assert len(launched) == 2, "only the two contiguous copies may take the rows kernel"
+
+
+def test_ptx_shuffle_only_on_nvidia(monkeypatch):
+    """The shuffle lookup is inline PTX: a ROCm build (torch.version.hip set, devices still
+    named "cuda") and the interpreter must take the table loads instead."""
+    from pytest_qconform.kernels import nf4_gemv
+
+    monkeypatch.setattr(nf4_gemv, "interpreter_active", lambda: False)
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert nf4_gemv.ptx_shuffle_ok(torch.device("cuda", 0))
+    assert not nf4_gemv.ptx_shuffle_ok(torch.device("cpu"))
+    monkeypatch.setattr(torch.version, "hip", "6.4.43482")
+    assert not nf4_gemv.ptx_shuffle_ok(torch.device("cuda", 0))
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(nf4_gemv, "interpreter_active", lambda: True)
+    assert not nf4_gemv.ptx_shuffle_ok(torch.device("cuda", 0))
 
 
 def test_gemv_reads_non_contiguous_x():

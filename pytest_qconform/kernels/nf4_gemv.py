@@ -11,17 +11,19 @@ products with x are accumulated in fp32 and rounded once to x's dtype. Compiled 
 the compiler may contract ``x * w + acc`` (and the double-quant ``* + offset``) into FMAs:
 that is one rounding fewer, not a different formula.
 
-Below ``_DOT_MIN_ROWS`` rows, every program owns BLOCK_N output features of one row of x;
-the programs for the other rows of x run next to it and find the packed bytes in L2. When
-K is a multiple of the blocksize (rows start on a block) the word kernel reads int32 words
-of 8 nibbles and multiplies absmax once per word's partial sum; otherwise the elementwise
-kernel decodes every weight from its flat index. From ``_DOT_MIN_ROWS`` rows on (at most
-16), one program serves all rows of a feature block and multiplies the decoded fp32 tile on
-tensor cores with tf32x3 (about fp32 accuracy). Kernel versions and their timings:
-bench/notes.md.
+Below ``_DOT_MIN_ROWS`` rows, each row of x is served on its own; the programs for the
+other rows of x run next to it and find the packed bytes in L2. When K is a multiple of
+the blocksize (rows start on a block), the kernels read int32 words of 8 nibbles and
+multiply absmax once per word's partial sum: the rows kernel (bf16/fp16 x, K a multiple of
+256; a persistent grid over groups of 4 weight rows) or else the word kernel (BLOCK_N
+features per program). Otherwise the elementwise kernel decodes every weight from its flat
+index. From ``_DOT_MIN_ROWS`` rows on (at most 16), one program serves all rows of a
+feature block and multiplies the decoded fp32 tile on tensor cores with tf32x3 (about fp32
+accuracy). Kernel versions and their timings: bench/notes.md.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -58,12 +60,30 @@ _INTERPRETER_WORDS_TILE = (64, 1024, 1, False)
 # How the word kernel looks code values up on the GPU: "shuffle" (a warp shuffle, needs
 # PREFETCH), "gather" (lookup(), shared memory) or "index" (global loads). H100, 8192 x 8192,
 # batch 1, x in 2-byte loads: 34.1, 37.7 and 59.1 us (bench/notes.md v6, v6c); shuffle with
-# x in 8-byte loads 30.2 us (v7). The interpreter runs the gather for "shuffle" (no PTX there).
+# x in 8-byte loads 30.2 us (v7). Off NVIDIA (the interpreter, ROCm: no PTX) "shuffle" runs the gather.
 _WORDS_LOOKUP = "shuffle"
 # Read x in 8-byte loads where its layout allows: 30.2 vs 34.2 us (bench/notes.md v7).
 _X_PACKED = True
 # Fewer programs than this leave SMs idle (132 on the H100): halve BLOCK_N down to 4 rows.
 _WORDS_MIN_PROGRAMS = 512
+# The rows kernel (v8) serves bf16/fp16 x whenever K is a multiple of 256 and of the
+# blocksize: H100, 8192 x 8192, batch 1: 23.7 us vs 30.0 us for the word kernel
+# (bench/notes.md v8). False sends those cases to the word kernel (sweeps, tests).
+_ROWS_KERNEL = True
+# Words per row and step of the rows kernel with num_warps for each (four words per
+# thread; fewer only where 32 lanes have fewer): the first that divides K / 8. One-warp
+# programs of 128-word steps where the work items fill _ROWS_MANY_ITEMS_PER_SM programs per
+# multiprocessor, two-warp programs of 256-word steps where they do not. H100, batch 1:
+# 8192 x 8192 (2048 items) 23.7 vs 26.5 us, 14336 x 4096 23.3 vs 25.6, 4096 x 14336 (1024
+# items) 25.6 vs 23.4 (bench/notes.md v8).
+_ROWS_WORDS_MANY_ITEMS = ((128, 1), (64, 1), (32, 1))
+_ROWS_WORDS = ((256, 2), (128, 1), (64, 1), (32, 1))
+_ROWS_MANY_ITEMS_PER_SM = 12
+# Persistent grid of the rows kernel: at most this many programs per multiprocessor, spread
+# so each walks the same number of items (_balanced_grid). The interpreter runs 3
+# programs, so its tests take the path where one program walks several row groups.
+_ROWS_PROGRAMS_PER_SM = 16
+_INTERPRETER_ROWS_PROGRAMS = 3
 _GPU_DOT_TILE = (64, 64, 4, 3, "wx")
 _INTERPRETER_DOT_TILE = (64, 512, 1, 1, "wx")
 # fp32 dot on tensor cores: 3 tf32 products per pair (Triton's "tf32x3"), about 2**-21
@@ -358,6 +378,170 @@ def _gemv_4bit_words_kernel(
 
 
 @triton.jit
+def word_code_sums(words, lane_code, code_ptr, x_low, x_high, X_DTYPE: tl.constexpr, SHUFFLE: tl.constexpr):
+    """Per int32 word: ``sum_j code[nibble j] * x[8 w + j]`` in fp32 (absmax not applied).
+
+    Column ``8 w + j`` is nibble j: byte j // 2 of the little-endian word, its high nibble
+    for even j. x_low / x_high hold x[8w : 8w + 4] / x[8w + 4 : 8w + 8] as 16-bit floats.
+    SHUFFLE: every lane holds code[lane % 16] in ``lane_code``, and shfl.idx reads only
+    bits 0-4 of its lane operand, so ``word >> shift`` (no mask) names a lane holding the
+    nibble's code value. Otherwise (the interpreter) the value is loaded from ``code_ptr``.
+    """
+    words = words.to(tl.uint32, bitcast=True)
+    sums = tl.zeros(words.shape, dtype=tl.float32)
+    for j in tl.static_range(8):
+        shifted = words >> (8 * (j // 2) + 4 * (1 - j % 2))
+        if SHUFFLE:
+            value = tl.inline_asm_elementwise(
+                "shfl.sync.idx.b32 $0, $1, $2, 0x1f, -1;", "=r,r,r", [lane_code, shifted.to(tl.int32, bitcast=True)],
+                dtype=tl.int32, is_pure=True, pack=1,
+            ).to(tl.float32, bitcast=True)
+        else:
+            value = tl.load(code_ptr + (shifted & 15))
+        sums += value * x_value(x_low if j < 4 else x_high, j % 4, X_DTYPE)
+    return sums
+
+
+@triton.jit
+def _rows_step_words(words_ptr, rows, words_per_row, at, w):
+    """The WORDS words at word ``at`` of each of the 4 weight rows ``rows`` (int64)."""
+    return (
+        tl.load(words_ptr + rows[0] * words_per_row + at + w),
+        tl.load(words_ptr + rows[1] * words_per_row + at + w),
+        tl.load(words_ptr + rows[2] * words_per_row + at + w),
+        tl.load(words_ptr + rows[3] * words_per_row + at + w),
+    )
+
+
+@triton.jit
+def _rows_of_item(item, M, N):
+    """Row of x and the 4 weight rows (clamped to N - 1, int64) of work item ``item``:
+    items ``group * M + m`` put the M programs that read one row group next to each other."""
+    group = item // M
+    last = N - 1
+    return item % M, (
+        tl.minimum(4 * group, last).to(tl.int64),
+        tl.minimum(4 * group + 1, last).to(tl.int64),
+        tl.minimum(4 * group + 2, last).to(tl.int64),
+        tl.minimum(4 * group + 3, last).to(tl.int64),
+    ), 4 * group
+
+
+@triton.jit(do_not_specialize=["word_step"])
+def _gemv_4bit_rows_kernel(
+    x_ptr,
+    words_ptr,
+    absmax_ptr,
+    code_ptr,
+    bias_ptr,
+    out_ptr,
+    nested_absmax_ptr,
+    nested_code_ptr,
+    offset,
+    M,
+    N,
+    K,
+    stride_xm,
+    word_step,
+    BLOCKSIZE: tl.constexpr,
+    NESTED_BLOCKSIZE: tl.constexpr,
+    DOUBLE_QUANT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BF16_BITS: tl.constexpr,
+    WORDS: tl.constexpr,
+    SHUFFLE: tl.constexpr,
+):
+    """The gemv for bf16/fp16 x (rows on 16-byte boundaries) and K a multiple of 8 * WORDS
+    and of BLOCKSIZE (bench/notes.md v8).
+
+    A work item is 4 weight rows and one row of x; each program walks items pid, pid +
+    grid, ... (a persistent grid) in one flat loop of WORDS-word steps. The 4 rows are 4
+    separate 1-D tensors, so x is loaded and converted once per step for all of them, with
+    no broadcast and no layout conversion. Word indices are ``arange * word_step`` with
+    word_step = 1 not specialized: Triton cannot prove them contiguous, so thread t holds
+    words t, t + 32 * num_warps, ...; a warp's word load reads 128 contiguous bytes and its
+    x load (a word's 16 bytes of x in one load) 512. The next step's words and x are
+    loaded before the current step is decoded, unconditionally (the last step re-reads
+    itself): a conditional load made ptxas copy the loaded registers at the end of the
+    step, which waits for DRAM. Rows past N (the last group) are clamped to N - 1 and not
+    stored.
+    """
+    X_DTYPE: tl.constexpr = x_ptr.dtype.element_ty
+    w = tl.arange(0, WORDS) * word_step
+    x_pair = 2 * w[:, None] + tl.arange(0, 2)[None, :]  # int64 quads of x: word w's low and high
+    words_per_row = K // 8
+    steps = words_per_row // WORDS
+    items = tl.cdiv(N, 4) * M
+    grid = tl.num_programs(0)
+    total = (items - tl.program_id(0) + grid - 1) // grid * steps
+    x_quads = x_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
+    quads_per_x_row = stride_xm // 4
+    blocks_per_row = K // BLOCKSIZE
+    WORDS_PER_BLOCK: tl.constexpr = BLOCKSIZE // 8
+
+    m, rows, _ = _rows_of_item(tl.program_id(0), M, N)
+    next0, next1, next2, next3 = _rows_step_words(words_ptr, rows, words_per_row, 0, w)
+    next_x_low, next_x_high = tl.split(tl.load(x_quads + m.to(tl.int64) * quads_per_x_row + x_pair))
+    if SHUFFLE:
+        # The lane id is not elementwise: computed from another tensor, Triton 3.6 gave it
+        # that tensor's layout and converted it, moving values to other lanes (notes v6c).
+        lane = tl.inline_asm_elementwise(
+            "mov.u32 $0, %laneid;", "=r,r", [next0], dtype=tl.int32, is_pure=True, pack=1,
+        )
+        lane_code = tl.load(code_ptr + (lane & 15)).to(tl.int32, bitcast=True)
+    else:
+        lane_code = next0
+    acc0 = tl.zeros((WORDS,), dtype=tl.float32)
+    acc1 = tl.zeros((WORDS,), dtype=tl.float32)
+    acc2 = tl.zeros((WORDS,), dtype=tl.float32)
+    acc3 = tl.zeros((WORDS,), dtype=tl.float32)
+    for i in range(0, total):
+        step = i % steps
+        m, rows, first_row = _rows_of_item(tl.program_id(0) + (i // steps) * grid, M, N)
+        words0, words1, words2, words3 = next0, next1, next2, next3
+        x_low, x_high = next_x_low, next_x_high
+        i_next = tl.minimum(i + 1, total - 1)
+        m_next, rows_next, _ = _rows_of_item(tl.program_id(0) + (i_next // steps) * grid, M, N)
+        at_next = (i_next % steps) * WORDS
+        next0, next1, next2, next3 = _rows_step_words(words_ptr, rows_next, words_per_row, at_next, w)
+        next_x_low, next_x_high = tl.split(
+            tl.load(x_quads + m_next.to(tl.int64) * quads_per_x_row + 2 * at_next + x_pair)
+        )
+        block = (step * WORDS + w) // WORDS_PER_BLOCK
+        acc0 += word_code_sums(words0, lane_code, code_ptr, x_low, x_high, X_DTYPE, SHUFFLE) * load_block_absmax(
+            absmax_ptr, rows[0] * blocks_per_row + block, None, nested_absmax_ptr, nested_code_ptr, offset,
+            NESTED_BLOCKSIZE, DOUBLE_QUANT, MASKED=False)
+        acc1 += word_code_sums(words1, lane_code, code_ptr, x_low, x_high, X_DTYPE, SHUFFLE) * load_block_absmax(
+            absmax_ptr, rows[1] * blocks_per_row + block, None, nested_absmax_ptr, nested_code_ptr, offset,
+            NESTED_BLOCKSIZE, DOUBLE_QUANT, MASKED=False)
+        acc2 += word_code_sums(words2, lane_code, code_ptr, x_low, x_high, X_DTYPE, SHUFFLE) * load_block_absmax(
+            absmax_ptr, rows[2] * blocks_per_row + block, None, nested_absmax_ptr, nested_code_ptr, offset,
+            NESTED_BLOCKSIZE, DOUBLE_QUANT, MASKED=False)
+        acc3 += word_code_sums(words3, lane_code, code_ptr, x_low, x_high, X_DTYPE, SHUFFLE) * load_block_absmax(
+            absmax_ptr, rows[3] * blocks_per_row + block, None, nested_absmax_ptr, nested_code_ptr, offset,
+            NESTED_BLOCKSIZE, DOUBLE_QUANT, MASKED=False)
+        if step == steps - 1:
+            out_row = out_ptr + m.to(tl.int64) * N + first_row
+            _store_row(out_row, acc0, bias_ptr, first_row, N, HAS_BIAS, BF16_BITS)
+            _store_row(out_row + 1, acc1, bias_ptr, first_row + 1, N, HAS_BIAS, BF16_BITS)
+            _store_row(out_row + 2, acc2, bias_ptr, first_row + 2, N, HAS_BIAS, BF16_BITS)
+            _store_row(out_row + 3, acc3, bias_ptr, first_row + 3, N, HAS_BIAS, BF16_BITS)
+            acc0 = tl.zeros((WORDS,), dtype=tl.float32)
+            acc1 = tl.zeros((WORDS,), dtype=tl.float32)
+            acc2 = tl.zeros((WORDS,), dtype=tl.float32)
+            acc3 = tl.zeros((WORDS,), dtype=tl.float32)
+
+
+@triton.jit
+def _store_row(out, acc, bias_ptr, row, N, HAS_BIAS: tl.constexpr, BF16_BITS: tl.constexpr):
+    """Store one output: the sum of a row's accumulator (+ its bias), if ``row < N``."""
+    y = tl.sum(acc, axis=0)
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + tl.minimum(row, N - 1)).to(tl.float32)
+    store_as(out, y, row < N, BF16_BITS)
+
+
+@triton.jit
 def _gemm_4bit_kernel(
     x_ptr,
     packed_ptr,
@@ -424,6 +608,55 @@ def _gemm_4bit_kernel(
         y += tl.load(bias_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     out = out_ptr + m.to(tl.int64)[:, None] * N + n[None, :]
     store_as(out, y, m_ok[:, None] & n_ok[None, :], BF16_BITS)
+
+
+def _rows_words(K: int, items: int, multiprocessors: int) -> tuple[int, int] | None:
+    """(words per step, num_warps) of the rows kernel for ``items`` work items of rows of K
+    values on a device of ``multiprocessors``, or None when no step size in the table divides
+    the K / 8 words of a row."""
+    many = items >= _ROWS_MANY_ITEMS_PER_SM * multiprocessors
+    for words, num_warps in _ROWS_WORDS_MANY_ITEMS if many else _ROWS_WORDS:
+        if K % (8 * words) == 0:
+            return words, num_warps
+    return None
+
+
+def _rows_x_ok(x2: torch.Tensor) -> bool:
+    """Whether the rows kernel can read x: bf16/fp16 (4 values per 8-byte quad), contiguous
+    rows that start on 16-byte boundaries (one 16-byte load per word of x)."""
+    return (
+        x2.dtype in (torch.bfloat16, torch.float16)
+        and x2.stride(1) == 1
+        and (x2.shape[0] == 1 or x2.stride(0) % 8 == 0)
+        and x2.data_ptr() % 16 == 0
+    )
+
+
+def _balanced_grid(items: int, max_programs: int) -> int:
+    """Programs for a persistent grid of at most ``max_programs`` over ``items`` equal work
+    items, such that every program walks the same number of items, give or take one: the
+    kernel takes as long as its busiest program (8192 x 8192 on the H100: 2048 items over
+    1584 programs, some walking two, 29.9 us; over 2048 programs, 23.5 us; notes v8)."""
+    per_program = math.ceil(items / max_programs)
+    return math.ceil(items / per_program)
+
+
+def ptx_shuffle_ok(device: torch.device) -> bool:
+    """Whether the kernels may look code values up with ``shfl.sync`` (inline PTX): only when
+    compiled for an NVIDIA GPU. Triton's interpreter has no lanes, and a ROCm build of
+    PyTorch (``torch.version.hip`` set; its devices are still called "cuda") compiles for
+    AMD, where PTX does not exist; both load the value from the code table instead."""
+    return device.type == "cuda" and torch.version.hip is None and not interpreter_active()
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessor_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _multiprocessors(device: torch.device) -> int:
+    """Multiprocessors of a CUDA/ROCm device (the persistent grid's size unit)."""
+    return _multiprocessor_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def _largest_dividing_tile(K: int, block_k: int) -> int:
@@ -493,6 +726,7 @@ def gemv_4bit(
         absmax_flat, nested_absmax, nested_code, offset
     )
     on_gpu = x.device.type != "cpu"
+    shuffle = ptx_shuffle_ok(x.device)
     bf16_bits = x.dtype == torch.bfloat16 and interpreter_active()
     use_dot = M >= _DOT_MIN_ROWS
     if use_dot:
@@ -538,7 +772,19 @@ def gemv_4bit(
     )
     words_tile = _GPU_WORDS_TILE if on_gpu else _INTERPRETER_WORDS_TILE
     words_block_k = _largest_dividing_tile(K, words_tile[1]) if aligned else 0
-    if not use_dot and words_block_k and args[1].data_ptr() % 4 == 0 and args[1].numel() % 4 == 0:
+    words_ok = args[1].data_ptr() % 4 == 0 and args[1].numel() % 4 == 0
+    row_groups = math.ceil(N / 4) * M
+    multiprocessors = _multiprocessors(x.device) if on_gpu else 1
+    rows_words = _rows_words(K, row_groups, multiprocessors) if aligned and words_ok and _rows_x_ok(x2) else None
+    if not use_dot and _ROWS_KERNEL and rows_words:
+        words_per_step, num_warps = rows_words
+        programs = _ROWS_PROGRAMS_PER_SM * multiprocessors if on_gpu else _INTERPRETER_ROWS_PROGRAMS
+        _gemv_4bit_rows_kernel[(_balanced_grid(row_groups, programs),)](
+            *args[:1], args[1].view(torch.int32), *args[2:13], 1, BLOCKSIZE=blocksize,
+            NESTED_BLOCKSIZE=nested_blocksize, DOUBLE_QUANT=double_quant, HAS_BIAS=bias is not None,
+            BF16_BITS=bf16_bits, WORDS=words_per_step, SHUFFLE=shuffle, num_warps=num_warps,
+        )
+    elif not use_dot and words_block_k and words_ok:
         block_n, _, num_warps, prefetch = words_tile
         while on_gpu and block_n > 4 and math.ceil(N / block_n) * M < _WORDS_MIN_PROGRAMS:
             block_n //= 2  # small N: more, smaller programs (v5's 4-row tiles won at 4096 x 4096)
@@ -548,8 +794,8 @@ def gemv_4bit(
         grid = (math.ceil(N / block_n) * M,)
         _gemv_4bit_words_kernel[grid](
             *args[:1], words, *args[2:], GROUP=min(blocksize, words_block_k) // 8, PREFETCH=prefetch,
-            GATHER=_WORDS_LOOKUP == "gather" or (_WORDS_LOOKUP == "shuffle" and not (on_gpu and prefetch)),
-            SHUFFLE=_WORDS_LOOKUP == "shuffle" and on_gpu and prefetch,
+            GATHER=_WORDS_LOOKUP == "gather" or (_WORDS_LOOKUP == "shuffle" and not (shuffle and prefetch)),
+            SHUFFLE=_WORDS_LOOKUP == "shuffle" and shuffle and prefetch,
             X_PACKED=_X_PACKED and x.dtype != torch.float32 and x2.stride(1) == 1 and x2.stride(0) % 4 == 0
             and x2.data_ptr() % 8 == 0, **meta,
         )
