@@ -135,18 +135,21 @@ class Sweep:
 
 def rows_sweep(log):
     """v8: the rows kernel (the package's choice of step size and grid, label "v8") against
-    the word kernel (v7) on every shape, batch 1 and 4; at 8192 x 8192 batch 1 also each
-    step size and programs per SM ("v8-steps")."""
+    the word kernel (v7) on every shape, batch 1 and 4; at 8192 x 8192 and 4096 x 14336
+    batch 1 also step sizes and programs per SM ("v8-steps")."""
     v7 = dict(tile=(16, 512, 4, True), lookup="shuffle", x_packed=True)
     square = Sweep(8192, 8192, copies=3, log=log)
-    for per_sm, rows_words in ((8, (256, 2)), (16, (256, 2)), (16, (512, 2)), (16, (512, 4)), (16, (256, 4)),
-                               (12, (128, 1)), (16, (128, 1)), (16, (64, 1)), (32, (64, 1))):
+    for per_sm, rows_words in ((16, (256, 1)), (12, (256, 1)), (20, (256, 1)), (16, (128, 1)), (16, (512, 1)),
+                               (16, (256, 2)), (8, (256, 2)), (16, (512, 2)), (8, (512, 2))):
         square.run("v8-steps", 1, False, rows_per_sm=per_sm, rows_words=rows_words)
     for M, double_quant in ((1, False), (2, False), (4, False), (1, True)):
         square.run("v7", M, double_quant, **v7)
         square.run("v8", M, double_quant, rows_per_sm=nf4_gemv._ROWS_PROGRAMS_PER_SM)
     for N, K in [(4096, 4096), (14336, 4096), (4096, 14336)]:
         other = Sweep(N, K, copies=6, log=log)
+        if K == 14336:
+            for per_sm, rows_words in ((16, (256, 1)), (16, (256, 2)), (16, (128, 1)), (16, (128, 2))):
+                other.run("v8-steps", 1, False, rows_per_sm=per_sm, rows_words=rows_words)
         for M in (1, 4):
             other.run("v7", M, False, **v7)
             other.run("v8", M, False, rows_per_sm=nf4_gemv._ROWS_PROGRAMS_PER_SM)

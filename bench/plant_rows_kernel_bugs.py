@@ -30,7 +30,7 @@ MUTANTS = {
     "x halves swapped": (
         "x_value(x_low if j < 4 else x_high, j % 4, X_DTYPE)", "x_value(x_high if j < 4 else x_low, j % 4, X_DTYPE)"),
     "prefetch reads the current step": (
-        "at_next = (i_next % steps) * WORDS", "at_next = (i % steps) * WORDS"),
+        "at_next = (i_next % steps) * PAIRS", "at_next = (i % steps) * PAIRS"),
     "prefetch keeps the current item": (
         "m_next, rows_next, _ = _rows_of_item(tl.program_id(0) + (i_next // steps) * grid, M, N)",
         "m_next, rows_next, _ = _rows_of_item(tl.program_id(0) + (i // steps) * grid, M, N)"),
@@ -38,7 +38,11 @@ MUTANTS = {
         "_store_row(out_row + 3, acc3, bias_ptr, first_row + 3, N, HAS_BIAS, BF16_BITS)",
         "_store_row(out_row + 2, acc3, bias_ptr, first_row + 3, N, HAS_BIAS, BF16_BITS)"),
     "absmax block of the wrong step": (
-        "block = (step * WORDS + w) // WORDS_PER_BLOCK", "block = w // WORDS_PER_BLOCK"),
+        "block = (step * WORDS + 2 * p) // WORDS_PER_BLOCK", "block = (2 * p) // WORDS_PER_BLOCK"),
+    "absmax block from the pair index": (
+        "block = (step * WORDS + 2 * p) // WORDS_PER_BLOCK", "block = (step * WORDS + p) // WORDS_PER_BLOCK"),
+    "x of a pair's two words swapped": (
+        "a_low, a_high, b_low, b_high = x", "b_low, b_high, a_low, a_high = x"),
 }
 
 

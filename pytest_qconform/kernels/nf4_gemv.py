@@ -66,17 +66,17 @@ _WORDS_LOOKUP = "shuffle"
 _X_PACKED = True
 # Fewer programs than this leave SMs idle (132 on the H100): halve BLOCK_N down to 4 rows.
 _WORDS_MIN_PROGRAMS = 512
-# The rows kernel (v8) serves bf16/fp16 x whenever K is a multiple of 256 and of the
-# blocksize: H100, 8192 x 8192, batch 1: 23.7 us vs 30.0 us for the word kernel
-# (bench/notes.md v8). False sends those cases to the word kernel (sweeps, tests).
+# The rows kernel (v8, v8c) serves bf16/fp16 x whenever K is a multiple of 256 and of the
+# blocksize: H100, 8192 x 8192, batch 1: 22.4 us vs 30.0 us for the word kernel
+# (bench/notes.md v8c). False sends those cases to the word kernel (sweeps, tests).
 _ROWS_KERNEL = True
-# Words per row and step of the rows kernel with num_warps for each (four words per
+# Words per row and step of the rows kernel with num_warps for each (four word pairs per
 # thread; fewer only where 32 lanes have fewer): the first that divides K / 8. One-warp
-# programs of 128-word steps where the work items fill _ROWS_MANY_ITEMS_PER_SM programs per
-# multiprocessor, two-warp programs of 256-word steps where they do not. H100, batch 1:
-# 8192 x 8192 (2048 items) 23.7 vs 26.5 us, 14336 x 4096 23.3 vs 25.6, 4096 x 14336 (1024
-# items) 25.6 vs 23.4 (bench/notes.md v8).
-_ROWS_WORDS_MANY_ITEMS = ((128, 1), (64, 1), (32, 1))
+# programs where the work items fill _ROWS_MANY_ITEMS_PER_SM programs per multiprocessor,
+# two-warp programs where they do not. H100, batch 1, 8192 x 8192 (2048 items): 256 words
+# of one warp 22.3 us, 128 of one 23.0, 256 of two 24.3-24.9; 4096 x 14336 (1024 items):
+# 256 of two 21.6, 256 of one 24.5 (bench/notes.md v8c).
+_ROWS_WORDS_MANY_ITEMS = ((256, 1), (128, 1), (64, 1), (32, 1))
 _ROWS_WORDS = ((256, 2), (128, 1), (64, 1), (32, 1))
 _ROWS_MANY_ITEMS_PER_SM = 12
 # Persistent grid of the rows kernel: at most this many programs per multiprocessor, spread
@@ -404,13 +404,34 @@ def word_code_sums(words, lane_code, code_ptr, x_low, x_high, X_DTYPE: tl.conste
 
 @triton.jit
 def _rows_step_words(words_ptr, rows, words_per_row, at, w):
-    """The WORDS words at word ``at`` of each of the 4 weight rows ``rows`` (int64)."""
+    """Words (or word pairs) ``at + w`` of each of the 4 weight rows ``rows`` (int64)."""
     return (
         tl.load(words_ptr + rows[0] * words_per_row + at + w),
         tl.load(words_ptr + rows[1] * words_per_row + at + w),
         tl.load(words_ptr + rows[2] * words_per_row + at + w),
         tl.load(words_ptr + rows[3] * words_per_row + at + w),
     )
+
+
+@triton.jit
+def _rows_step_x(x_row, x_first):
+    """x for the word pairs of one step, from ``x_row`` (int64 quads, at the step's first
+    quad): the low and high quads of each pair's first word (a), then of its second (b).
+    Each [PAIRS, 2] load is split in registers (Triton 3.6 loads it with two threads per
+    row and moves halves across lanes; four 1-D loads instead were slower, notes v8c)."""
+    a_low, a_high = tl.split(tl.load(x_row + x_first))
+    b_low, b_high = tl.split(tl.load(x_row + x_first + 2))
+    return a_low, a_high, b_low, b_high
+
+
+@triton.jit
+def pair_code_sums(pairs, lane_code, code_ptr, x, X_DTYPE: tl.constexpr, SHUFFLE: tl.constexpr):
+    """Per int64 pair of words: the sum of its 16 ``code * x`` products in fp32 (absmax not
+    applied). Little-endian: the low 32 bits are the pair's first word; ``x`` is what
+    ``_rows_step_x`` returns."""
+    a_low, a_high, b_low, b_high = x
+    return (word_code_sums(pairs.to(tl.int32), lane_code, code_ptr, a_low, a_high, X_DTYPE, SHUFFLE)
+            + word_code_sums((pairs >> 32).to(tl.int32), lane_code, code_ptr, b_low, b_high, X_DTYPE, SHUFFLE))
 
 
 @triton.jit
@@ -430,7 +451,7 @@ def _rows_of_item(item, M, N):
 @triton.jit(do_not_specialize=["word_step"])
 def _gemv_4bit_rows_kernel(
     x_ptr,
-    words_ptr,
+    pairs_ptr,
     absmax_ptr,
     code_ptr,
     bias_ptr,
@@ -452,25 +473,27 @@ def _gemv_4bit_rows_kernel(
     SHUFFLE: tl.constexpr,
 ):
     """The gemv for bf16/fp16 x (rows on 16-byte boundaries) and K a multiple of 8 * WORDS
-    and of BLOCKSIZE (bench/notes.md v8).
+    and of BLOCKSIZE (bench/notes.md v8, v8c).
 
     A work item is 4 weight rows and one row of x; each program walks items pid, pid +
     grid, ... (a persistent grid) in one flat loop of WORDS-word steps. The 4 rows are 4
     separate 1-D tensors, so x is loaded and converted once per step for all of them, with
-    no broadcast and no layout conversion. Word indices are ``arange * word_step`` with
-    word_step = 1 not specialized: Triton cannot prove them contiguous, so thread t holds
-    words t, t + 32 * num_warps, ...; a warp's word load reads 128 contiguous bytes and its
-    x load (a word's 16 bytes of x in one load) 512. The next step's words and x are
-    loaded before the current step is decoded, unconditionally (the last step re-reads
-    itself): a conditional load made ptxas copy the loaded registers at the end of the
-    step, which waits for DRAM. Rows past N (the last group) are clamped to N - 1 and not
-    stored.
+    no broadcast. The weight is read as int64 pairs of adjacent words (``pairs_ptr``): a
+    pair is one 8-byte load and lies in one quantization block (blocks hold >= 4 words), so
+    its 16 products share one absmax: half the word and absmax loads of single words (v8c).
+    Pair indices are ``arange * word_step`` with word_step = 1 not specialized: Triton
+    cannot prove them contiguous, so thread t holds pairs t, t + 32 * num_warps, ...: a
+    warp's pair load reads 256 contiguous bytes. The next step's pairs and x are loaded
+    before the current step is decoded, unconditionally (the last step re-reads itself): a
+    conditional load made ptxas copy the loaded registers at the end of the step, which
+    waits for DRAM. Rows past N (the last group) are clamped to N - 1 and not stored.
     """
     X_DTYPE: tl.constexpr = x_ptr.dtype.element_ty
-    w = tl.arange(0, WORDS) * word_step
-    x_pair = 2 * w[:, None] + tl.arange(0, 2)[None, :]  # int64 quads of x: word w's low and high
-    words_per_row = K // 8
-    steps = words_per_row // WORDS
+    PAIRS: tl.constexpr = WORDS // 2
+    p = tl.arange(0, PAIRS) * word_step
+    x_first = 4 * p[:, None] + tl.arange(0, 2)[None, :]  # int64 quads of x: word 2p's low and high
+    pairs_per_row = K // 16
+    steps = pairs_per_row // PAIRS
     items = tl.cdiv(N, 4) * M
     grid = tl.num_programs(0)
     total = (items - tl.program_id(0) + grid - 1) // grid * steps
@@ -480,44 +503,42 @@ def _gemv_4bit_rows_kernel(
     WORDS_PER_BLOCK: tl.constexpr = BLOCKSIZE // 8
 
     m, rows, _ = _rows_of_item(tl.program_id(0), M, N)
-    next0, next1, next2, next3 = _rows_step_words(words_ptr, rows, words_per_row, 0, w)
-    next_x_low, next_x_high = tl.split(tl.load(x_quads + m.to(tl.int64) * quads_per_x_row + x_pair))
+    next0, next1, next2, next3 = _rows_step_words(pairs_ptr, rows, pairs_per_row, 0, p)
+    next_x = _rows_step_x(x_quads + m.to(tl.int64) * quads_per_x_row, x_first)
     if SHUFFLE:
         # The lane id is not elementwise: computed from another tensor, Triton 3.6 gave it
         # that tensor's layout and converted it, moving values to other lanes (notes v6c).
         lane = tl.inline_asm_elementwise(
-            "mov.u32 $0, %laneid;", "=r,r", [next0], dtype=tl.int32, is_pure=True, pack=1,
+            "mov.u32 $0, %laneid;", "=r,r", [next0.to(tl.int32)], dtype=tl.int32, is_pure=True, pack=1,
         )
         lane_code = tl.load(code_ptr + (lane & 15)).to(tl.int32, bitcast=True)
     else:
-        lane_code = next0
-    acc0 = tl.zeros((WORDS,), dtype=tl.float32)
-    acc1 = tl.zeros((WORDS,), dtype=tl.float32)
-    acc2 = tl.zeros((WORDS,), dtype=tl.float32)
-    acc3 = tl.zeros((WORDS,), dtype=tl.float32)
+        lane_code = next0.to(tl.int32)
+    acc0 = tl.zeros((PAIRS,), dtype=tl.float32)
+    acc1 = tl.zeros((PAIRS,), dtype=tl.float32)
+    acc2 = tl.zeros((PAIRS,), dtype=tl.float32)
+    acc3 = tl.zeros((PAIRS,), dtype=tl.float32)
     for i in range(0, total):
         step = i % steps
         m, rows, first_row = _rows_of_item(tl.program_id(0) + (i // steps) * grid, M, N)
-        words0, words1, words2, words3 = next0, next1, next2, next3
-        x_low, x_high = next_x_low, next_x_high
+        pairs0, pairs1, pairs2, pairs3 = next0, next1, next2, next3
+        x = next_x
         i_next = tl.minimum(i + 1, total - 1)
         m_next, rows_next, _ = _rows_of_item(tl.program_id(0) + (i_next // steps) * grid, M, N)
-        at_next = (i_next % steps) * WORDS
-        next0, next1, next2, next3 = _rows_step_words(words_ptr, rows_next, words_per_row, at_next, w)
-        next_x_low, next_x_high = tl.split(
-            tl.load(x_quads + m_next.to(tl.int64) * quads_per_x_row + 2 * at_next + x_pair)
-        )
-        block = (step * WORDS + w) // WORDS_PER_BLOCK
-        acc0 += word_code_sums(words0, lane_code, code_ptr, x_low, x_high, X_DTYPE, SHUFFLE) * load_block_absmax(
+        at_next = (i_next % steps) * PAIRS
+        next0, next1, next2, next3 = _rows_step_words(pairs_ptr, rows_next, pairs_per_row, at_next, p)
+        next_x = _rows_step_x(x_quads + m_next.to(tl.int64) * quads_per_x_row + 4 * at_next, x_first)
+        block = (step * WORDS + 2 * p) // WORDS_PER_BLOCK
+        acc0 += pair_code_sums(pairs0, lane_code, code_ptr, x, X_DTYPE, SHUFFLE) * load_block_absmax(
             absmax_ptr, rows[0] * blocks_per_row + block, None, nested_absmax_ptr, nested_code_ptr, offset,
             NESTED_BLOCKSIZE, DOUBLE_QUANT, MASKED=False)
-        acc1 += word_code_sums(words1, lane_code, code_ptr, x_low, x_high, X_DTYPE, SHUFFLE) * load_block_absmax(
+        acc1 += pair_code_sums(pairs1, lane_code, code_ptr, x, X_DTYPE, SHUFFLE) * load_block_absmax(
             absmax_ptr, rows[1] * blocks_per_row + block, None, nested_absmax_ptr, nested_code_ptr, offset,
             NESTED_BLOCKSIZE, DOUBLE_QUANT, MASKED=False)
-        acc2 += word_code_sums(words2, lane_code, code_ptr, x_low, x_high, X_DTYPE, SHUFFLE) * load_block_absmax(
+        acc2 += pair_code_sums(pairs2, lane_code, code_ptr, x, X_DTYPE, SHUFFLE) * load_block_absmax(
             absmax_ptr, rows[2] * blocks_per_row + block, None, nested_absmax_ptr, nested_code_ptr, offset,
             NESTED_BLOCKSIZE, DOUBLE_QUANT, MASKED=False)
-        acc3 += word_code_sums(words3, lane_code, code_ptr, x_low, x_high, X_DTYPE, SHUFFLE) * load_block_absmax(
+        acc3 += pair_code_sums(pairs3, lane_code, code_ptr, x, X_DTYPE, SHUFFLE) * load_block_absmax(
             absmax_ptr, rows[3] * blocks_per_row + block, None, nested_absmax_ptr, nested_code_ptr, offset,
             NESTED_BLOCKSIZE, DOUBLE_QUANT, MASKED=False)
         if step == steps - 1:
@@ -526,10 +547,10 @@ def _gemv_4bit_rows_kernel(
             _store_row(out_row + 1, acc1, bias_ptr, first_row + 1, N, HAS_BIAS, BF16_BITS)
             _store_row(out_row + 2, acc2, bias_ptr, first_row + 2, N, HAS_BIAS, BF16_BITS)
             _store_row(out_row + 3, acc3, bias_ptr, first_row + 3, N, HAS_BIAS, BF16_BITS)
-            acc0 = tl.zeros((WORDS,), dtype=tl.float32)
-            acc1 = tl.zeros((WORDS,), dtype=tl.float32)
-            acc2 = tl.zeros((WORDS,), dtype=tl.float32)
-            acc3 = tl.zeros((WORDS,), dtype=tl.float32)
+            acc0 = tl.zeros((PAIRS,), dtype=tl.float32)
+            acc1 = tl.zeros((PAIRS,), dtype=tl.float32)
+            acc2 = tl.zeros((PAIRS,), dtype=tl.float32)
+            acc3 = tl.zeros((PAIRS,), dtype=tl.float32)
 
 
 @triton.jit
@@ -623,7 +644,8 @@ def _rows_words(K: int, items: int, multiprocessors: int) -> tuple[int, int] | N
 
 def _rows_x_ok(x2: torch.Tensor) -> bool:
     """Whether the rows kernel can read x: bf16/fp16 (4 values per 8-byte quad), contiguous
-    rows that start on 16-byte boundaries (one 16-byte load per word of x)."""
+    rows that start on 16-byte boundaries (a word's two quads are one [., 2] load, which
+    the compiler may issue as one 16-byte load)."""
     return (
         x2.dtype in (torch.bfloat16, torch.float16)
         and x2.stride(1) == 1
@@ -775,12 +797,13 @@ def gemv_4bit(
     words_ok = args[1].data_ptr() % 4 == 0 and args[1].numel() % 4 == 0
     row_groups = math.ceil(N / 4) * M
     multiprocessors = _multiprocessors(x.device) if on_gpu else 1
-    rows_words = _rows_words(K, row_groups, multiprocessors) if aligned and words_ok and _rows_x_ok(x2) else None
+    pairs_ok = args[1].data_ptr() % 8 == 0 and args[1].numel() % 8 == 0
+    rows_words = _rows_words(K, row_groups, multiprocessors) if aligned and pairs_ok and _rows_x_ok(x2) else None
     if not use_dot and _ROWS_KERNEL and rows_words:
         words_per_step, num_warps = rows_words
         programs = _ROWS_PROGRAMS_PER_SM * multiprocessors if on_gpu else _INTERPRETER_ROWS_PROGRAMS
         _gemv_4bit_rows_kernel[(_balanced_grid(row_groups, programs),)](
-            *args[:1], args[1].view(torch.int32), *args[2:13], 1, BLOCKSIZE=blocksize,
+            *args[:1], args[1].view(torch.int64), *args[2:13], 1, BLOCKSIZE=blocksize,
             NESTED_BLOCKSIZE=nested_blocksize, DOUBLE_QUANT=double_quant, HAS_BIAS=bias is not None,
             BF16_BITS=bf16_bits, WORDS=words_per_step, SHUFFLE=shuffle, num_warps=num_warps,
         )
