@@ -70,8 +70,8 @@ _WORDS_MIN_PROGRAMS = 512
 # blocksize: H100, 8192 x 8192, batch 1: 22.4 us vs 30.0 us for the word kernel
 # (bench/notes.md v8c). False sends those cases to the word kernel (sweeps, tests).
 _ROWS_KERNEL = True
-# Words per row and step of the rows kernel with num_warps for each (four word pairs per
-# thread; fewer only where 32 lanes have fewer): the first that divides K / 8. One-warp
+# Words per row and step of the rows kernel with num_warps for each (256 words: four word
+# pairs per thread with one warp, two with two): the first that divides K / 8. One-warp
 # programs where the work items fill _ROWS_MANY_ITEMS_PER_SM programs per multiprocessor,
 # two-warp programs where they do not. H100, batch 1, 8192 x 8192 (2048 items): 256 words
 # of one warp 22.3 us, 128 of one 23.0, 256 of two 24.3-24.9; 4096 x 14336 (1024 items):
