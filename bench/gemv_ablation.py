@@ -15,10 +15,13 @@ double quant, no masking, shuffle lookup, next step's words prefetched) and adds
 Then the v8 candidates (rows, rows2d, rows8, rows9, rows10: 4 weight rows per work item), rows9 with
 its decode cut down (DECODE 1: no shuffle, 2: no decode; _row_partial), and "read", which
 only sums the packed weight as int32 words: the read floor of this GPU for a Triton kernel.
+The v8d probes (bench/notes.md v8d): rows10's x by inline-asm loads (XSPLIT 2), its word
+loads' cache modifier (WCACHE) and L2 prefetch of a later step (PF); rows11 (word quads);
+rows12 (a step's words, x and absmax loaded AHEAD steps early).
 
 Variants with wrong numbers are timing probes only; the others are checked against an
 fp32 decode before they are timed. Run on the CUDA machine from the repo root:
-``PYTHONPATH=. python bench/gemv_ablation.py sweep`` (JSON lines to stdout and
+``PYTHONPATH=. python bench/gemv_ablation.py sweep [NAME_PREFIX ...]`` (JSON lines to stdout and
 ``$OUT/gemv_ablation.jsonl``) or ``... profile VARIANT`` (three launches, for ncu).
 """
 import json
@@ -30,6 +33,7 @@ import triton
 import triton.language as tl
 
 from bench.gemv_sweep_v6 import CODE, DEVICE, GEN, decode, queued_us, weight
+from pytest_qconform.kernels.nf4_gemv import lane_code_table, shuffle_code, word_code_sums, x_value
 
 LOOKUPS = {"shfl": 0, "shfl5": 1, "none": 2}
 XLOADS = {"pair": 0, "quad": 1, "none": 2, "pair-next": 3}
@@ -39,20 +43,16 @@ WORKS = {"full": 0, "loads": 1}
 
 @triton.jit
 def _nibble_code(lane_code, bits, j: tl.constexpr):
-    """code[nibble j of the uint32 words ``bits``] by a warp shuffle (nibble j: byte j // 2,
-    its high nibble for even j; shfl.idx reads only the low 5 bits of the shifted word)."""
-    return tl.inline_asm_elementwise(
-        "shfl.sync.idx.b32 $0, $1, $2, 0x1f, -1;", "=r,r,r",
-        [lane_code, (bits >> (8 * (j // 2) + 4 * (1 - j % 2))).to(tl.int32, bitcast=True)], dtype=tl.int32,
-        is_pure=True, pack=1).to(tl.float32, bitcast=True)
+    """code[nibble j of the uint32 words ``bits``] (byte j // 2, its high nibble for even j)
+    by the package's warp shuffle."""
+    return shuffle_code(lane_code, bits >> (8 * (j // 2) + 4 * (1 - j % 2)))
 
 
 @triton.jit
 def _lane_code_and_accumulators(words, code_ptr, WORDS: tl.constexpr):
     """Each lane's code[lane % 16] as int32 bits (the shuffle's table; the lane id is taken
     with ``words``' layout) and 4 zeroed [WORDS] row accumulators."""
-    lane = tl.inline_asm_elementwise("mov.u32 $0, %laneid;", "=r,r", [words], dtype=tl.int32, is_pure=True, pack=1)
-    lane_code = tl.load(code_ptr + (lane & 15)).to(tl.int32, bitcast=True)
+    lane_code = lane_code_table(words, code_ptr)
     zeros = tl.zeros((WORDS,), dtype=tl.float32)
     return lane_code, zeros, zeros, zeros, zeros
 
@@ -98,8 +98,7 @@ def _ablation_kernel(x_ptr, words_ptr, absmax_ptr, code_ptr, out_ptr, N, K,
     x_quads = x_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
     acc = tl.zeros((BLOCK_N, GROUPS, GROUP), dtype=tl.float32)
     words = tl.load(first_word + word_rel)
-    lane = tl.inline_asm_elementwise("mov.u32 $0, %laneid;", "=r,r", [words], dtype=tl.int32, is_pure=True, pack=1)
-    lane_code = tl.load(code_ptr + (lane & 15)).to(tl.int32, bitcast=True)
+    lane_code = lane_code_table(words, code_ptr)
     next_absmax = _absmax_at(absmax_row, 0, GROUPS, GROUP, SHAPE)
     next_x_low, next_x_high = _x_at(x_quads, 0, group_word, XLOAD)
     for k0 in range(0, K, BLOCK_K):
@@ -130,13 +129,9 @@ def _ablation_kernel(x_ptr, words_ptr, absmax_ptr, code_ptr, out_ptr, N, K,
                 if LOOKUP == 2:
                     value = lane_src.to(tl.float32)
                 else:
-                    value = tl.inline_asm_elementwise(
-                        "shfl.sync.idx.b32 $0, $1, $2, 0x1f, -1;", "=r,r,r",
-                        [lane_code, lane_src.to(tl.int32, bitcast=True)], dtype=tl.int32, is_pure=True, pack=1,
-                    ).to(tl.float32, bitcast=True)
+                    value = shuffle_code(lane_code, lane_src)
                 quad = x_low if j < 4 else x_high
-                bits = ((quad >> (16 * (j % 4))) & 0xFFFF).to(tl.uint16)
-                xj = bits.to(tl.bfloat16, bitcast=True).to(tl.float32)
+                xj = x_value(quad, j % 4, tl.bfloat16)
                 partial += value * xj[None, :, :]
         if SHAPE == "3d":
             acc += partial * absmax
@@ -196,7 +191,7 @@ def _rows_kernel(x_ptr, words_ptr, absmax_ptr, code_ptr, out_ptr, N, K,
         u3 = cur3.to(tl.uint32, bitcast=True)
         for j in tl.static_range(8):
             quad = x_low if j < 4 else x_high
-            xj = ((quad >> (16 * (j % 4))) & 0xFFFF).to(tl.uint16).to(tl.bfloat16, bitcast=True).to(tl.float32)
+            xj = x_value(quad, j % 4, tl.bfloat16)
             v0 = _nibble_code(lane_code, u0, j)
             v1 = _nibble_code(lane_code, u1, j)
             v2 = _nibble_code(lane_code, u2, j)
@@ -228,8 +223,7 @@ def _rows2d_kernel(x_ptr, words_ptr, absmax_ptr, code_ptr, out_ptr, N, K,
     first_block = absmax_ptr + n0.to(tl.int64) * (K // 64) + r[:, None] * (K // 64)
     x_quads = x_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
     words = tl.load(first_word + rel)
-    lane = tl.inline_asm_elementwise("mov.u32 $0, %laneid;", "=r,r", [words], dtype=tl.int32, is_pure=True, pack=1)
-    lane_code = tl.load(code_ptr + (lane & 15)).to(tl.int32, bitcast=True)
+    lane_code = lane_code_table(words, code_ptr)
     acc = tl.zeros((ROWS, WORDS), dtype=tl.float32)
     for k0 in range(0, K, 8 * WORDS):
         w0 = k0 // 8
@@ -242,10 +236,8 @@ def _rows2d_kernel(x_ptr, words_ptr, absmax_ptr, code_ptr, out_ptr, N, K,
         p = tl.zeros((ROWS, WORDS), dtype=tl.float32)
         for j in tl.static_range(8):
             quad = x_low if j < 4 else x_high
-            xj = ((quad >> (16 * (j % 4))) & 0xFFFF).to(tl.uint16).to(tl.bfloat16, bitcast=True).to(tl.float32)
-            v = tl.inline_asm_elementwise("shfl.sync.idx.b32 $0, $1, $2, 0x1f, -1;", "=r,r,r",
-                                          [lane_code, (cur >> (8 * (j // 2) + 4 * (1 - j % 2))).to(tl.int32, bitcast=True)],
-                                          dtype=tl.int32, is_pure=True, pack=1).to(tl.float32, bitcast=True)
+            xj = x_value(quad, j % 4, tl.bfloat16)
+            v = _nibble_code(lane_code, cur, j)
             p += v * xj[None, :]
         acc += p * a
     tl.store(out_ptr + n0 + r, tl.sum(acc, axis=1).to(tl.bfloat16))
@@ -253,30 +245,22 @@ def _rows2d_kernel(x_ptr, words_ptr, absmax_ptr, code_ptr, out_ptr, N, K,
 
 @triton.jit
 def _row_partial(cur, lane_code, x_low, x_high, DECODE: tl.constexpr):
-    """sum_j code[nibble j of each word] * x[8 w + j] for one row's words (no absmax).
-    shfl.idx reads only bits 0-4 of its lane operand and lanes n and n + 16 hold the same
-    code value, so ``word >> shift`` needs no mask. Timing probes with wrong numbers:
+    """sum_j code[nibble j of each word] * x[8 w + j] for one row's words (no absmax):
+    DECODE 0, the package's ``word_code_sums`` with the shuffle. Timing probes with wrong numbers:
     DECODE 1 replaces the shuffle by one full-rate logic op (``nibble | 0x4B000000`` read as
     a float); DECODE 2 decodes nothing (the word's bits as a float times x's first value);
     3 also loads no absmax (_group_accumulate), 4 also no x (_group_step)."""
+    if DECODE == 0:
+        return word_code_sums(cur, lane_code, None, x_low, x_high, tl.bfloat16, True)
     cur = cur.to(tl.uint32, bitcast=True)
     if DECODE >= 2:
-        return cur.to(tl.float32, bitcast=True) * x_value(x_low, 0)
+        return cur.to(tl.float32, bitcast=True) * x_value(x_low, 0, tl.bfloat16)
     partial = tl.zeros(cur.shape, dtype=tl.float32)
     for j in tl.static_range(8):
         shifted = cur >> (8 * (j // 2) + 4 * (1 - j % 2))
-        if DECODE == 1:
-            v = ((shifted & 15) | 0x4B000000).to(tl.float32, bitcast=True)
-        else:
-            v = _nibble_code(lane_code, cur, j)
-        partial += v * x_value(x_low if j < 4 else x_high, j % 4)
+        partial += ((shifted & 15) | 0x4B000000).to(tl.float32, bitcast=True) * x_value(
+            x_low if j < 4 else x_high, j % 4, tl.bfloat16)
     return partial
-
-
-@triton.jit
-def x_value(quad, i: tl.constexpr):
-    """bf16 value i of the 4 in an int64 quad of x, as fp32."""
-    return ((quad >> (16 * i)) & 0xFFFF).to(tl.uint16).to(tl.bfloat16, bitcast=True).to(tl.float32)
 
 
 @triton.jit
@@ -440,16 +424,61 @@ def _rows9_kernel(x_ptr, words_ptr, absmax_ptr, code_ptr, out_ptr, N, K, words_p
                                                        blocks_per_row, WORDS, DECODE)
 
 
+X_ASM = tl.constexpr("ld.global.nc.v2.u64 {$0, $1}, [$2];")
+# quad word loads for rows11, by WLOAD: plain, L2 only, no L1 allocation, streaming
+WORD_ASM = ["ld.global.v2.u64 {$0, $1}, [$2];", "ld.global.cg.v2.u64 {$0, $1}, [$2];",
+            "ld.global.nc.L1::no_allocate.v2.u64 {$0, $1}, [$2];", "ld.global.cs.v2.u64 {$0, $1}, [$2];"]
+WCACHES = ["", ".cg"]
+
+
 @triton.jit
-def _pairs_step(pairs_ptr, x_quads, p, x_first, i, steps, pairs_per_row, HALF: tl.constexpr, XSPLIT: tl.constexpr):
+def _load_16_bytes(address, ASM: tl.constexpr):
+    """The two int64 at each 16-byte aligned byte ``address`` in one load, in the layout of
+    ``address`` (an inline-asm load: Triton's own [n, 2] loads put the halves on two threads)."""
+    return tl.inline_asm_elementwise(ASM, "=l,=l,l", [address], dtype=(tl.int64, tl.int64), is_pure=True, pack=1)
+
+
+
+@triton.jit
+def _prefetch_l2(address):
+    """prefetch.global.L2 of each byte ``address``: the line comes into L2 and no register
+    waits for it. ptxas places the rows kernels' next-step loads at the end of the loop
+    body (after the decode they were meant to overlap; Triton 3.6 SASS), so the loads'
+    DRAM latency is exposed every step; a prefetch has no result to sink. Returns a dummy
+    tensor (inline asm needs an output)."""
+    return tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [address], dtype=tl.int32,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def _prefetch_rows_step(words_at, absmax_at, i, steps, row_bytes, blocks_per_row, WORDS: tl.constexpr):
+    """Prefetch into L2 every 128-byte line of flat step ``i``'s words of the 4 rows (one
+    line per lane) and its absmax lines."""
+    LINES: tl.constexpr = WORDS * 4 // 128
+    g = tl.program_id(0) + (i // steps) * tl.num_programs(0)
+    lane = tl.arange(0, 4 * LINES)
+    row = g.to(tl.int64) * 4 + lane // LINES
+    _prefetch_l2(words_at + row * row_bytes + (i % steps) * (WORDS * 4) + (lane % LINES) * 128)
+    r4 = tl.arange(0, 4)
+    _prefetch_l2(absmax_at + ((g.to(tl.int64) * 4 + r4) * blocks_per_row + (i % steps) * (WORDS // 8)) * 4)
+
+
+@triton.jit
+def _pairs_step(pairs_ptr, x_quads, p, x_first, i, steps, pairs_per_row, HALF: tl.constexpr, XSPLIT: tl.constexpr,
+                WCACHE: tl.constexpr):
     """rows10: the int64 word pairs ``p`` of the 4 rows at flat step ``i`` and their x, as
     the low and high quads of the pair's first word (a) and second word (b). XSPLIT 0: x
     as two [HALF, 2] loads split in registers (Triton 3.6 loads them with two threads per
     row and converts the layout, as in the package's rows kernel); 1: four 1-D 8-byte
-    loads, no conversion."""
+    loads, no conversion; 2: two inline-asm 16-byte loads per pair, in the pairs' layout.
+    WCACHE: the word loads' cache modifier ("" or ".cg": L2 only, the weight is read once)."""
     g = tl.program_id(0) + (i // steps) * tl.num_programs(0)
     at = pairs_ptr + g.to(tl.int64) * 4 * pairs_per_row + (i % steps) * HALF + p
-    if XSPLIT == 0:
+    if XSPLIT == 2:
+        x = x_quads.to(tl.int64) + 32 * ((i % steps) * HALF + p)
+        xa_low, xa_high = _load_16_bytes(x, X_ASM)
+        xb_low, xb_high = _load_16_bytes(x + 16, X_ASM)
+    elif XSPLIT == 0:
         x = x_quads + 4 * (i % steps) * HALF + x_first
         xa_low, xa_high = tl.split(tl.load(x))
         xb_low, xb_high = tl.split(tl.load(x + 2))
@@ -459,8 +488,9 @@ def _pairs_step(pairs_ptr, x_quads, p, x_first, i, steps, pairs_per_row, HALF: t
         xa_high = tl.load(x + 1)
         xb_low = tl.load(x + 2)
         xb_high = tl.load(x + 3)
-    return (tl.load(at), tl.load(at + pairs_per_row), tl.load(at + 2 * pairs_per_row),
-            tl.load(at + 3 * pairs_per_row), xa_low, xa_high, xb_low, xb_high)
+    return (tl.load(at, cache_modifier=WCACHE), tl.load(at + pairs_per_row, cache_modifier=WCACHE),
+            tl.load(at + 2 * pairs_per_row, cache_modifier=WCACHE),
+            tl.load(at + 3 * pairs_per_row, cache_modifier=WCACHE), xa_low, xa_high, xb_low, xb_high)
 
 
 @triton.jit
@@ -471,9 +501,23 @@ def _pair_partial(pair, lane_code, xa_low, xa_high, xb_low, xb_high):
             + _row_partial((pair >> 32).to(tl.int32), lane_code, xb_low, xb_high, 0))
 
 
+@triton.jit
+def _pairs_layout(x_ptr, words_ptr, N, K, words_per_row, word_step, WORDS: tl.constexpr):
+    """What rows10 and rows12 derive from their arguments: each thread's pair indices and
+    their x quads, the weight as int64 pairs, steps per row group, this program's flat step
+    count (row groups pid, pid + grid, ...), x as int64 quads and absmax blocks per row."""
+    p = tl.arange(0, WORDS // 2) * word_step
+    x_first = 4 * p[:, None] + tl.arange(0, 2)[None, :]
+    steps = words_per_row // WORDS
+    groups = N // 4
+    total = (groups - tl.program_id(0) + tl.num_programs(0) - 1) // tl.num_programs(0) * steps
+    return (p, x_first, words_ptr.to(tl.pointer_type(tl.int64), bitcast=True), words_per_row // 2, steps, total,
+            x_ptr.to(tl.pointer_type(tl.int64), bitcast=True), K // 64)
+
+
 @triton.jit(do_not_specialize=["word_step"])
 def _rows10_kernel(x_ptr, words_ptr, absmax_ptr, code_ptr, out_ptr, N, K, words_per_row, word_step,
-                   WORDS: tl.constexpr, XSPLIT: tl.constexpr):
+                   WORDS: tl.constexpr, XSPLIT: tl.constexpr, WCACHE: tl.constexpr, PF: tl.constexpr):
     """rows8 (persistent, coalesced, the next step's words and x loaded ahead) with each
     thread holding pairs of adjacent words as int64: a pair comes in one 8-byte load and
     lies in one quantization block, so it takes one absmax: half the word loads and half
@@ -481,22 +525,21 @@ def _rows10_kernel(x_ptr, words_ptr, absmax_ptr, code_ptr, out_ptr, N, K, words_
     tensors are 1-D [WORDS // 2] in one layout (a 2-D [pairs, 2] tile put the two words of
     a pair on two threads and converted layouts every step, Triton 3.9)."""
     HALF: tl.constexpr = WORDS // 2
-    p = tl.arange(0, HALF) * word_step
-    x_first = 4 * p[:, None] + tl.arange(0, 2)[None, :]
-    pairs_ptr = words_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
-    pairs_per_row = words_per_row // 2
-    steps = words_per_row // WORDS
-    groups = N // 4
-    total = (groups - tl.program_id(0) + tl.num_programs(0) - 1) // tl.num_programs(0) * steps
-    x_quads = x_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
-    blocks_per_row = K // 64
+    p, x_first, pairs_ptr, pairs_per_row, steps, total, x_quads, blocks_per_row = _pairs_layout(
+        x_ptr, words_ptr, N, K, words_per_row, word_step, WORDS)
     n0, n1, n2, n3, na_low, na_high, nb_low, nb_high = _pairs_step(pairs_ptr, x_quads, p, x_first, 0, steps,
-                                                                   pairs_per_row, HALF, XSPLIT)
+                                                                   pairs_per_row, HALF, XSPLIT, WCACHE)
     lane_code, acc0, acc1, acc2, acc3 = _lane_code_and_accumulators(n0.to(tl.int32), code_ptr, HALF)
+    for d in tl.static_range(1, PF):
+        _prefetch_rows_step(words_ptr.to(tl.int64), absmax_ptr.to(tl.int64), tl.minimum(d, total - 1), steps,
+                            words_per_row * 4, blocks_per_row, WORDS)
     for i in range(0, total):
         c0, c1, c2, c3, xa_low, xa_high, xb_low, xb_high = n0, n1, n2, n3, na_low, na_high, nb_low, nb_high
         n0, n1, n2, n3, na_low, na_high, nb_low, nb_high = _pairs_step(
-            pairs_ptr, x_quads, p, x_first, tl.minimum(i + 1, total - 1), steps, pairs_per_row, HALF, XSPLIT)
+            pairs_ptr, x_quads, p, x_first, tl.minimum(i + 1, total - 1), steps, pairs_per_row, HALF, XSPLIT, WCACHE)
+        if PF > 0:
+            _prefetch_rows_step(words_ptr.to(tl.int64), absmax_ptr.to(tl.int64), tl.minimum(i + PF, total - 1), steps,
+                                words_per_row * 4, blocks_per_row, WORDS)
         g = tl.program_id(0) + (i // steps) * tl.num_programs(0)
         blocks = absmax_ptr + g.to(tl.int64) * 4 * blocks_per_row + (i % steps) * (WORDS // 8) + p // 4
         acc0 += _pair_partial(c0, lane_code, xa_low, xa_high, xb_low, xb_high) * tl.load(blocks)
@@ -504,6 +547,107 @@ def _rows10_kernel(x_ptr, words_ptr, absmax_ptr, code_ptr, out_ptr, N, K, words_
         acc2 += _pair_partial(c2, lane_code, xa_low, xa_high, xb_low, xb_high) * tl.load(blocks + 2 * blocks_per_row)
         acc3 += _pair_partial(c3, lane_code, xa_low, xa_high, xb_low, xb_high) * tl.load(blocks + 3 * blocks_per_row)
         acc0, acc1, acc2, acc3 = _flush_group(acc0, acc1, acc2, acc3, out_ptr, g, i % steps == steps - 1, HALF)
+
+
+@triton.jit
+def _rows12_step(pairs_ptr, x_quads, absmax_ptr, p, x_first, i, steps, pairs_per_row, blocks_per_row,
+                 WORDS: tl.constexpr, XSPLIT: tl.constexpr):
+    """rows12: what flat step ``i`` reads, in one tuple: the word pairs of the 4 rows, their
+    x (as ``_pairs_step``) and the pairs' absmax of the 4 rows."""
+    w0, w1, w2, w3, xa_low, xa_high, xb_low, xb_high = _pairs_step(pairs_ptr, x_quads, p, x_first, i, steps,
+                                                                   pairs_per_row, WORDS // 2, XSPLIT, "")
+    g = tl.program_id(0) + (i // steps) * tl.num_programs(0)
+    blocks = absmax_ptr + g.to(tl.int64) * 4 * blocks_per_row + (i % steps) * (WORDS // 8) + p // 4
+    return (w0, w1, w2, w3, xa_low, xa_high, xb_low, xb_high, tl.load(blocks), tl.load(blocks + blocks_per_row),
+            tl.load(blocks + 2 * blocks_per_row), tl.load(blocks + 3 * blocks_per_row))
+
+
+@triton.jit(do_not_specialize=["word_step"])
+def _rows12_kernel(x_ptr, words_ptr, absmax_ptr, code_ptr, out_ptr, N, K, words_per_row, word_step,
+                   WORDS: tl.constexpr, XSPLIT: tl.constexpr, AHEAD: tl.constexpr):
+    """rows10 with everything a step reads (words, x and absmax) loaded AHEAD steps early.
+    ptxas puts the loads of a loop-carried step at the end of the loop body (Triton 3.6
+    SASS), so rows10's "next step" loads are issued after the decode they were meant to
+    overlap and every step waits on them; loaded two steps ahead, a whole step's decode
+    lies between issue and use."""
+    HALF: tl.constexpr = WORDS // 2
+    p, x_first, pairs_ptr, pairs_per_row, steps, total, x_quads, blocks_per_row = _pairs_layout(
+        x_ptr, words_ptr, N, K, words_per_row, word_step, WORDS)
+    s1 = _rows12_step(pairs_ptr, x_quads, absmax_ptr, p, x_first, 0, steps, pairs_per_row, blocks_per_row, WORDS,
+                      XSPLIT)
+    if AHEAD == 2:
+        s2 = _rows12_step(pairs_ptr, x_quads, absmax_ptr, p, x_first, tl.minimum(1, total - 1), steps, pairs_per_row,
+                          blocks_per_row, WORDS, XSPLIT)
+    lane_code, acc0, acc1, acc2, acc3 = _lane_code_and_accumulators(s1[0].to(tl.int32), code_ptr, HALF)
+    for i in range(0, total):
+        cur = s1
+        if AHEAD == 2:
+            s1 = s2
+            s2 = _rows12_step(pairs_ptr, x_quads, absmax_ptr, p, x_first, tl.minimum(i + 2, total - 1), steps,
+                              pairs_per_row, blocks_per_row, WORDS, XSPLIT)
+        else:
+            s1 = _rows12_step(pairs_ptr, x_quads, absmax_ptr, p, x_first, tl.minimum(i + 1, total - 1), steps,
+                              pairs_per_row, blocks_per_row, WORDS, XSPLIT)
+        w0, w1, w2, w3, xa_low, xa_high, xb_low, xb_high, a0, a1, a2, a3 = cur
+        acc0 += _pair_partial(w0, lane_code, xa_low, xa_high, xb_low, xb_high) * a0
+        acc1 += _pair_partial(w1, lane_code, xa_low, xa_high, xb_low, xb_high) * a1
+        acc2 += _pair_partial(w2, lane_code, xa_low, xa_high, xb_low, xb_high) * a2
+        acc3 += _pair_partial(w3, lane_code, xa_low, xa_high, xb_low, xb_high) * a3
+        g = tl.program_id(0) + (i // steps) * tl.num_programs(0)
+        acc0, acc1, acc2, acc3 = _flush_group(acc0, acc1, acc2, acc3, out_ptr, g, i % steps == steps - 1, HALF)
+
+
+@triton.jit
+def _quads_step(words_at, x_at, q, i, steps, row_bytes, QUARTER: tl.constexpr, WASM: tl.constexpr):
+    """rows11: the quads ``q`` (4 adjacent words, 16 bytes) of the 4 rows at flat step ``i``
+    as (first pair, second pair) each, and their 64 bytes of x as 4 (low, high) quads."""
+    g = tl.program_id(0) + (i // steps) * tl.num_programs(0)
+    at = words_at + g.to(tl.int64) * 4 * row_bytes + (i % steps) * QUARTER * 16 + 16 * q
+    x = x_at + (i % steps) * QUARTER * 64 + 64 * q
+    return (_load_16_bytes(at, WASM), _load_16_bytes(at + row_bytes, WASM),
+            _load_16_bytes(at + 2 * row_bytes, WASM), _load_16_bytes(at + 3 * row_bytes, WASM),
+            (_load_16_bytes(x, X_ASM), _load_16_bytes(x + 16, X_ASM),
+             _load_16_bytes(x + 32, X_ASM), _load_16_bytes(x + 48, X_ASM)))
+
+
+@triton.jit
+def _quad_partial(quad, lane_code, x):
+    """sum over the 32 nibbles of a quad (two int64 pairs) of code * x."""
+    first, second = quad
+    x0, x1, x2, x3 = x
+    return (_pair_partial(first, lane_code, x0[0], x0[1], x1[0], x1[1])
+            + _pair_partial(second, lane_code, x2[0], x2[1], x3[0], x3[1]))
+
+
+@triton.jit(do_not_specialize=["word_step"])
+def _rows11_kernel(x_ptr, words_ptr, absmax_ptr, code_ptr, out_ptr, N, K, words_per_row, word_step,
+                   WORDS: tl.constexpr, WASM: tl.constexpr):
+    """rows10 with quads: each thread reads 4 adjacent words in one 16-byte load (half a
+    quantization block: one absmax per quad) and the quad's 64 bytes of x in four 16-byte
+    loads, all by inline asm so every tensor keeps the quads' 1-D layout. Half of rows10's
+    word and absmax loads again."""
+    QUARTER: tl.constexpr = WORDS // 4
+    q = tl.arange(0, QUARTER) * word_step
+    words_at = words_ptr.to(tl.int64)
+    x_at = x_ptr.to(tl.int64)
+    row_bytes = words_per_row * 4
+    steps = words_per_row // WORDS
+    groups = N // 4
+    total = (groups - tl.program_id(0) + tl.num_programs(0) - 1) // tl.num_programs(0) * steps
+    blocks_per_row = K // 64
+    n0, n1, n2, n3, nx = _quads_step(words_at, x_at, q, 0, steps, row_bytes, QUARTER, WASM)
+    lane_code, acc0, acc1, acc2, acc3 = _lane_code_and_accumulators(n0[0].to(tl.int32), code_ptr, QUARTER)
+    for i in range(0, total):
+        c0, c1, c2, c3, cx = n0, n1, n2, n3, nx
+        n0, n1, n2, n3, nx = _quads_step(words_at, x_at, q, tl.minimum(i + 1, total - 1), steps, row_bytes,
+                                         QUARTER, WASM)
+        g = tl.program_id(0) + (i // steps) * tl.num_programs(0)
+        blocks = absmax_ptr + g.to(tl.int64) * 4 * blocks_per_row + (i % steps) * (WORDS // 8) + q // 2
+        acc0 += _quad_partial(c0, lane_code, cx) * tl.load(blocks)
+        acc1 += _quad_partial(c1, lane_code, cx) * tl.load(blocks + blocks_per_row)
+        acc2 += _quad_partial(c2, lane_code, cx) * tl.load(blocks + 2 * blocks_per_row)
+        acc3 += _quad_partial(c3, lane_code, cx) * tl.load(blocks + 3 * blocks_per_row)
+        acc0, acc1, acc2, acc3 = _flush_group(acc0, acc1, acc2, acc3, out_ptr, g, i % steps == steps - 1, QUARTER)
 
 
 def launch(x, words, absmax, out, variant, block_n=16, block_k=512, num_warps=4):
@@ -515,10 +659,22 @@ def launch(x, words, absmax, out, variant, block_n=16, block_k=512, num_warps=4)
         chunk = words.numel() // programs // int(variant[1]) * int(variant[1])
         _read_kernel[(programs,)](words, out, chunk, BLOCK=int(variant[1]), num_warps=num_warps)
         return out
-    if variant[0] == "rows10":  # rows10/WORDS/XSPLIT; block_n: programs per SM
-        grid = min(N // 4, block_n * torch.cuda.get_device_properties(DEVICE).multi_processor_count)
+    if variant[0] == "rows10":  # rows10/WORDS/XSPLIT[/WCACHE[/PF]]; block_n: programs per SM, or -programs
+        grid = -block_n if block_n < 0 else min(N // 4, block_n * torch.cuda.get_device_properties(DEVICE).multi_processor_count)
         _rows10_kernel[(grid,)](x, words, absmax, CODE, out, N, K, K // 8, 1, WORDS=int(variant[1]),
-                                XSPLIT=int(variant[2]), num_warps=num_warps)
+                                XSPLIT=int(variant[2]), WCACHE=WCACHES[int(variant[3]) if len(variant) > 3 else 0],
+                                PF=int(variant[4]) if len(variant) > 4 else 0, num_warps=num_warps)
+        return out
+    if variant[0] == "rows12":  # rows12/WORDS/XSPLIT/AHEAD[/MAXNREG]; block_n: programs per SM
+        grid = min(N // 4, block_n * torch.cuda.get_device_properties(DEVICE).multi_processor_count)
+        extra = dict(maxnreg=int(variant[4])) if len(variant) > 4 else {}
+        _rows12_kernel[(grid,)](x, words, absmax, CODE, out, N, K, K // 8, 1, WORDS=int(variant[1]),
+                                XSPLIT=int(variant[2]), AHEAD=int(variant[3]), num_warps=num_warps, **extra)
+        return out
+    if variant[0] == "rows11":  # rows11/WORDS/WLOAD; block_n: programs per SM
+        grid = min(N // 4, block_n * torch.cuda.get_device_properties(DEVICE).multi_processor_count)
+        _rows11_kernel[(grid,)](x, words, absmax, CODE, out, N, K, K // 8, 1, WORDS=int(variant[1]),
+                                WASM=WORD_ASM[int(variant[2])], num_warps=num_warps)
         return out
     if variant[0] == "rows9":  # rows9/WORDS/PIPE/NUM_STAGES[/DECODE]; block_n: programs per SM
         grid = min(N // 4, block_n * torch.cuda.get_device_properties(DEVICE).multi_processor_count)
@@ -569,6 +725,43 @@ VARIANTS = [
     ("rows10/256/1", [(16, 0, 1), (8, 0, 2)]),
     ("rows10/64/0", [(16, 0, 1)]),
     ("rows10/64/1", [(16, 0, 1)]),
+    # x by inline-asm 16-byte loads in the pairs' layout (no layout conversion); weight
+    # loads cached in L2 only; quads (4 words, one 16-byte load, one absmax) with each
+    # word-load modifier of WORD_ASM
+    ("rows10/256/2", [(16, 0, 1), (12, 0, 1), (20, 0, 1), (24, 0, 1)]),
+    ("rows10/128/2", [(16, 0, 1)]),
+    ("rows10/256/0/0/1", [(16, 0, 1)]),  # flat step i + PF prefetched into L2 (lines, absmax too)
+    ("rows10/256/0/0/2", [(16, 0, 1)]),
+    ("rows10/256/0/0/3", [(16, 0, 1)]),
+    ("rows10/256/2/0/1", [(16, 0, 1)]),
+    ("rows10/256/2/0/2", [(16, 0, 1), (20, 0, 1)]),
+    ("rows10/256/2/0/3", [(16, 0, 1)]),
+    ("rows10/128/2/0/2", [(16, 0, 1), (20, 0, 1)]),
+    ("rows10/128/2/0/3", [(16, 0, 1), (20, 0, 1)]),
+    ("rows10/128/2/0/4", [(16, 0, 1)]),
+    ("rows10/128/0/0/3", [(16, 0, 1)]),
+    # more warps in flight: steps split over 2 or 4 warps (56-72 registers instead of
+    # 96-128); a negative block_n is the exact program count (1024 divides 2048 groups)
+    ("rows10/128/2", [(16, 0, 2), (-1024, 0, 2)]),
+    ("rows10/128/0", [(16, 0, 2)]),
+    ("rows10/256/2", [(-1024, 0, 4), (-2048, 0, 4)]),
+    ("rows10/64/2", [(16, 0, 1)]),
+    ("rows12/256/2/1", [(16, 0, 1)]),  # absmax loaded with the words; AHEAD steps ahead
+    ("rows12/256/0/1", [(16, 0, 1)]),
+    ("rows12/256/2/2", [(16, 0, 1), (12, 0, 1)]),
+    ("rows12/128/2/2", [(16, 0, 1), (12, 0, 1), (20, 0, 1)]),
+    ("rows12/128/0/2", [(16, 0, 1), (12, 0, 1)]),
+    ("rows12/128/2/2/128", [(16, 0, 1)]),
+    ("rows12/128/2/1", [(16, 0, 1)]),
+    ("rows12/64/2/2", [(16, 0, 1)]),
+    ("rows10/256/0/1", [(16, 0, 1)]),
+    ("rows10/256/2/1", [(16, 0, 1)]),
+    ("rows11/256/0", [(16, 0, 1), (12, 0, 1), (20, 0, 1), (24, 0, 1), (8, 0, 2)]),
+    ("rows11/512/0", [(16, 0, 1), (8, 0, 1), (8, 0, 2)]),
+    ("rows11/128/0", [(16, 0, 1)]),
+    ("rows11/256/1", [(16, 0, 1)]),
+    ("rows11/256/2", [(16, 0, 1)]),
+    ("rows11/256/3", [(16, 0, 1)]),
     # where the rows kernel's time goes (timing probes, wrong numbers): no shuffle, no
     # decode, no decode and no absmax, none of these and no x
     ("rows9/128/0/1/1", [(16, 0, 1)]),
@@ -583,7 +776,8 @@ VARIANTS = [
 ]
 
 
-def sweep():
+def sweep(only=()):
+    """Time every variant (or those whose name starts with one of ``only``)."""
     N = K = 8192
     copies = [weight(N, K) for _ in range(3)]
     ref = decode(N, K, *copies[0], False)
@@ -592,6 +786,8 @@ def sweep():
     scale = (x.float().abs() @ ref.abs().T).reshape(-1)
     log = open(os.path.join(os.environ.get("OUT", "."), "gemv_ablation.jsonl"), "w")
     for name, tiles in VARIANTS:
+        if only and not name.startswith(tuple(only)):
+            continue
         variant = tuple(name.split("/"))
         for block_n, block_k, num_warps in tiles:
             row = dict(variant=name, tile=[block_n, block_k, num_warps])
@@ -629,6 +825,6 @@ def profile(name, num_warps=4, block_n=16):
 
 if __name__ == "__main__":
     if sys.argv[1] == "sweep":
-        sweep()
+        sweep(sys.argv[2:])
     else:
         profile(sys.argv[2], *(int(a) for a in sys.argv[3:]))

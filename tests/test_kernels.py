@@ -249,6 +249,23 @@ def test_gemv_rows_kernel_configurations(monkeypatch, step_words, x_dtype):
     assert len(launched) == cases, "every case must take the rows kernel"
 
 
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="the interpreter always takes the table loads (every test here)")
+def test_gemv_table_lookup_compiled_for_a_gpu(monkeypatch):
+    """The path a ROCm GPU takes (no PTX shuffle: code values loaded from the table),
+    compiled and run on this GPU: the rows kernel and the word kernel (prefetch on, which
+    with the shuffle unavailable falls back to the shared-memory gather)."""
+    from pytest_qconform.kernels import nf4_gemv
+
+    monkeypatch.setattr(nf4_gemv, "ptx_shuffle_ok", lambda device: False)
+    rows = spy_on(monkeypatch, nf4_gemv, "_gemv_4bit_rows_kernel")
+    words = spy_on(monkeypatch, nf4_gemv, "_gemv_4bit_words_kernel")
+    gen = torch.Generator().manual_seed(14)
+    for double_quant in (False, True):
+        check_gemv((42, 2048), (3, 2048), True, double_quant, torch.bfloat16, gen)
+        check_gemv((40, 512), (2, 512), False, double_quant, torch.float32, gen)
+    assert len(rows) == 2 and len(words) == 2, "each kernel must run twice"
+
+
 def test_gemv_rows_kernel_only_where_it_can_read_x(monkeypatch):
     """fp32 x, x with strided columns, rows of x off 16-byte boundaries and K not a multiple
     of 256 go to the other kernels (and still compute the right numbers)."""

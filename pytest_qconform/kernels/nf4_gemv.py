@@ -237,6 +237,31 @@ def x_value(quad, index: tl.constexpr, dtype: tl.constexpr):
 
 
 @triton.jit
+def lane_code_table(like, code_ptr):
+    """code[lane % 16] as int32 bits in every lane, for ``shuffle_code``, in ``like``'s layout.
+
+    The lane id is not elementwise: computed from another tensor, Triton 3.6 gave it that
+    tensor's layout and converted it, moving values to other lanes (bench/notes.md v6c).
+    Computed from a tensor the loop uses (the loaded words), it has the loop's layout.
+    """
+    lane = tl.inline_asm_elementwise("mov.u32 $0, %laneid;", "=r,r", [like.to(tl.int32)], dtype=tl.int32,
+                                     is_pure=True, pack=1)
+    return tl.load(code_ptr + (lane & 15)).to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def shuffle_code(lane_code, nibble):
+    """fp32 code value of ``nibble`` by a warp shuffle from the lane holding it in
+    ``lane_code`` (``lane_code_table``). shfl.idx reads only bits 0-4 of its lane operand,
+    and lanes n and n + 16 hold the same value, so a nibble with other bits above it
+    (``word >> shift``) needs no mask."""
+    return tl.inline_asm_elementwise(
+        "shfl.sync.idx.b32 $0, $1, $2, 0x1f, -1;", "=r,r,r", [lane_code, nibble.to(tl.int32, bitcast=True)],
+        dtype=tl.int32, is_pure=True, pack=1,
+    ).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _gemv_4bit_words_kernel(
     x_ptr,
     words_ptr,
@@ -310,15 +335,8 @@ def _gemv_4bit_words_kernel(
             words = tl.load(first_word + word_rel, mask=word_ok, other=0)
         else:
             words = tl.load(first_word + word_rel)
-        if SHUFFLE:
-            # Every lane holds code[lane % 16]; a lookup is one shuffle from lane `nibble`. The
-            # lane id is not elementwise: computed from another tensor, Triton 3.6 gave it that
-            # tensor's layout and converted it, moving values to other lanes (bench/notes.md
-            # v6c). Computed from the loaded words, it has the layout the loop uses them in.
-            lane = tl.inline_asm_elementwise(
-                "mov.u32 $0, %laneid;", "=r,r", [words], dtype=tl.int32, is_pure=True, pack=1,
-            )
-            lane_code = tl.load(code_ptr + (lane & 15)).to(tl.int32, bitcast=True)
+        if SHUFFLE:  # every lane holds code[lane % 16]; a lookup is one shuffle from lane `nibble`
+            lane_code = lane_code_table(words, code_ptr)
     for k0 in range(0, K, BLOCK_K):
         w0 = k0 // 8
         if PREFETCH:
@@ -356,10 +374,7 @@ def _gemv_4bit_words_kernel(
             # column 8w + j: byte j // 2 of the word, its high nibble for even j
             nibble = (current >> (8 * (j // 2) + 4 * (1 - j % 2))) & 15
             if SHUFFLE:  # code[nibble] from lane `nibble`, which holds it in `lane_code`
-                value = tl.inline_asm_elementwise(
-                    "shfl.sync.idx.b32 $0, $1, $2, 0x1f, -1;", "=r,r,r", [lane_code, nibble.to(tl.int32, bitcast=True)],
-                    dtype=tl.int32, is_pure=True, pack=1,
-                ).to(tl.float32, bitcast=True)
+                value = shuffle_code(lane_code, nibble)
             elif GATHER:
                 value = lookup(code_values, nibble.to(tl.int32))
             else:
@@ -383,19 +398,16 @@ def word_code_sums(words, lane_code, code_ptr, x_low, x_high, X_DTYPE: tl.conste
 
     Column ``8 w + j`` is nibble j: byte j // 2 of the little-endian word, its high nibble
     for even j. x_low / x_high hold x[8w : 8w + 4] / x[8w + 4 : 8w + 8] as 16-bit floats.
-    SHUFFLE: every lane holds code[lane % 16] in ``lane_code``, and shfl.idx reads only
-    bits 0-4 of its lane operand, so ``word >> shift`` (no mask) names a lane holding the
-    nibble's code value. Otherwise (the interpreter) the value is loaded from ``code_ptr``.
+    SHUFFLE: ``shuffle_code`` from ``lane_code`` (``lane_code_table``), with ``word >> shift``
+    unmasked as the lane. Otherwise (the interpreter, ROCm) the value is loaded from
+    ``code_ptr``.
     """
     words = words.to(tl.uint32, bitcast=True)
     sums = tl.zeros(words.shape, dtype=tl.float32)
     for j in tl.static_range(8):
         shifted = words >> (8 * (j // 2) + 4 * (1 - j % 2))
         if SHUFFLE:
-            value = tl.inline_asm_elementwise(
-                "shfl.sync.idx.b32 $0, $1, $2, 0x1f, -1;", "=r,r,r", [lane_code, shifted.to(tl.int32, bitcast=True)],
-                dtype=tl.int32, is_pure=True, pack=1,
-            ).to(tl.float32, bitcast=True)
+            value = shuffle_code(lane_code, shifted)
         else:
             value = tl.load(code_ptr + (shifted & 15))
         sums += value * x_value(x_low if j < 4 else x_high, j % 4, X_DTYPE)
@@ -486,7 +498,9 @@ def _gemv_4bit_rows_kernel(
     warp's pair load reads 256 contiguous bytes. The next step's pairs and x are loaded
     before the current step is decoded, unconditionally (the last step re-reads itself): a
     conditional load made ptxas copy the loaded registers at the end of the step, which
-    waits for DRAM. Rows past N (the last group) are clamped to N - 1 and not stored.
+    waits for DRAM. (ptxas still issues these loads at the end of the step body, after the
+    decode; loading earlier by L2 prefetch or two steps ahead was slower, notes v8d.) Rows
+    past N (the last group) are clamped to N - 1 and not stored.
     """
     X_DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     PAIRS: tl.constexpr = WORDS // 2
@@ -506,12 +520,7 @@ def _gemv_4bit_rows_kernel(
     next0, next1, next2, next3 = _rows_step_words(pairs_ptr, rows, pairs_per_row, 0, p)
     next_x = _rows_step_x(x_quads + m.to(tl.int64) * quads_per_x_row, x_first)
     if SHUFFLE:
-        # The lane id is not elementwise: computed from another tensor, Triton 3.6 gave it
-        # that tensor's layout and converted it, moving values to other lanes (notes v6c).
-        lane = tl.inline_asm_elementwise(
-            "mov.u32 $0, %laneid;", "=r,r", [next0.to(tl.int32)], dtype=tl.int32, is_pure=True, pack=1,
-        )
-        lane_code = tl.load(code_ptr + (lane & 15)).to(tl.int32, bitcast=True)
+        lane_code = lane_code_table(next0, code_ptr)
     else:
         lane_code = next0.to(tl.int32)
     acc0 = tl.zeros((PAIRS,), dtype=tl.float32)
