@@ -51,7 +51,7 @@ from pytest_qconform.targets import Target
 
 FULL_SHAPES: tuple[tuple[int, int], ...] = ((4096, 4096), (8192, 8192), (14336, 4096))  # (N, K)
 SMALL_SHAPES: tuple[tuple[int, int], ...] = tuple((n // 32, k // 32) for n, k in FULL_SHAPES)
-BATCHES: tuple[int, ...] = (1, 16, 128)
+BATCHES: tuple[int, ...] = (1, 4, 16, 128)
 
 MARKER = "qconform_benchmark"
 PROPERTY = "qconform_benchmark"  # user_properties key carrying a result's to_dict() to the recorder

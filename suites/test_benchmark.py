@@ -4,7 +4,7 @@ Run only with ``pytest --qconform --benchmark-only`` (``nox -s bench``); a plain
 ``--qconform`` run skips them with the reason, as does a CPU run without
 ``--qconform-bench-shapes=small``. Weights N x K (out x in) of 4096x4096, 8192x8192
 and 14336x4096 (the shapes of 7-8B models' projections), bf16; matmul at batch 1
-(decoding: the gemv path), 16 and 128. NF4 at blocksize 64, the CUDA default, plain and
+(decoding: the gemv path), 4 (a few rows: the fused gemv too), 16 and 128. NF4 at blocksize 64, the CUDA default, plain and
 (dequantize) double-quantized; HQQ has no NF4 and is timed on its own 4-bit format at
 group 64, which stores the same 4.5 bits per weight. What is timed and how (CUDA
 events, inputs rotated out of L2, the floor) is in ``pytest_qconform.bench``; the

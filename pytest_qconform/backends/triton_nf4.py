@@ -33,12 +33,13 @@ STATE_FORMAT_VERSION = 1  # of serialize()'s dict
 _QUANT_TYPES = ("nf4", "fp4")
 
 
-# Rows routed to the fused gemv. Measured on the H100 (reports/bench, bench/notes.md v7): at
-# 8192x8192 bf16 the fused kernel takes 30 us for 1 row, 52 us for 2 and 98 us for 4 (it
-# repeats the decode per row), dequantize + cuBLAS ~116-120 us at any small batch: 2 and 3
-# rows would gain too, but the suites' gemv error model (bitsandbytes' rounding of code and
-# absmax) is tied to single-row calls, so that change waits for a check of its own.
-FUSED_MAX_ROWS = 1
+# Rows routed to the fused gemv. Measured on the H100 (bench/notes.md "Few rows"): at
+# 8192x8192 bf16 the rows kernel takes 22 us for 1 row, 35 us for 2 and 65 us for 4 (it
+# repeats the decode per row); dequantize + cuBLAS took 116 us at 4 rows. The matmul suite
+# checks 2-4 rows (its 3-row activations) against the dequantize-then-GEMM error model,
+# which is tighter than the single-row gemv model: the kernel keeps code * absmax in fp32
+# and accumulates in fp32.
+FUSED_MAX_ROWS = 4
 
 @dataclass(frozen=True)
 class Nf4State:
