@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pytest_qconform.reference import bounds, linear
-from pytest_qconform.strategies import activation_cases, weight_cases
+from pytest_qconform.strategies import ActivationCase, WeightCase, activation_cases, weight_cases
 
 from ._cases import DTYPES, SPECS, dtype_id, reference_decode, require_claim, shapes_for, spec_id, weight_error
 
@@ -65,3 +65,25 @@ def test_matmul_fp32_activation_into_low_precision_layer(qtarget, qbackend, qdev
         check_matmul(qbackend, qdevice, qcheck, spec, dtype, torch.float32, case, act, with_bias)
 
     check()
+
+
+# Fused small-batch kernels take over where the weight's rows are long: the Triton rows
+# kernel needs K a multiple of 256, which the drawn weight shapes (K <= 128) never reach.
+SMALL_BATCH_SHAPE = (10, 256)  # N not a multiple of 4: a partial last group of rows
+SMALL_BATCH_DEFAULT_LIMIT = 4  # row counts checked for a backend that claims no max_gemv_rows
+
+
+@pytest.mark.qconform_operation("matmul")
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("spec", SPECS[:2] + SPECS[-3:-2], ids=spec_id)
+def test_matmul_every_row_count_past_the_fused_limit(qtarget, qbackend, qdevice, qcheck, spec, dtype):
+    """Each batch from 1 row to one past the backend's ``max_gemv_rows``: a fused
+    small-batch path serves exactly these, and the drawn activations of
+    ``test_matmul_matches_reference`` need not hit every one. Contiguous x (what fused
+    kernels take), with bias; the seeds are fixed and printed on failure."""
+    caps = require_claim(qbackend, qtarget, spec, dtype)
+    limit = caps.max_gemv_rows or SMALL_BATCH_DEFAULT_LIMIT
+    case = WeightCase(SMALL_BATCH_SHAPE, "normal", seed=17)
+    for rows in range(1, limit + 2):
+        check_matmul(qbackend, qdevice, qcheck, spec, dtype, dtype, case, ActivationCase((rows,), "contiguous", rows),
+                     with_bias=True)

@@ -7,6 +7,7 @@ where it should, while the unmodified backend passes everywhere.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -117,6 +118,25 @@ class WrongGemvTail(TorchNF4Backend):
         y = F.linear(x[..., :full].to(compute_dtype), w[:, :full], bias.to(compute_dtype) if bias is not None else None)
         return y.to(x.dtype)
 
+
+class LastRowAtTheFusedLimit(TorchNF4Backend):
+    """A fused small-batch path, claimed up to 4 rows through ``max_gemv_rows``, whose
+    4-row case computes its last output row from x's third row (an off-by-one in the last
+    row group). The drawn activations never have 4 rows: only the row-count sweep sees it."""
+
+    name = "mutant-fused-limit-last-row"
+    catches = "matmul"
+    LIMIT = 4
+
+    def capabilities(self, device):
+        return dataclasses.replace(super().capabilities(device), max_gemv_rows=self.LIMIT)
+
+    def matmul(self, x, q, bias, compute_dtype):
+        if math.prod(x.shape[:-1]) != self.LIMIT:
+            return super().matmul(x, q, bias, compute_dtype)
+        rows = x.reshape(self.LIMIT, x.shape[-1])
+        shifted = torch.cat([rows[:-1], rows[-2:-1]])
+        return super().matmul(shifted, q, bias, compute_dtype).reshape(*x.shape[:-1], -1)
 
 class NaNGradients(TorchNF4Backend):
     """A backward that produces NaN where a weight block is all zeros (0/0 in a rescale)."""
@@ -255,5 +275,5 @@ def scaled_matmul_eps(dtype: torch.dtype, default: float) -> float:
 MUTANTS: tuple[type[TorchNF4Backend], ...] = (
     KeepsFirstDtypeBuffer, SwappedNibbles, WrongBlockAbsmax, RowwiseAbsmax, DroppedNestedOffset, IgnoredBias,
     WrongGemvTail, NaNGradients, Fp16Accumulation, ForgetsBlocksize, OffThresholds, WrongOutputDtype, NaNForZeroBlocks,
-    HidesNonFinite, CrashesOnFp32Input, ScaledMatmul,
+    HidesNonFinite, CrashesOnFp32Input, ScaledMatmul, LastRowAtTheFusedLimit,
 )

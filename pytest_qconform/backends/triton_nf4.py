@@ -36,9 +36,9 @@ _QUANT_TYPES = ("nf4", "fp4")
 # Rows routed to the fused gemv. Measured on the H100 (bench/notes.md "Few rows"): at
 # 8192x8192 bf16 the rows kernel takes 22 us for 1 row, 35 us for 2 and 65 us for 4 (it
 # repeats the decode per row); dequantize + cuBLAS took 116 us at 4 rows. The matmul suite
-# checks 2-4 rows (its 3-row activations) against the dequantize-then-GEMM error model,
-# which is tighter than the single-row gemv model: the kernel keeps code * absmax in fp32
-# and accumulates in fp32.
+# checks every batch up to one past this (test_matmul_every_row_count_past_the_fused_limit),
+# 2-4 rows against the dequantize-then-GEMM error model, which is tighter than the
+# single-row gemv model: the kernel keeps code * absmax in fp32 and accumulates in fp32.
 FUSED_MAX_ROWS = 4
 
 @dataclass(frozen=True)

@@ -522,7 +522,7 @@ def _gemv_4bit_rows_kernel(
     if SHUFFLE:
         lane_code = lane_code_table(next0, code_ptr)
     else:
-        lane_code = next0.to(tl.int32)
+        lane_code = next0.to(tl.int32)  # not read: the table loads need no lane table
     acc0 = tl.zeros((PAIRS,), dtype=tl.float32)
     acc1 = tl.zeros((PAIRS,), dtype=tl.float32)
     acc2 = tl.zeros((PAIRS,), dtype=tl.float32)
