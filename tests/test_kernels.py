@@ -204,6 +204,51 @@ def spy_on(monkeypatch, module, name):
     return launched
 
 
+def compiled_variants(monkeypatch, module, name):
+    """Replace kernel ``name`` of ``module`` by a wrapper that collects what each launch
+    returns: on a GPU, Triton's compiled kernel, one object per specialization key."""
+    variants = set()
+    kernel = getattr(module, name)
+
+    def launcher(grid):
+        def launch(*args, **kwargs):
+            compiled = kernel[grid](*args, **kwargs)
+            variants.add(id(compiled))
+            return compiled
+        return launch
+
+    monkeypatch.setattr(module, name, type("Collect", (), {"__getitem__": lambda _, grid: launcher(grid)})())
+    return variants
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="the interpreter compiles nothing")
+def test_kernels_compile_one_variant_for_every_length(monkeypatch):
+    """Lengths and batch sizes are not specialized (``do_not_specialize``): Triton would
+    otherwise compile a variant per class of each integer (1, a multiple of 16, other), and
+    a cold conformance run pays for every one (bench/notes.md "Compile census")."""
+    from pytest_qconform.kernels import nf4_dequant, nf4_gemv
+
+    dequant = compiled_variants(monkeypatch, nf4_dequant, "_dequantize_4bit_kernel")
+    elementwise = compiled_variants(monkeypatch, nf4_gemv, "_gemv_4bit_kernel")
+    words = compiled_variants(monkeypatch, nf4_gemv, "_gemv_4bit_words_kernel")
+    # numel 64 (one block), 129 and 2048, all short of a full program (masked): the
+    # classes (numel, blocks) are (multiple of 16, 1), (other, other), (multiple, multiple).
+    for shape in ((1, 64), (3, 43), (2, 1024)):
+        packed, state, kw = quantize(shape, "nf4", 64, False, seed=1)
+        kernels.dequantize_4bit(packed.to(DEVICE), state.absmax.to(DEVICE), shape=shape,
+                                out_dtype=torch.float32, **kw)
+    # Batches of 1 and 2 against 1 and 17 features: K = 45 (not whole blocks) takes the
+    # elementwise kernel, K = 512 with fp32 x the word kernel.
+    gen = torch.Generator().manual_seed(15)
+    for K in (45, 512):
+        for N in (1, 17):
+            packed, state, kw = quantize((N, K), "nf4", 64, False, seed=N)
+            for rows in (1, 2):
+                x = torch.randn(rows, K, generator=gen).to(DEVICE)
+                kernels.gemv_4bit(x, packed.to(DEVICE), state.absmax.to(DEVICE), shape=(N, K), **kw)
+    assert (len(dequant), len(elementwise), len(words)) == (1, 1, 1), "one compiled variant per kernel"
+
+
 @pytest.mark.parametrize("lookup", ["shuffle", "gather", "index"])
 @pytest.mark.parametrize("tile", [(16, 256, 1, True), (8, 128, 1, False)], ids=["prefetch", "no-prefetch"])
 def test_gemv_word_kernel_configurations(monkeypatch, tile, lookup):

@@ -11,8 +11,10 @@ import; changing the variable afterwards does not affect kernels already defined
 ``interpreter_active()`` reports which mode these kernels were built in. With CPU tensors
 and the interpreter off, the kernels raise a RuntimeError saying so.
 
-Only plain ``tl`` ops are used (no CUDA intrinsics, no inline asm), so the same source
-compiles for ROCm.
+One piece is NVIDIA-only: the gemv kernels look code values up with a warp shuffle in
+inline PTX (``nf4_gemv.shuffle_code``). ``nf4_gemv.ptx_shuffle_ok`` allows it only when
+compiling for an NVIDIA GPU; a ROCm build and the interpreter load the values from the
+code table instead, so the same source compiles for ROCm.
 """
 from pytest_qconform.kernels.nf4_dequant import SUPPORTED_BLOCKSIZES, dequantize_4bit, interpreter_active
 from pytest_qconform.kernels.nf4_gemv import MAX_ROWS, gemv_4bit

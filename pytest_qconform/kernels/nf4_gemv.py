@@ -176,7 +176,7 @@ def load_weight_tile(
     return w
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "N"])  # one variant for every batch and width
 def _gemv_4bit_kernel(
     x_ptr,
     packed_ptr,
@@ -261,7 +261,7 @@ def shuffle_code(lane_code, nibble):
     ).to(tl.float32, bitcast=True)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "N"])  # one variant for every batch and width
 def _gemv_4bit_words_kernel(
     x_ptr,
     words_ptr,

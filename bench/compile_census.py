@@ -1,0 +1,151 @@
+"""Census of the Triton kernel variants a run of the suites compiles (a pytest plugin).
+
+Why: a cold conformance run on the H100 took 59.5-73.6 s in tests, a warm one 19.6 s
+(bench/notes.md "Compile census"). Triton compiles one variant per distinct key: the
+constexprs, the argument dtypes, and each integer argument's class (equal to 1, a multiple
+of 16, other) unless the kernel lists it in ``do_not_specialize``. This plugin counts them.
+
+- On a GPU (kernels compiled): times every compile of the package's kernels (one call of
+  the kernel's ``compile`` per new key) and every C launcher Triton builds for a new
+  signature. Run it with an empty ``TRITON_CACHE_DIR`` to see a cold run's cost.
+- Under the interpreter (CPU): nothing is compiled, so it records each launch's key as a
+  GPU would form it from the same arguments. Approximate: the interpreter's tiles and flags
+  (BF16_BITS, PREFETCH, SHUFFLE) differ from the GPU's, so the count is a census of the
+  shapes the suites draw, not of the GPU's variants.
+
+Usage (from the repository root; the suites are collected from the installed package):
+
+    PYTHONPATH=bench python -m pytest --qconform -p compile_census --census-out census.json
+
+The summary is printed at the end of the run and written to ``--census-out``.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+CENSUS_KEY = pytest.StashKey[dict]()
+KERNEL_MODULES = ("pytest_qconform.kernels.nf4_dequant", "pytest_qconform.kernels.nf4_gemv")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--census-out", default="compile-census.json", help="where compile_census writes its JSON")
+
+
+def _argument_class(name: str, value: object, not_specialized: set[str]) -> str:
+    """How Triton keys one argument: dtype and 16-byte alignment of a tensor, the class of
+    an int (``1``, ``d16`` for a multiple of 16, ``i``), the type of anything else."""
+    if isinstance(value, torch.Tensor):
+        return f"{name}:*{value.dtype}:{'a16' if value.data_ptr() % 16 == 0 else 'a'}"
+    if isinstance(value, bool) or not isinstance(value, int) or name in not_specialized:
+        return f"{name}:{type(value).__name__}"
+    return f"{name}:{'1' if value == 1 else 'd16' if value % 16 == 0 else 'i'}"
+
+
+class _KeyRecorder:
+    """Stands in for an interpreted kernel: records each launch's key, then launches."""
+
+    def __init__(self, kernel, name: str, not_specialized: set[str], keys: collections.Counter) -> None:
+        self.kernel, self.name, self.not_specialized, self.keys = kernel, name, not_specialized, keys
+        self.arg_names = kernel.fn.__code__.co_varnames[: kernel.fn.__code__.co_argcount]
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def run(*args, **kwargs):
+            key = [self.name] + [_argument_class(n, a, self.not_specialized) for n, a in zip(self.arg_names, args)]
+            key += [f"{k}={v}" for k, v in sorted(kwargs.items()) if k != "BF16_BITS"]
+            self.keys["|".join(key)] += 1
+            return launch(*args, **kwargs)
+
+        return run
+
+
+def _timed(function, name: str, log: list[dict]):
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            log.append({"name": name, "seconds": round(time.perf_counter() - start, 4)})
+
+    return timed
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    import importlib
+
+    import triton.runtime.build as triton_build
+
+    census = {"compiles": [], "launchers": [], "keys": collections.Counter(), "mode": None}
+    config.stash[CENSUS_KEY] = census
+    for module_name in KERNEL_MODULES:
+        module = importlib.import_module(module_name)
+        for attr, kernel in vars(module).items():
+            if not (attr.startswith("_") and attr.endswith("_kernel")):
+                continue
+            if hasattr(kernel, "compile"):  # a JITFunction: compiled on a GPU
+                census["mode"] = "compiled"
+                kernel.compile = _timed(kernel.compile, attr, census["compiles"])
+            else:  # the interpreter
+                census["mode"] = "interpreted"
+                not_specialized = set(_interpreted_not_specialized(kernel))
+                setattr(module, attr, _KeyRecorder(kernel, attr, not_specialized, census["keys"]))
+    triton_build._build = _timed(triton_build._build, "launcher", census["launchers"])
+
+
+def _interpreted_not_specialized(kernel) -> tuple:
+    """The interpreter keeps no ``do_not_specialize``; read it from the decorator call in the
+    source (``@triton.jit(do_not_specialize=[...])``)."""
+    import ast
+    import inspect
+
+    source = inspect.getsource(kernel.fn)
+    tree = ast.parse(source.lstrip())
+    for decorator in tree.body[0].decorator_list:
+        if isinstance(decorator, ast.Call):
+            for keyword in decorator.keywords:
+                if keyword.arg == "do_not_specialize":
+                    return tuple(ast.literal_eval(keyword.value))
+    return ()
+
+
+def summary(census: dict) -> dict:
+    """Counts and seconds per kernel, JSON-ready."""
+    per_kernel: dict[str, dict] = {}
+    for entry in census["compiles"]:
+        row = per_kernel.setdefault(entry["name"], {"compiles": 0, "seconds": 0.0})
+        row["compiles"] += 1
+        row["seconds"] = round(row["seconds"] + entry["seconds"], 3)
+    keys_per_kernel = collections.Counter(key.split("|")[0] for key in census["keys"])
+    return {
+        "mode": census["mode"],
+        "compiled": per_kernel,
+        "launcher_builds": len(census["launchers"]),
+        "launcher_seconds": round(sum(e["seconds"] for e in census["launchers"]), 3),
+        "interpreted_keys": dict(keys_per_kernel),
+        "interpreted_launches": sum(census["keys"].values()),
+    }
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    census = config.stash.get(CENSUS_KEY, None)
+    if census is None:
+        return
+    result = summary(census)
+    Path(config.getoption("--census-out")).write_text(json.dumps({**result, "keys": sorted(census["keys"])}, indent=1))
+    terminalreporter.section("compile census")
+    if result["mode"] == "compiled":
+        for name, row in sorted(result["compiled"].items()):
+            terminalreporter.write_line(f"{name}: {row['compiles']} compiles, {row['seconds']:.1f} s")
+        terminalreporter.write_line(f"launchers: {result['launcher_builds']} built, {result['launcher_seconds']:.1f} s")
+    else:
+        for name, count in sorted(result["interpreted_keys"].items()):
+            terminalreporter.write_line(f"{name}: {count} distinct GPU keys (approximate)")
+    terminalreporter.write_line(f"written to {config.getoption('--census-out')}")
