@@ -97,7 +97,8 @@ def pytest_configure(config: pytest.Config) -> None:
                 census["mode"] = "interpreted"
                 not_specialized = set(_interpreted_not_specialized(kernel))
                 setattr(module, attr, _KeyRecorder(kernel, attr, not_specialized, census["keys"]))
-    triton_build._build = _timed(triton_build._build, "launcher", census["launchers"])
+    if hasattr(triton_build, "_build"):  # Triton 3.6 and 3.9 build C launchers through it
+        triton_build._build = _timed(triton_build._build, "launcher", census["launchers"])
 
 
 def _interpreted_not_specialized(kernel) -> tuple:
