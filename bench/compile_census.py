@@ -5,13 +5,14 @@ Why: a cold conformance run on the H100 took 59.5-73.6 s in tests, a warm one 19
 constexprs, the argument dtypes, and each integer argument's class (equal to 1, a multiple
 of 16, other) unless the kernel lists it in ``do_not_specialize``. This plugin counts them.
 
-- On a GPU (kernels compiled): times every compile of the package's kernels (one call of
-  the kernel's ``compile`` per new key) and every C launcher Triton builds for a new
-  signature. Run it with an empty ``TRITON_CACHE_DIR`` to see a cold run's cost.
-- Under the interpreter (CPU): nothing is compiled, so it records each launch's key as a
-  GPU would form it from the same arguments. Approximate: the interpreter's tiles and flags
-  (BF16_BITS, PREFETCH, SHUFFLE) differ from the GPU's, so the count is a census of the
-  shapes the suites draw, not of the GPU's variants.
+- Every launch of the package's kernels: the key Triton would form from its arguments
+  (recorded by a stand-in for each kernel), counted per kernel. On a GPU these are the
+  GPU's own launches; under the interpreter (CPU) the interpreter's tiles and flags
+  (BF16_BITS, PREFETCH, SHUFFLE) differ from the GPU's, so there the count is a census of
+  the shapes the suites draw, not of a GPU's variants.
+- On a GPU also: the seconds of every Triton compile (``triton.compiler.compile``, which a
+  kernel looks up when it first launches on a device) and of every C launcher Triton
+  builds for a new signature. Run with an empty ``TRITON_CACHE_DIR`` for a cold run's cost.
 
 Usage (from the repository root; the suites are collected from the installed package):
 
@@ -67,12 +68,14 @@ class _KeyRecorder:
 
 
 def _timed(function, name: str, log: list[dict]):
+    """``function`` wrapped to log its seconds under ``name`` (for a compile: the kernel's)."""
     def timed(*args, **kwargs):
         start = time.perf_counter()
         try:
             return function(*args, **kwargs)
         finally:
-            log.append({"name": name, "seconds": round(time.perf_counter() - start, 4)})
+            label = getattr(args[0], "name", name) if name == "compile" and args else name
+            log.append({"name": label, "seconds": round(time.perf_counter() - start, 4)})
 
     return timed
 
@@ -81,29 +84,32 @@ def _timed(function, name: str, log: list[dict]):
 def pytest_configure(config: pytest.Config) -> None:
     import importlib
 
+    import triton.compiler
     import triton.runtime.build as triton_build
 
-    census = {"compiles": [], "launchers": [], "keys": collections.Counter(), "mode": None}
+    from pytest_qconform.kernels import interpreter_active
+
+    census = {"compiles": [], "launchers": [], "keys": collections.Counter(),
+              "mode": "interpreted" if interpreter_active() else "compiled"}
     config.stash[CENSUS_KEY] = census
     for module_name in KERNEL_MODULES:
         module = importlib.import_module(module_name)
         for attr, kernel in vars(module).items():
-            if not (attr.startswith("_") and attr.endswith("_kernel")):
-                continue
-            if hasattr(kernel, "compile"):  # a JITFunction: compiled on a GPU
-                census["mode"] = "compiled"
-                kernel.compile = _timed(kernel.compile, attr, census["compiles"])
-            else:  # the interpreter
-                census["mode"] = "interpreted"
-                not_specialized = set(_interpreted_not_specialized(kernel))
+            if attr.startswith("_") and attr.endswith("_kernel"):
+                not_specialized = set(_declared_not_specialized(kernel))
                 setattr(module, attr, _KeyRecorder(kernel, attr, not_specialized, census["keys"]))
+    if census["mode"] == "compiled":
+        # A JITFunction looks ``compile`` up in triton.compiler when it first launches on a
+        # device (Triton 3.6 ``create_binder``), so wrapping it there times every compile.
+        triton.compiler.compile = _timed(triton.compiler.compile, "compile", census["compiles"])
     if hasattr(triton_build, "_build"):  # Triton 3.6 and 3.9 build C launchers through it
         triton_build._build = _timed(triton_build._build, "launcher", census["launchers"])
 
 
-def _interpreted_not_specialized(kernel) -> tuple:
-    """The interpreter keeps no ``do_not_specialize``; read it from the decorator call in the
-    source (``@triton.jit(do_not_specialize=[...])``)."""
+def _declared_not_specialized(kernel) -> tuple:
+    """The kernel's ``do_not_specialize`` names, read from its decorator call in the source
+    (``@triton.jit(do_not_specialize=[...])``): the interpreter keeps none, and a
+    JITFunction may hold indices instead of names."""
     import ast
     import inspect
 
@@ -130,8 +136,8 @@ def summary(census: dict) -> dict:
         "compiled": per_kernel,
         "launcher_builds": len(census["launchers"]),
         "launcher_seconds": round(sum(e["seconds"] for e in census["launchers"]), 3),
-        "interpreted_keys": dict(keys_per_kernel),
-        "interpreted_launches": sum(census["keys"].values()),
+        "launch_keys": dict(keys_per_kernel),
+        "launches": sum(census["keys"].values()),
     }
 
 
@@ -142,11 +148,10 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     result = summary(census)
     Path(config.getoption("--census-out")).write_text(json.dumps({**result, "keys": sorted(census["keys"])}, indent=1))
     terminalreporter.section("compile census")
+    for name, count in sorted(result["launch_keys"].items()):
+        terminalreporter.write_line(f"{name}: {count} distinct keys launched")
     if result["mode"] == "compiled":
         for name, row in sorted(result["compiled"].items()):
-            terminalreporter.write_line(f"{name}: {row['compiles']} compiles, {row['seconds']:.1f} s")
+            terminalreporter.write_line(f"compiled {name}: {row['compiles']} times, {row['seconds']:.1f} s")
         terminalreporter.write_line(f"launchers: {result['launcher_builds']} built, {result['launcher_seconds']:.1f} s")
-    else:
-        for name, count in sorted(result["interpreted_keys"].items()):
-            terminalreporter.write_line(f"{name}: {count} distinct GPU keys (approximate)")
     terminalreporter.write_line(f"written to {config.getoption('--census-out')}")

@@ -47,11 +47,11 @@ def test_census_merges_lengths_and_batches_and_splits_dtypes(pytester: pytest.Py
     pytester.makepyfile(test_launches=LAUNCHES)
     result = pytester.runpytest_subprocess("-p", "compile_census", "--census-out", "census.json", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*compile census*", "_dequantize_4bit_kernel: 2 distinct GPU keys (approximate)"])
+    result.stdout.fnmatch_lines(["*compile census*", "_dequantize_4bit_kernel: 2 distinct keys launched"])
     census = json.loads((pytester.path / "census.json").read_text())
     assert census["mode"] == "interpreted"
-    assert census["interpreted_launches"] == 6 + 8
+    assert census["launches"] == 6 + 8
     # Two output dtypes: two dequantize variants; every length, batch and width: one each.
-    assert census["interpreted_keys"] == {
+    assert census["launch_keys"] == {
         "_dequantize_4bit_kernel": 2, "_gemv_4bit_kernel": 1, "_gemv_4bit_words_kernel": 1,
     }
