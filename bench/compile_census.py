@@ -49,17 +49,17 @@ def _argument_class(name: str, value: object, not_specialized: set[str]) -> str:
 
 
 class _KeyRecorder:
-    """Stands in for an interpreted kernel: records each launch's key, then launches."""
+    """Stands in for a kernel (compiled or interpreted): records each launch's key, then
+    launches. BF16_BITS is left out: only the interpreter sets it (the GPU rounds bf16 itself)."""
 
     def __init__(self, kernel, name: str, not_specialized: set[str], keys: collections.Counter) -> None:
         self.kernel, self.name, self.not_specialized, self.keys = kernel, name, not_specialized, keys
-        self.arg_names = kernel.fn.__code__.co_varnames[: kernel.fn.__code__.co_argcount]
 
     def __getitem__(self, grid):
         launch = self.kernel[grid]
 
         def run(*args, **kwargs):
-            key = [self.name] + [_argument_class(n, a, self.not_specialized) for n, a in zip(self.arg_names, args)]
+            key = [self.name] + [_argument_class(n, a, self.not_specialized) for n, a in zip(self.kernel.arg_names, args)]
             key += [f"{k}={v}" for k, v in sorted(kwargs.items()) if k != "BF16_BITS"]
             self.keys["|".join(key)] += 1
             return launch(*args, **kwargs)
@@ -96,8 +96,7 @@ def pytest_configure(config: pytest.Config) -> None:
         module = importlib.import_module(module_name)
         for attr, kernel in vars(module).items():
             if attr.startswith("_") and attr.endswith("_kernel"):
-                not_specialized = set(_declared_not_specialized(kernel))
-                setattr(module, attr, _KeyRecorder(kernel, attr, not_specialized, census["keys"]))
+                setattr(module, attr, _KeyRecorder(kernel, attr, _declared_not_specialized(kernel), census["keys"]))
     if census["mode"] == "compiled":
         # A JITFunction looks ``compile`` up in triton.compiler when it first launches on a
         # device (Triton 3.6 ``create_binder``), so wrapping it there times every compile.
@@ -106,21 +105,11 @@ def pytest_configure(config: pytest.Config) -> None:
         triton_build._build = _timed(triton_build._build, "launcher", census["launchers"])
 
 
-def _declared_not_specialized(kernel) -> tuple:
-    """The kernel's ``do_not_specialize`` names, read from its decorator call in the source
-    (``@triton.jit(do_not_specialize=[...])``): the interpreter keeps none, and a
-    JITFunction may hold indices instead of names."""
-    import ast
-    import inspect
-
-    source = inspect.getsource(kernel.fn)
-    tree = ast.parse(source.lstrip())
-    for decorator in tree.body[0].decorator_list:
-        if isinstance(decorator, ast.Call):
-            for keyword in decorator.keywords:
-                if keyword.arg == "do_not_specialize":
-                    return tuple(ast.literal_eval(keyword.value))
-    return ()
+def _declared_not_specialized(kernel) -> set[str]:
+    """The kernel's ``do_not_specialize`` as argument names: a JITFunction holds the list
+    (names or indices), the interpreter's InterpretedFunction keeps the decorator's keywords."""
+    declared = getattr(kernel, "do_not_specialize", None) or kernel.__dict__.get("kwargs", {}).get("do_not_specialize")
+    return {kernel.arg_names[d] if isinstance(d, int) else d for d in declared or ()}
 
 
 def summary(census: dict) -> dict:

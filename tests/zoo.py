@@ -138,6 +138,7 @@ class LastRowAtTheFusedLimit(TorchNF4Backend):
         shifted = torch.cat([rows[:-1], rows[-2:-1]])
         return super().matmul(shifted, q, bias, compute_dtype).reshape(*x.shape[:-1], -1)
 
+
 class NaNGradients(TorchNF4Backend):
     """A backward that produces NaN where a weight block is all zeros (0/0 in a rescale)."""
 
