@@ -3,7 +3,8 @@
 ``nox -s matrix`` merges the committed run reports; ``nox -s tests`` runs the project's own
 tests in the current environment; ``nox -s downstream`` installs the example downstream
 backend into a fresh virtualenv and runs the suites on it (and on its broken twin);
-``nox -s bench`` runs the benchmark suite into reports/ and plots it.
+``nox -s bench`` runs the benchmark suite into reports/ and plots it; ``nox -s kernel-calls``
+records the Triton warm-up's call log.
 """
 from __future__ import annotations
 
@@ -43,6 +44,18 @@ def tests(session: nox.Session) -> None:
     ``nox -s tests -- -k xdist``.
     """
     session.run(_python(session), "-m", "pytest", *session.posargs)
+
+
+@nox.session(name="kernel-calls", python=False)
+def kernel_calls(session: nox.Session) -> None:
+    """Record the calls a default run makes to our Triton kernels into the packaged log
+    that the GPU warm-up replays (pytest_qconform/triton_warmup.py). Run it after the
+    suites or the kernels' entry points change; the log is the same on CPU and GPU runs
+    (derandomized draws), and tests/test_triton_warmup.py checks that a replayed log
+    launches the recorded run's kernel keys. Runs in the current environment."""
+    session.run(_python(session), "-m", "pytest", "--qconform", "-q", "-p", "no:cacheprovider", "--tb=line",
+                "--qconform-no-report", "--qconform-warmup-workers=0",
+                "--qconform-record-kernel-calls=pytest_qconform/default_run_kernel_calls.json", *session.posargs)
 
 
 DOWNSTREAM_ARGS = ("--qconform", "-q", "-p", "no:cacheprovider", "--tb=line")

@@ -17,7 +17,8 @@ its decode cut down (DECODE 1: no shuffle, 2: no decode; _row_partial), and "rea
 only sums the packed weight as int32 words: the read floor of this GPU for a Triton kernel.
 The v8d probes (bench/notes.md v8d): rows10's x by inline-asm loads (XSPLIT 2), its word
 loads' cache modifier (WCACHE) and L2 prefetch of a later step (PF); rows11 (word quads);
-rows12 (a step's words, x and absmax loaded AHEAD steps early).
+rows12 (a step's words, x and absmax loaded AHEAD steps early); rows13 (the weight by TMA
+into shared memory STAGES - 1 steps ahead: loads in flight that hold no registers).
 
 Variants with wrong numbers are timing probes only; the others are checked against an
 fp32 decode before they are timed. Run on the CUDA machine from the repo root:
@@ -31,6 +32,7 @@ import sys
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from bench.gemv_sweep_v6 import CODE, DEVICE, GEN, decode, queued_us, weight
 from pytest_qconform.kernels.nf4_gemv import lane_code_table, shuffle_code, word_code_sums, x_value
@@ -474,23 +476,31 @@ def _pairs_step(pairs_ptr, x_quads, p, x_first, i, steps, pairs_per_row, HALF: t
     WCACHE: the word loads' cache modifier ("" or ".cg": L2 only, the weight is read once)."""
     g = tl.program_id(0) + (i // steps) * tl.num_programs(0)
     at = pairs_ptr + g.to(tl.int64) * 4 * pairs_per_row + (i % steps) * HALF + p
+    xa_low, xa_high, xb_low, xb_high = _pairs_x(x_quads, p, x_first, i % steps, HALF, XSPLIT)
+    return (tl.load(at, cache_modifier=WCACHE), tl.load(at + pairs_per_row, cache_modifier=WCACHE),
+            tl.load(at + 2 * pairs_per_row, cache_modifier=WCACHE),
+            tl.load(at + 3 * pairs_per_row, cache_modifier=WCACHE), xa_low, xa_high, xb_low, xb_high)
+
+
+@triton.jit
+def _pairs_x(x_quads, p, x_first, step, HALF: tl.constexpr, XSPLIT: tl.constexpr):
+    """x of the pairs ``p`` at column step ``step`` (of HALF pairs), as ``_pairs_step``
+    returns it: the low and high quads of each pair's first word, then of its second."""
     if XSPLIT == 2:
-        x = x_quads.to(tl.int64) + 32 * ((i % steps) * HALF + p)
+        x = x_quads.to(tl.int64) + 32 * (step * HALF + p)
         xa_low, xa_high = _load_16_bytes(x, X_ASM)
         xb_low, xb_high = _load_16_bytes(x + 16, X_ASM)
     elif XSPLIT == 0:
-        x = x_quads + 4 * (i % steps) * HALF + x_first
+        x = x_quads + 4 * step * HALF + x_first
         xa_low, xa_high = tl.split(tl.load(x))
         xb_low, xb_high = tl.split(tl.load(x + 2))
     else:
-        x = x_quads + 4 * (i % steps) * HALF + 4 * p
+        x = x_quads + 4 * step * HALF + 4 * p
         xa_low = tl.load(x)
         xa_high = tl.load(x + 1)
         xb_low = tl.load(x + 2)
         xb_high = tl.load(x + 3)
-    return (tl.load(at, cache_modifier=WCACHE), tl.load(at + pairs_per_row, cache_modifier=WCACHE),
-            tl.load(at + 2 * pairs_per_row, cache_modifier=WCACHE),
-            tl.load(at + 3 * pairs_per_row, cache_modifier=WCACHE), xa_low, xa_high, xb_low, xb_high)
+    return xa_low, xa_high, xb_low, xb_high
 
 
 @triton.jit
@@ -650,6 +660,77 @@ def _rows11_kernel(x_ptr, words_ptr, absmax_ptr, code_ptr, out_ptr, N, K, words_
         acc0, acc1, acc2, acc3 = _flush_group(acc0, acc1, acc2, acc3, out_ptr, g, i % steps == steps - 1, QUARTER)
 
 
+@triton.jit
+def _absmax_load(blocks, AASM: tl.constexpr):
+    """absmax at the fp32 pointers ``blocks``: Triton's load (AASM 0) or an inline-asm
+    load, which Triton's pipeliner does not stage through shared memory (AASM 1)."""
+    if AASM:
+        return tl.inline_asm_elementwise("ld.global.nc.f32 $0, [$1];", "=r,l", [blocks], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    return tl.load(blocks)
+
+
+@triton.jit
+def _tma_rows(w_desc, g, step, HALF: tl.constexpr, ROWLOADS: tl.constexpr):
+    """rows13: the HALF word pairs at column step ``step`` of the 4 weight rows of group
+    ``g``, from the descriptor over the weight as int64 [N, K // 16], as 4 1-D tensors.
+    ROWLOADS 1: one [4, HALF] load, its rows taken apart by permute, reshape and two
+    splits; 4: four [1, HALF] loads (4 TMA copies), each reshaped to [HALF]."""
+    if ROWLOADS == 1:
+        tile = w_desc.load([4 * g, step * HALF])
+        even, odd = tl.split(tl.reshape(tl.permute(tile, (1, 0)), (HALF, 2, 2)))
+        r0, r2 = tl.split(even)
+        r1, r3 = tl.split(odd)
+    else:
+        r0 = tl.reshape(w_desc.load([4 * g, step * HALF]), (HALF,))
+        r1 = tl.reshape(w_desc.load([4 * g + 1, step * HALF]), (HALF,))
+        r2 = tl.reshape(w_desc.load([4 * g + 2, step * HALF]), (HALF,))
+        r3 = tl.reshape(w_desc.load([4 * g + 3, step * HALF]), (HALF,))
+    return r0, r1, r2, r3
+
+
+@triton.jit(do_not_specialize=["word_step"])
+def _rows13_kernel(x_ptr, w_desc, absmax_ptr, code_ptr, out_ptr, N, K, words_per_row, word_step,
+                   WORDS: tl.constexpr, XSPLIT: tl.constexpr, STAGES: tl.constexpr, ROWLOADS: tl.constexpr,
+                   AASM: tl.constexpr):
+    """rows10 with the packed weight streamed through shared memory by Hopper TMA. In
+    rows10 ptxas issues the "next step" word loads at the end of the loop body, so every
+    step waits one DRAM latency, and holding more steps in registers costs warps (v8d).
+    Here ``tl.range(num_stages=STAGES)`` makes Triton's pipeliner turn the descriptor
+    loads into TMA copies issued STAGES - 1 steps ahead into STAGES - 1 shared-memory
+    buffers (one mbarrier per buffer, the 4 rows' copies on one barrier): loads in flight
+    hold no registers (one warp, 256 words: 96-127 registers, rows10 128; Triton 3.6).
+    A buffer's next copy is issued at the end of the step that reads it, so STAGES 2 (one
+    buffer) waits as rows10 does; 3 leaves a whole step between issue and use.
+    The pipeliner also stages Triton's own loads through shared memory by cp.async (4-byte
+    copies for absmax, like rows9's pipelined variants, which were slow): absmax unless
+    AASM 1 (inline-asm loads, which it leaves alone, issued in the step as in rows10), and
+    x with XSPLIT 0 (XSPLIT 2's inline-asm x loads are issued in the step). x is not loaded
+    a step ahead in registers as in rows10: that compiled to 128-168 registers."""
+    HALF: tl.constexpr = WORDS // 2
+    p = tl.arange(0, HALF) * word_step
+    x_first = 4 * p[:, None] + tl.arange(0, 2)[None, :]
+    steps = words_per_row // WORDS
+    groups = N // 4
+    total = (groups - tl.program_id(0) + tl.num_programs(0) - 1) // tl.num_programs(0) * steps
+    x_quads = x_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
+    blocks_per_row = K // 64
+    lane_code, acc0, acc1, acc2, acc3 = _lane_code_and_accumulators(p, code_ptr, HALF)
+    for i in tl.range(0, total, num_stages=STAGES):
+        g = tl.program_id(0) + (i // steps) * tl.num_programs(0)
+        c0, c1, c2, c3 = _tma_rows(w_desc, g, i % steps, HALF, ROWLOADS)
+        xa_low, xa_high, xb_low, xb_high = _pairs_x(x_quads, p, x_first, i % steps, HALF, XSPLIT)
+        blocks = absmax_ptr + g.to(tl.int64) * 4 * blocks_per_row + (i % steps) * (WORDS // 8) + p // 4
+        acc0 += _pair_partial(c0, lane_code, xa_low, xa_high, xb_low, xb_high) * _absmax_load(blocks, AASM)
+        acc1 += _pair_partial(c1, lane_code, xa_low, xa_high, xb_low, xb_high) * _absmax_load(
+            blocks + blocks_per_row, AASM)
+        acc2 += _pair_partial(c2, lane_code, xa_low, xa_high, xb_low, xb_high) * _absmax_load(
+            blocks + 2 * blocks_per_row, AASM)
+        acc3 += _pair_partial(c3, lane_code, xa_low, xa_high, xb_low, xb_high) * _absmax_load(
+            blocks + 3 * blocks_per_row, AASM)
+        acc0, acc1, acc2, acc3 = _flush_group(acc0, acc1, acc2, acc3, out_ptr, g, i % steps == steps - 1, HALF)
+
+
 def launch(x, words, absmax, out, variant, block_n=16, block_k=512, num_warps=4):
     """One launch of a variant: "lookup/xload/work/absmax" of the stripped-down v7 kernel,
     or "rows/WORDS/XSPLIT" of the v8 candidates (4 rows per program)."""
@@ -664,6 +745,17 @@ def launch(x, words, absmax, out, variant, block_n=16, block_k=512, num_warps=4)
         _rows10_kernel[(grid,)](x, words, absmax, CODE, out, N, K, K // 8, 1, WORDS=int(variant[1]),
                                 XSPLIT=int(variant[2]), WCACHE=WCACHES[int(variant[3]) if len(variant) > 3 else 0],
                                 PF=int(variant[4]) if len(variant) > 4 else 0, num_warps=num_warps)
+        return out
+    if variant[0] == "rows13":  # rows13/WORDS/XSPLIT/STAGES[/AASM[/ROWLOADS]]; block_n: programs per SM, or -programs
+        grid = -block_n if block_n < 0 else min(N // 4, block_n * torch.cuda.get_device_properties(DEVICE).multi_processor_count)
+        words_per_step, rowloads = int(variant[1]), int(variant[5]) if len(variant) > 5 else 4
+        # the weight as int64 pairs [N, K // 16]; a TMA copy is [4 or 1, WORDS // 2] pairs
+        pairs = words.view(torch.int64).view(N, K // 16)
+        desc = TensorDescriptor.from_tensor(pairs, [4 if rowloads == 1 else 1, words_per_step // 2])
+        _rows13_kernel[(grid,)](x, desc, absmax, CODE, out, N, K, K // 8, 1, WORDS=words_per_step,
+                                XSPLIT=int(variant[2]), STAGES=int(variant[3]),
+                                AASM=int(variant[4]) if len(variant) > 4 else 0, ROWLOADS=rowloads,
+                                num_warps=num_warps)
         return out
     if variant[0] == "rows12":  # rows12/WORDS/XSPLIT/AHEAD[/MAXNREG]; block_n: programs per SM
         grid = min(N // 4, block_n * torch.cuda.get_device_properties(DEVICE).multi_processor_count)
@@ -762,6 +854,32 @@ VARIANTS = [
     ("rows11/256/1", [(16, 0, 1)]),
     ("rows11/256/2", [(16, 0, 1)]),
     ("rows11/256/3", [(16, 0, 1)]),
+    # the weight by TMA into shared memory, STAGES - 1 steps ahead (Triton's pipeliner;
+    # STAGES 2 is one buffer, refilled at the end of the step it feeds, as rows10's loads);
+    # absmax staged by cp.async (AASM 0) or loaded in the step (1); x staged (XSPLIT 0) or
+    # loaded in the step (2). Each tile keeps all its programs resident: programs per SM x
+    # (shared memory + 1 KB) <= 228 KB, 64 K registers (Triton 3.6 sizes in the comments)
+    ("rows13/256/2/3", [(16, 0, 1), (12, 0, 1), (8, 0, 1), (-1024, 0, 1)]),  # 12 KB, 106 registers
+    ("rows13/256/2/2", [(16, 0, 1)]),  # 6 KB, 128 registers
+    ("rows13/256/2/4", [(8, 0, 1), (-1024, 0, 1)]),  # 18 KB (12 per SM: 24 bytes too many)
+    ("rows13/256/2/5", [(8, 0, 1)]),  # 24 KB
+    ("rows13/256/0/2", [(16, 0, 1)]),  # 10 KB, 96 registers
+    ("rows13/256/0/3", [(8, 0, 1), (-1024, 0, 1)]),  # 20 KB
+    ("rows13/256/2/3/1", [(16, 0, 1), (12, 0, 1), (-1024, 0, 1)]),  # 8 KB, 127 registers
+    ("rows13/256/2/4/1", [(16, 0, 1), (12, 0, 1)]),  # 12 KB
+    ("rows13/256/2/5/1", [(12, 0, 1), (8, 0, 1)]),  # 16 KB
+    ("rows13/256/0/3/1", [(12, 0, 1), (-1024, 0, 1)]),  # 16 KB, 96 registers
+    ("rows13/128/2/3", [(16, 0, 1)]),  # 6 KB, 80 registers
+    ("rows13/128/2/4", [(16, 0, 1)]),  # 9 KB, 64 registers
+    ("rows13/128/2/5", [(16, 0, 1)]),  # 12 KB
+    ("rows13/128/0/3", [(16, 0, 1)]),  # 10 KB, 80 registers
+    ("rows13/128/2/4/1", [(16, 0, 1)]),  # 6 KB, 64 registers
+    ("rows13/128/2/5/1", [(16, 0, 1)]),  # 8 KB
+    ("rows13/256/2/3", [(8, 0, 2), (-1024, 0, 2)]),  # two warps: 80 registers
+    ("rows13/256/2/4", [(8, 0, 2)]),
+    ("rows13/256/2/3/1", [(8, 0, 2)]),
+    ("rows13/128/2/4", [(16, 0, 2)]),  # 56 registers
+    ("rows13/256/2/3/0/1", [(16, 0, 1)]),  # one [4, pairs] copy per step: 256 layout conversions
     # where the rows kernel's time goes (timing probes, wrong numbers): no shuffle, no
     # decode, no decode and no absmax, none of these and no x
     ("rows9/128/0/1/1", [(16, 0, 1)]),

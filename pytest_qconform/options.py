@@ -1,6 +1,7 @@
 """The plugin's command-line options and ini settings, in one named group."""
 from __future__ import annotations
 
+import argparse
 import os
 
 import pytest
@@ -8,6 +9,16 @@ import pytest
 DTYPE_NAMES: tuple[str, ...] = ("bf16", "fp16", "fp32")
 PROFILES: tuple[str, ...] = ("ci", "thorough")
 BENCH_SHAPES: tuple[str, ...] = ("full", "small")
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value}")
+    return value
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -35,6 +46,12 @@ def add_options(parser: pytest.Parser) -> None:
                     help="weight shapes of the benchmark suite (run with --benchmark-only): full (4096x4096, "
                          "8192x8192, 14336x4096; skipped on the CPU, too slow) or small (the same shapes / 32, "
                          "which also run on the CPU)")
+    group.addoption("--qconform-warmup-workers", type=_non_negative_int, default=None, metavar="N",
+                    help="on a GPU, processes that compile our Triton kernels in the background while the "
+                         "session runs (default: half the CPUs, at most 8; 0: off)")
+    group.addoption("--qconform-record-kernel-calls", default=None, metavar="FILE",
+                    help="MAINTAINERS: write the calls this run makes to our Triton kernels to FILE (the "
+                         "warm-up's call log, see nox -s kernel-calls)")
     parser.addini("qconform_report_dir", "folder for run reports", default="reports")
     parser.addini("qconform_profile", "hypothesis profile (ci or thorough)", default="ci")
     parser.addini("qconform_backends", "backends to test (default: all)", type="args", default=[])

@@ -5,13 +5,12 @@ outcomes, report). Without ``--qconform`` the plugin only registers its markers.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from pytest_qconform import hookspecs, options, outcomes, state
-from pytest_qconform.targets import build_targets, hardware_marker_names
+from pytest_qconform.targets import hardware_marker_names
 
 DTYPE_LABELS = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}
 
@@ -47,6 +46,9 @@ def pytest_configure(config: pytest.Config) -> None:
     from pytest_qconform import session_setup
 
     session_setup.configure(config)
+    from pytest_qconform import triton_warmup
+
+    triton_warmup.configure(config)
     config.pluginmanager.import_plugin("pytest_qconform.fixtures")
     config.pluginmanager.import_plugin("pytest_qconform.oom")
     from pytest_qconform.recorder import RunRecorder

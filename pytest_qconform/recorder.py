@@ -72,7 +72,8 @@ class RunRecorder:
             # A selection that matches nothing is not a tool failure; the summary says so.
             self.nothing_selected = True
             session.exitstatus = pytest.ExitCode.OK
-        if hasattr(self.config, "workerinput") or self.config.getoption("qconform_no_report"):
+        if (hasattr(self.config, "workerinput") or self.config.getoption("qconform_no_report")
+                or self.config.getoption("collectonly")):  # nothing ran: nothing to report
             return
         from pytest_qconform.report import Benchmark, RunReport, with_bitsandbytes_ratios, write_report
 

@@ -416,3 +416,21 @@ def test_state_errors_name_the_problem():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter mode is only used without a GPU")
 def test_interpreter_active_on_cpu():
     assert kernels.interpreter_active()
+
+
+def test_interpreter_mode_is_fixed_when_the_kernels_are_defined(monkeypatch):
+    """A tool that swaps the module's kernel objects (bench/compile_census.py wraps them)
+    must not flip the mode the entry points dispatch on: the census once made H100 runs
+    take the interpreter's paths this way (bench/notes.md, "Warm-up")."""
+    from pytest_qconform.kernels import nf4_dequant
+
+    before = kernels.interpreter_active()
+
+    def other_mode_kernel(x):
+        pass
+
+    import triton
+
+    swapped = object() if not before else triton.runtime.JITFunction(other_mode_kernel)
+    monkeypatch.setattr(nf4_dequant, "_dequantize_4bit_kernel", swapped)
+    assert kernels.interpreter_active() == before

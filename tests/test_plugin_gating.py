@@ -145,3 +145,13 @@ def test_report_is_written_with_cells(fake_backend_project: pytest.Pytester) -> 
     verdicts = {(c["backend"], c["operation"]): c["verdict"] for c in data["cells"]}
     assert verdicts == {("fake", "dequantize"): "pass", ("missing", "dequantize"): "unavailable"}
     result.stdout.fnmatch_lines([f"qconform report: *{reports[0].name}"])
+
+
+def test_collect_only_writes_no_report(fake_backend_project: pytest.Pytester) -> None:
+    """Nothing ran, so there is nothing to report: no empty report lands in reports/."""
+    fake_backend_project.makepyfile(test_suite=SUITE)
+    result = fake_backend_project.runpytest(str(fake_backend_project.path), "--qconform", *BACKENDS,
+                                           "--qconform-report-dir=out", "--collect-only", "-q")
+    assert result.ret == pytest.ExitCode.OK
+    assert not (fake_backend_project.path / "out").exists()
+    assert "qconform report:" not in result.stdout.str()

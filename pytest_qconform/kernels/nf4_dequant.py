@@ -163,6 +163,13 @@ def _dequantize_4bit_kernel(
     store_as(out_ptr + 2 * first_byte + element, values, element < remaining, BF16_BITS, MASKED)
 
 
+# Read off the kernel object once, when it is defined: a tool that later wraps the module's
+# kernels (bench/compile_census.py does) must not turn a GPU process into an "interpreted"
+# one. Until 2026-11-23 this was read at every call, and the census's wrappers made the H100
+# runs it measured take the interpreter's paths (no shuffle, bf16 rounded with integer ops).
+_BUILT_FOR_INTERPRETER = not isinstance(_dequantize_4bit_kernel, triton.runtime.JITFunction)
+
+
 def interpreter_active() -> bool:
     """Whether this module's kernels were built for Triton's CPU interpreter.
 
@@ -170,7 +177,7 @@ def interpreter_active() -> bool:
     a function, i.e. when this module is first imported: setting the variable later has
     no effect on these kernels. So the answer is read off the kernel object itself.
     """
-    return not isinstance(_dequantize_4bit_kernel, triton.runtime.JITFunction)
+    return _BUILT_FOR_INTERPRETER
 
 
 def check_launchable(device: torch.device, where: str) -> None:
