@@ -10,6 +10,10 @@ of 16, other) unless the kernel lists it in ``do_not_specialize``. This plugin c
   GPU's own launches; under the interpreter (CPU) the interpreter's tiles and flags
   (BF16_BITS, PREFETCH, SHUFFLE) differ from the GPU's, so there the count is a census of
   the shapes the suites draw, not of a GPU's variants.
+- The stand-ins do not change which paths run: the kernels read their interpreter mode
+  once, when defined. (Before 2026-11-23 they read it from the kernel object at every
+  call, and a census on the H100 measured the interpreter's paths; bench/notes.md
+  "Compile census", correction.)
 - On a GPU also: the seconds of every Triton compile (``triton.compiler.compile``, which a
   kernel looks up when it first launches on a device) and of every C launcher Triton
   builds for a new signature. Run with an empty ``TRITON_CACHE_DIR`` for a cold run's cost.
