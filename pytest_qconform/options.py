@@ -48,7 +48,7 @@ def add_options(parser: pytest.Parser) -> None:
                          "which also run on the CPU)")
     group.addoption("--qconform-warmup-workers", type=_non_negative_int, default=None, metavar="N",
                     help="on a GPU, processes that compile our Triton kernels in the background while the "
-                         "session runs (default: half the CPUs, at most 8; 0: off)")
+                         "session runs (default: half the CPUs, at most 8 and one per 4 GiB of GPU memory; 0: off)")
     group.addoption("--qconform-record-kernel-calls", default=None, metavar="FILE",
                     help="MAINTAINERS: write the calls this run makes to our Triton kernels to FILE (the "
                          "warm-up's call log, see nox -s kernel-calls)")

@@ -42,9 +42,27 @@ MAX_DEFAULT_WORKERS = 8
 WARMUP = pytest.StashKey["Warmup"]()
 
 
-def default_workers(cpus: int | None) -> int:
-    """Half the CPUs, 1 to 8: the session and its own compiles keep the other half."""
-    return max(1, min(MAX_DEFAULT_WORKERS, (cpus or 2) // 2))
+GPU_BYTES_PER_DEFAULT_WORKER = 4 * 2**30
+
+
+def default_workers(cpus: int | None, gpu_bytes: int | None = None) -> int:
+    """Half the CPUs, 1 to 8: the session and its own compiles keep the other half. Also
+    at most one per 4 GiB of GPU memory: each worker holds a CUDA context on the session's
+    GPU while it runs, and on a small card eight of them could push a test into OOM."""
+    workers = max(1, min(MAX_DEFAULT_WORKERS, (cpus or 2) // 2))
+    if gpu_bytes is not None:
+        workers = max(1, min(workers, gpu_bytes // GPU_BYTES_PER_DEFAULT_WORKER))
+    return workers
+
+
+def _gpu_bytes() -> int | None:
+    """Total memory of the session's GPU (the current device), or None if torch cannot say."""
+    try:
+        import torch
+
+        return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+    except Exception:  # the count is a default, never a reason to fail the session
+        return None
 
 
 def skip_reason(config: pytest.Config, probe: Probe) -> str | None:
@@ -220,7 +238,8 @@ def configure(config: pytest.Config) -> None:
     workers = config.getoption("qconform_warmup_workers")
     try:
         warmup = Warmup(kernel_calls.DEFAULT_RUN_CALLS,
-                        workers if workers is not None else default_workers(os.cpu_count()), "cuda", marker)
+                        workers if workers is not None else default_workers(os.cpu_count(), _gpu_bytes()),
+                        "cuda", marker)
     except (kernel_calls.CallLogError, OSError) as exc:  # an optimization: never the session's end
         config.pluginmanager.register(HeaderNote(f"qconform triton warm-up: off, {exc}"), "qconform-triton-warmup")
         return
