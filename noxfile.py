@@ -49,10 +49,11 @@ def tests(session: nox.Session) -> None:
 @nox.session(name="kernel-calls", python=False)
 def kernel_calls(session: nox.Session) -> None:
     """Record the calls a default run makes to our Triton kernels into the packaged log
-    that the GPU warm-up replays (pytest_qconform/triton_warmup.py). Run it after the
-    suites or the kernels' entry points change; the log is the same on CPU and GPU runs
-    (derandomized draws), and tests/test_triton_warmup.py checks that a replayed log
-    launches the recorded run's kernel keys. Runs in the current environment."""
+    that the GPU warm-up replays (pytest_qconform/triton_warmup.py). Run it on a GPU after
+    the suites or the kernels' entry points change: the draws are derandomized, but a CPU
+    run gives some size-1 dimensions of x other strides, which Triton keys on (bench/notes.md
+    "Warm-up"). tests/test_triton_warmup.py checks that a replayed log launches the
+    recorded run's kernel keys. Runs in the current environment."""
     session.run(_python(session), "-m", "pytest", "--qconform", "-q", "-p", "no:cacheprovider", "--tb=line",
                 "--qconform-no-report", "--qconform-warmup-workers=0",
                 "--qconform-record-kernel-calls=pytest_qconform/default_run_kernel_calls.json", *session.posargs)

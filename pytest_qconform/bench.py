@@ -134,10 +134,12 @@ def order_items(items: list[pytest.Item]) -> None:
 
 
 def _itemsize(dtype_name: str) -> int:
-    dtype = getattr(torch, str(dtype_name).removeprefix("torch."), None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown stored dtype {dtype_name!r} in an HQQ export")
-    return dtype.itemsize
+    from pytest_qconform.backends._torch_util import dtype_from_name
+
+    try:
+        return dtype_from_name(dtype_name).itemsize
+    except ValueError as exc:
+        raise ValueError(f"{exc} stored in an HQQ export") from None
 
 
 def weight_state_bytes(packed: PackedBnb4 | PackedHqq4) -> int:

@@ -36,6 +36,8 @@ from typing import Any, Callable
 
 import torch
 
+from pytest_qconform.backends._torch_util import dtype_from_name, dtype_name
+
 ENTRY_POINTS: tuple[str, ...] = ("dequantize_4bit", "gemv_4bit")
 DEFAULT_RUN_CALLS = Path(__file__).with_name("default_run_kernel_calls.json")
 _ALIGNMENT = 16
@@ -49,10 +51,10 @@ def encode(value: Any) -> Any:
     """JSON form of one argument (see the module docstring)."""
     if isinstance(value, torch.Tensor):
         return {"tensor": {"shape": list(value.shape), "stride": list(value.stride()),
-                           "dtype": str(value.dtype).removeprefix("torch."),
+                           "dtype": dtype_name(value.dtype),
                            "align": value.data_ptr() % _ALIGNMENT}}
     if isinstance(value, torch.dtype):
-        return {"dtype": str(value).removeprefix("torch.")}
+        return {"dtype": dtype_name(value)}
     if isinstance(value, (tuple, list)):
         return {"tuple": [encode(v) for v in value]}
     if isinstance(value, float):
@@ -63,10 +65,10 @@ def encode(value: Any) -> Any:
 
 
 def _dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise CallLogError(f"unknown dtype {name!r}")
-    return dtype
+    try:
+        return dtype_from_name(name)
+    except ValueError as exc:
+        raise CallLogError(str(exc)) from None
 
 
 def _zeros_like_logged(spec: dict, device: torch.device) -> torch.Tensor:

@@ -39,7 +39,6 @@ from pytest_qconform.probe import Probe
 
 TRITON_BACKEND = "triton-nf4"
 MAX_DEFAULT_WORKERS = 8
-WARMUP = pytest.StashKey["Warmup"]()
 
 
 GPU_BYTES_PER_DEFAULT_WORKER = 4 * 2**30
@@ -190,6 +189,8 @@ class Warmup:
         finished = [r for r in self.results if "calls" in r]
         failed = sum(r["failed"] for r in finished)
         errors = [r.get("first_error") or r.get("error") for r in self.results if r.get("first_error") or r.get("error")]
+        if not self.stopped_early:  # a worker that was not stopped and left no summary crashed
+            errors += [f"a worker exited with code {r['exit']} and no summary" for r in self.results if "exit" in r]
         line = (f"qconform triton warm-up: {len(finished)} of {self.workers} processes finished "
                 f"({sum(r['calls'] for r in finished)} calls, {failed} failed; slowest "
                 f"{max((r['seconds'] for r in finished), default=0):.1f} s)")
@@ -212,8 +213,6 @@ class Warmup:
         self.stop("the session ended first")
         terminalreporter.write_line(self.summary())
 
-    def pytest_unconfigure(self) -> None:
-        self.stop("the session ended first")
 
 
 def configure(config: pytest.Config) -> None:
@@ -243,6 +242,5 @@ def configure(config: pytest.Config) -> None:
     except (kernel_calls.CallLogError, OSError) as exc:  # an optimization: never the session's end
         config.pluginmanager.register(HeaderNote(f"qconform triton warm-up: off, {exc}"), "qconform-triton-warmup")
         return
-    config.stash[WARMUP] = warmup
     config.pluginmanager.register(warmup, "qconform-triton-warmup")
-    config.add_cleanup(warmup.stop)
+    config.add_cleanup(lambda: warmup.stop("the session ended first"))  # also without a terminal summary

@@ -198,3 +198,14 @@ def test_replayed_log_launches_the_kernel_keys_of_the_recorded_run(pytester: pyt
 def test_header_note_says_why_no_worker_started() -> None:
     note = triton_warmup.HeaderNote("qconform triton warm-up: off, reason")
     assert note.pytest_report_header() == "qconform triton warm-up: off, reason"
+
+
+def test_a_crashed_worker_is_named_in_the_summary(tmp_path: Path) -> None:
+    marker = tmp_path / "qconform-warmup-x.json"
+    warmup = triton_warmup.Warmup(_log(tmp_path / "calls.json"), workers=1, device=DEVICE, marker=marker)
+    warmup.processes[0].kill()  # dies with no summary line, as a segfaulting worker would
+    warmup.processes[0].wait(timeout=60)
+    warmup.stop()
+    assert "(0 calls, 0 failed;" in warmup.summary()
+    assert "first error: a worker exited with code -9 and no summary" in warmup.summary()
+    assert not marker.exists()

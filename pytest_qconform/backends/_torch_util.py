@@ -39,6 +39,14 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def dtype_from_name(name: object) -> torch.dtype:
+    """``"bfloat16"`` or ``"torch.bfloat16"`` -> ``torch.bfloat16``; ValueError naming an unknown one."""
+    dtype = getattr(torch, str(name).removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {str(name)!r}")
+    return dtype
+
+
 def to_numpy(tensor: torch.Tensor) -> np.ndarray:
     """Host copy of a tensor's values as stored; bfloat16 (which NumPy lacks) is widened to
     float32, which is exact."""
