@@ -19,6 +19,11 @@ The v8d probes (bench/notes.md v8d): rows10's x by inline-asm loads (XSPLIT 2), 
 loads' cache modifier (WCACHE) and L2 prefetch of a later step (PF); rows11 (word quads);
 rows12 (a step's words, x and absmax loaded AHEAD steps early); rows13 (the weight by TMA
 into shared memory STAGES - 1 steps ahead: loads in flight that hold no registers).
+The v10 kernels (bench/notes.md v10) put the products on tensor cores (mma.sync
+m16n8k16, inline PTX): mma (the codes as bf16 hi + lo pairs, x in column 0 of B), mma2
+(more blocks per iteration, loaded further ahead), mma3 (16-byte weight loads, x of lane t
+in column t of B so each lane's bytes take one absmax), mma4 (mma3 with x and absmax an
+iteration early) and mma5, a timing probe with one lookup per byte.
 
 Variants with wrong numbers are timing probes only; the others are checked against an
 fp32 decode before they are timed. Run on the CUDA machine from the repo root:
@@ -731,6 +736,418 @@ def _rows13_kernel(x_ptr, w_desc, absmax_ptr, code_ptr, out_ptr, N, K, words_per
         acc0, acc1, acc2, acc3 = _flush_group(acc0, acc1, acc2, acc3, out_ptr, g, i % steps == steps - 1, HALF)
 
 
+@triton.jit
+def _shfl_bits(lane_table, lane):
+    """The int32 ``lane_table`` entry of lane ``lane`` (low 5 bits) by a warp shuffle."""
+    return tl.inline_asm_elementwise("shfl.sync.idx.b32 $0, $1, $2, 0x1f, -1;", "=r,r,r",
+                                     [lane_table, lane], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _dup_halves(pair):
+    """(low, low) and (high, high): each 16-bit half of ``pair`` in both halves (PRMT)."""
+    low = tl.inline_asm_elementwise("prmt.b32 $0, $1, $1, 0x1010;", "=r,r", [pair], dtype=tl.int32,
+                                    is_pure=True, pack=1)
+    high = tl.inline_asm_elementwise("prmt.b32 $0, $1, $1, 0x3232;", "=r,r", [pair], dtype=tl.int32,
+                                     is_pure=True, pack=1)
+    return low, high
+
+
+@triton.jit
+def _mma16816(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    """D = A B + C of one m16n8k16 bf16 tensor-core product, fp32 accumulators; every
+    operand is this lane's fragment register (PTX ISA, mma.m16n8k16 fragment layouts)."""
+    return tl.inline_asm_elementwise(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};",
+        "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
+        dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
+
+
+@triton.jit
+def _mma_lanes(code_ptr, one, NW: tl.constexpr, HI_LO: tl.constexpr):
+    """Each thread's warp, mma group g (lane // 4) and thread-in-group t (lane % 4), and its
+    shuffle table entry: code[lane % 16] as a (bf16 hi, bf16 lo) pair (HI_LO) or as fp32
+    bits. Tensors are [32 * NW], one element per thread (arange times a runtime 1, so
+    Triton sees no contiguity to vectorize): the mma fragments are the lanes' registers."""
+    idx = tl.arange(0, 32 * NW) * one
+    lane = idx % 32
+    code = tl.load(code_ptr + (lane % 16))
+    if HI_LO:
+        hi = code.to(tl.bfloat16)
+        lo = (code - hi.to(tl.float32)).to(tl.bfloat16)
+        table = (hi.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) | (lo.to(tl.int16, bitcast=True).to(tl.int32) << 16)
+    else:
+        table = code.to(tl.int32, bitcast=True)
+    return idx // 32, lane // 4, lane % 4, table
+
+
+@triton.jit
+def _mma_lane_addresses(words_ptr, x_ptr, N, K, g, t):
+    """mma3-5: the program's first row r0, the lane's rows (g and g + 8, clamped), the byte
+    addresses of its 16-byte pieces of them and of its x, and whether it holds x (g == t)."""
+    r0 = tl.program_id(0) * 16
+    row0 = tl.minimum(r0 + g, N - 1).to(tl.int64)
+    row1 = tl.minimum(r0 + 8 + g, N - 1).to(tl.int64)
+    w_at0 = words_ptr.to(tl.int64) + row0 * (K // 2) + 16 * t
+    w_at1 = words_ptr.to(tl.int64) + row1 * (K // 2) + 16 * t
+    return r0, row0, row1, w_at0, w_at1, x_ptr.to(tl.int64) + 64 * t, (g == t).to(tl.int32)
+
+
+@triton.jit
+def _mma_store_lanes(acc, out_ptr, row0, N, NW: tl.constexpr):
+    """mma3-5: rows row0 .. row0 + 7 are the sums of ``acc`` over the warps and the 4
+    threads of each group g (2 and 3 hold zeros: D's columns 4-7 are empty)."""
+    rows = row0 + tl.arange(0, 8)
+    total = tl.sum(tl.sum(tl.reshape(acc, (NW, 8, 4)), axis=2), axis=0)
+    tl.store(out_ptr + rows, total.to(tl.bfloat16), mask=rows < N)
+
+
+@triton.jit
+def _mma_block(low, high, xq, d0, d1, d2, d3, lane_table):
+    """The 8 tensor-core products of one 64-column block of 16 rows: lane (g, t) holds the
+    int64 pair t of rows g (``low``) and g + 8 (``high``); lanes (0, t) hold x of those 16
+    columns as 4 int64 quads (``xq``), other lanes zeros. A's register of one nibble is
+    its code's (bf16 hi, bf16 lo) from the shuffle table; B's is its x in both halves."""
+    for q in tl.static_range(8):
+        wl = (low >> (32 * (q // 4))).to(tl.int32)
+        wh = (high >> (32 * (q // 4))).to(tl.int32)
+        a0 = _shfl_bits(lane_table, wl >> (8 * (q % 4) + 4))
+        a1 = _shfl_bits(lane_table, wh >> (8 * (q % 4) + 4))
+        a2 = _shfl_bits(lane_table, wl >> (8 * (q % 4)))
+        a3 = _shfl_bits(lane_table, wh >> (8 * (q % 4)))
+        xpair = (xq[q // 2] >> (32 * (q % 2))).to(tl.int32)
+        b0, b1 = _dup_halves(xpair)
+        d0, d1, d2, d3 = _mma16816(a0, a1, a2, a3, b0, b1, d0, d1, d2, d3)
+    return d0, d1, d2, d3
+
+
+@triton.jit
+def _mma_loads(pairs_ptr, x_quads, row0, row1, row2, row3, pg, t, g, pairs_per_row, RG: tl.constexpr):
+    """Pairs of block ``pg`` for the lane's 2 * RG rows (row2, row3 repeat row0, row1 when
+    RG is 1), and x of the lane's 16 columns as 4 int64 quads (zeros but in lanes 0-3)."""
+    at = 4 * pg + t
+    w0 = tl.load(pairs_ptr + row0 * pairs_per_row + at)
+    w1 = tl.load(pairs_ptr + row1 * pairs_per_row + at)
+    if RG == 2:
+        w2 = tl.load(pairs_ptr + row2 * pairs_per_row + at)
+        w3 = tl.load(pairs_ptr + row3 * pairs_per_row + at)
+    else:
+        w2 = w0
+        w3 = w1
+    xo = 16 * pg + 4 * t
+    x0 = tl.load(x_quads + xo, mask=g == 0, other=0)
+    x1 = tl.load(x_quads + xo + 1, mask=g == 0, other=0)
+    x2 = tl.load(x_quads + xo + 2, mask=g == 0, other=0)
+    x3 = tl.load(x_quads + xo + 3, mask=g == 0, other=0)
+    return w0, w1, w2, w3, (x0, x1, x2, x3)
+
+
+@triton.jit
+def _mma_store(acc, out_ptr, row0, N, NW: tl.constexpr):
+    """Sum the warps' partial sums of one row octet; lane (g, 0) holds row row0 + g."""
+    total = tl.sum(tl.reshape(acc, (NW, 32)), axis=0)
+    l32 = tl.arange(0, 32)
+    row = row0 + l32 // 4
+    tl.store(out_ptr + row, total.to(tl.bfloat16), mask=(l32 % 4 == 0) & (row < N))
+
+
+@triton.jit(do_not_specialize=["one"])
+def _mma_kernel(x_ptr, words_ptr, absmax_ptr, code_ptr, out_ptr, N, K, one, RG: tl.constexpr,
+                NW: tl.constexpr):
+    """The gemv on tensor cores (bench/notes.md v10): a program is 16 * RG weight rows, its
+    NW warps take the 64-column blocks w, w + NW, ...; per block 8 m16n8k16 products per 16
+    rows (A: the codes as bf16 hi + lo pairs, B: x duplicated, in column 0 only), then the
+    block's D column 0 times absmax into fp32. One element per thread in every tensor."""
+    warp, g, t, lane_table = _mma_lanes(code_ptr, one, NW, True)
+    pairs_ptr = words_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
+    x_quads = x_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
+    pairs_per_row = K // 16
+    blocks = K // 64
+    r0 = tl.program_id(0) * 16 * RG
+    row0 = tl.minimum(r0 + g, N - 1).to(tl.int64)
+    row1 = tl.minimum(r0 + 8 + g, N - 1).to(tl.int64)
+    row2 = tl.minimum(r0 + 16 + g, N - 1).to(tl.int64)
+    row3 = tl.minimum(r0 + 24 + g, N - 1).to(tl.int64)
+    iters = blocks // NW
+    n0, n1, n2, n3, nx = _mma_loads(pairs_ptr, x_quads, row0, row1, row2, row3, warp, t, g, pairs_per_row, RG)
+    zero = tl.zeros((32 * NW,), dtype=tl.float32)
+    acc0 = zero
+    acc1 = zero
+    acc2 = zero
+    acc3 = zero
+    for i in range(0, iters):
+        pg = warp + NW * i
+        c0, c1, c2, c3, cx = n0, n1, n2, n3, nx
+        n0, n1, n2, n3, nx = _mma_loads(pairs_ptr, x_quads, row0, row1, row2, row3,
+                                        warp + NW * tl.minimum(i + 1, iters - 1), t, g, pairs_per_row, RG)
+        d0, d1, d2, d3 = _mma_block(c0, c1, cx, zero, zero, zero, zero, lane_table)
+        acc0 += d0 * tl.load(absmax_ptr + row0 * blocks + pg)
+        acc1 += d2 * tl.load(absmax_ptr + row1 * blocks + pg)
+        if RG == 2:
+            e0, e1, e2, e3 = _mma_block(c2, c3, cx, zero, zero, zero, zero, lane_table)
+            acc2 += e0 * tl.load(absmax_ptr + row2 * blocks + pg)
+            acc3 += e2 * tl.load(absmax_ptr + row3 * blocks + pg)
+    _mma_store(acc0, out_ptr, r0, N, NW)
+    _mma_store(acc1, out_ptr, r0 + 8, N, NW)
+    if RG == 2:
+        _mma_store(acc2, out_ptr, r0 + 16, N, NW)
+        _mma_store(acc3, out_ptr, r0 + 24, N, NW)
+
+
+@triton.jit
+def _mma_x(x_quads, pg, t, g):
+    """x of block ``pg``'s 16 columns of lane (g, t) as 4 int64 quads, zeros but in lanes 0-3."""
+    xo = 16 * pg + 4 * t
+    return (tl.load(x_quads + xo, mask=g == 0, other=0), tl.load(x_quads + xo + 1, mask=g == 0, other=0),
+            tl.load(x_quads + xo + 2, mask=g == 0, other=0), tl.load(x_quads + xo + 3, mask=g == 0, other=0))
+
+
+@triton.jit
+def _mma_stage(pairs_ptr, x_quads, row0, row1, pg, t, g, pairs_per_row, U: tl.constexpr, XLATE: tl.constexpr):
+    """What one iteration reads for blocks pg .. pg + U - 1 (U 1 or 2): each block's pairs of
+    the lane's two rows, and x unless XLATE (then loaded where it is used)."""
+    at = 4 * pg + t
+    a_low = tl.load(pairs_ptr + row0 * pairs_per_row + at)
+    a_high = tl.load(pairs_ptr + row1 * pairs_per_row + at)
+    if U == 2:
+        b_low = tl.load(pairs_ptr + row0 * pairs_per_row + at + 4)
+        b_high = tl.load(pairs_ptr + row1 * pairs_per_row + at + 4)
+    else:
+        b_low = a_low
+        b_high = a_high
+    if XLATE:
+        xa = (a_low, a_low, a_low, a_low)
+        xb = xa
+    else:
+        xa = _mma_x(x_quads, pg, t, g)
+        if U == 2:
+            xb = _mma_x(x_quads, pg + 1, t, g)
+        else:
+            xb = xa
+    return a_low, a_high, b_low, b_high, xa, xb
+
+
+@triton.jit
+def _mma_stage_sum(stage, acc0, acc1, x_quads, absmax_ptr, row0, row1, blocks, pg, t, g, lane_table, zero,
+                   U: tl.constexpr, XLATE: tl.constexpr):
+    """Accumulate one iteration's U blocks (``_mma_stage``) into the two rows' fp32 sums."""
+    a_low, a_high, b_low, b_high, xa, xb = stage
+    if XLATE:
+        xa = _mma_x(x_quads, pg, t, g)
+    d0, d1, d2, d3 = _mma_block(a_low, a_high, xa, zero, zero, zero, zero, lane_table)
+    acc0 += d0 * tl.load(absmax_ptr + row0 * blocks + pg)
+    acc1 += d2 * tl.load(absmax_ptr + row1 * blocks + pg)
+    if U == 2:
+        if XLATE:
+            xb = _mma_x(x_quads, pg + 1, t, g)
+        e0, e1, e2, e3 = _mma_block(b_low, b_high, xb, zero, zero, zero, zero, lane_table)
+        acc0 += e0 * tl.load(absmax_ptr + row0 * blocks + pg + 1)
+        acc1 += e2 * tl.load(absmax_ptr + row1 * blocks + pg + 1)
+    return acc0, acc1
+
+
+@triton.jit(do_not_specialize=["one"])
+def _mma2_kernel(x_ptr, words_ptr, absmax_ptr, code_ptr, out_ptr, N, K, one, NW: tl.constexpr,
+                 U: tl.constexpr, AHEAD: tl.constexpr, XLATE: tl.constexpr):
+    """mma/1 (16 rows per program, NW warps splitting K) with more in flight per warp: U
+    adjacent blocks per iteration (warp w takes blocks U (w + NW i) ..), loaded AHEAD
+    iterations early (ptxas issues a loop's loads at the end of its body, so AHEAD 1 leaves
+    the whole DRAM latency exposed every iteration); x prefetched with the weight or, with
+    XLATE, loaded where it is used (16 KB, cached)."""
+    warp, g, t, lane_table = _mma_lanes(code_ptr, one, NW, True)
+    pairs_ptr = words_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
+    x_quads = x_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
+    pairs_per_row = K // 16
+    blocks = K // 64
+    r0 = tl.program_id(0) * 16
+    row0 = tl.minimum(r0 + g, N - 1).to(tl.int64)
+    row1 = tl.minimum(r0 + 8 + g, N - 1).to(tl.int64)
+    iters = blocks // (NW * U)
+    s1 = _mma_stage(pairs_ptr, x_quads, row0, row1, U * warp, t, g, pairs_per_row, U, XLATE)
+    if AHEAD == 2:
+        s2 = _mma_stage(pairs_ptr, x_quads, row0, row1, U * (warp + NW * tl.minimum(1, iters - 1)), t, g,
+                        pairs_per_row, U, XLATE)
+    else:
+        s2 = s1
+    zero = tl.zeros((32 * NW,), dtype=tl.float32)
+    acc0 = zero
+    acc1 = zero
+    for i in range(0, iters):
+        pg = U * (warp + NW * i)
+        cur = s1
+        if AHEAD == 2:
+            s1 = s2
+            s2 = _mma_stage(pairs_ptr, x_quads, row0, row1, U * (warp + NW * tl.minimum(i + 2, iters - 1)), t, g,
+                            pairs_per_row, U, XLATE)
+        else:
+            s1 = _mma_stage(pairs_ptr, x_quads, row0, row1, U * (warp + NW * tl.minimum(i + 1, iters - 1)), t, g,
+                            pairs_per_row, U, XLATE)
+        acc0, acc1 = _mma_stage_sum(cur, acc0, acc1, x_quads, absmax_ptr, row0, row1, blocks, pg, t, g, lane_table,
+                                    zero, U, XLATE)
+    _mma_store(acc0, out_ptr, r0, N, NW)
+    _mma_store(acc1, out_ptr, r0 + 8, N, NW)
+
+
+@triton.jit
+def _v4_load(address):
+    """The 16 bytes at each byte ``address`` (16-byte aligned) as two int64, one load per thread."""
+    return tl.inline_asm_elementwise("ld.global.v2.u64 {$0, $1}, [$2];", "=l,=l,l", [address],
+                                     dtype=(tl.int64, tl.int64), is_pure=True, pack=1)
+
+
+@triton.jit
+def _v4_load_if(address, keep):
+    """``_v4_load`` where ``keep`` is nonzero, zeros elsewhere (no load issued there)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.s32 p, $3, 0; mov.b64 $0, 0; mov.b64 $1, 0; @p ld.global.v2.u64 {$0, $1}, [$2]; }",
+        "=l,=l,l,r", [address, keep], dtype=(tl.int64, tl.int64), is_pure=True, pack=1)
+
+
+@triton.jit
+def _mma3_products(w, v, xq, d0, d1, d2, d3, e0, e1, e2, e3, lane_table, CHAINS: tl.constexpr):
+    """The 4 products of one 8-byte piece (16 nibbles) of rows g (``w``) and g + 8 (``v``)
+    whose x is the int64 quads ``xq`` (4 quads, zeros where the lane holds no x); products
+    with odd index go to (e0..e3) when CHAINS is 2."""
+    for q in tl.static_range(8):
+        wl = (w >> (32 * (q // 4))).to(tl.int32)
+        wh = (v >> (32 * (q // 4))).to(tl.int32)
+        a0 = _shfl_bits(lane_table, wl >> (8 * (q % 4) + 4))
+        a1 = _shfl_bits(lane_table, wh >> (8 * (q % 4) + 4))
+        a2 = _shfl_bits(lane_table, wl >> (8 * (q % 4)))
+        a3 = _shfl_bits(lane_table, wh >> (8 * (q % 4)))
+        b0, b1 = _dup_halves((xq[q // 2] >> (32 * (q % 2))).to(tl.int32))
+        if CHAINS == 2 and q % 2 == 1:
+            e0, e1, e2, e3 = _mma16816(a0, a1, a2, a3, b0, b1, e0, e1, e2, e3)
+        else:
+            d0, d1, d2, d3 = _mma16816(a0, a1, a2, a3, b0, b1, d0, d1, d2, d3)
+    return d0, d1, d2, d3, e0, e1, e2, e3
+
+
+@triton.jit(do_not_specialize=["one"])
+def _mma3_kernel(x_ptr, words_ptr, absmax_ptr, code_ptr, out_ptr, N, K, one, NW: tl.constexpr,
+                 CHAINS: tl.constexpr, AHEAD: tl.constexpr):
+    """mma/1 with fewer L1 wavefronts (its profile: L1 data pipe 81 % busy, the loads as
+    many wavefronts as the shuffles): each lane reads 16 contiguous bytes of each of its two
+    rows (one 128-column chunk per warp and iteration, 64 bytes of a row per request), and
+    B holds lane t's x in column t only, so D's column t sums lane t's nibbles alone and
+    each lane's bytes need one absmax (lanes 0-1: the chunk's first block, 2-3 its second
+    at blocksize 64). x is loaded where it is used, by lanes (t, t) only; the weight
+    AHEAD (1 or 2) iterations early. Warp w takes chunks w, w + NW, ..."""
+    warp, g, t, lane_table = _mma_lanes(code_ptr, one, NW, True)
+    blocks = K // 64
+    r0, row0, row1, w_at0, w_at1, x_at, has_x = _mma_lane_addresses(words_ptr, x_ptr, N, K, g, t)
+    iters = K // 128 // NW
+    n0a, n0b = _v4_load(w_at0 + 64 * warp)
+    n1a, n1b = _v4_load(w_at1 + 64 * warp)
+    if AHEAD == 2:
+        m0a, m0b = _v4_load(w_at0 + 64 * (warp + NW * tl.minimum(1, iters - 1)))
+        m1a, m1b = _v4_load(w_at1 + 64 * (warp + NW * tl.minimum(1, iters - 1)))
+    zero = tl.zeros((32 * NW,), dtype=tl.float32)
+    acc0 = zero
+    acc1 = zero
+    for i in range(0, iters):
+        c = warp + NW * i
+        w0a, w0b, w1a, w1b = n0a, n0b, n1a, n1b
+        if AHEAD == 2:
+            n0a, n0b, n1a, n1b = m0a, m0b, m1a, m1b
+            m0a, m0b = _v4_load(w_at0 + 64 * (warp + NW * tl.minimum(i + 2, iters - 1)))
+            m1a, m1b = _v4_load(w_at1 + 64 * (warp + NW * tl.minimum(i + 2, iters - 1)))
+        else:
+            n0a, n0b = _v4_load(w_at0 + 64 * (warp + NW * tl.minimum(i + 1, iters - 1)))
+            n1a, n1b = _v4_load(w_at1 + 64 * (warp + NW * tl.minimum(i + 1, iters - 1)))
+        xa0, xa1 = _v4_load_if(x_at + 256 * c, has_x)
+        xa2, xa3 = _v4_load_if(x_at + 256 * c + 16, has_x)
+        xb0, xb1 = _v4_load_if(x_at + 256 * c + 32, has_x)
+        xb2, xb3 = _v4_load_if(x_at + 256 * c + 48, has_x)
+        d0, d1, d2, d3, e0, e1, e2, e3 = _mma3_products(w0a, w1a, (xa0, xa1, xa2, xa3), zero, zero, zero, zero,
+                                                        zero, zero, zero, zero, lane_table, CHAINS)
+        d0, d1, d2, d3, e0, e1, e2, e3 = _mma3_products(w0b, w1b, (xb0, xb1, xb2, xb3), d0, d1, d2, d3,
+                                                        e0, e1, e2, e3, lane_table, CHAINS)
+        block = 2 * c + (t & 1)
+        if CHAINS == 2:
+            acc0 += ((d0 + d1) + (e0 + e1)) * tl.load(absmax_ptr + row0 * blocks + block)
+            acc1 += ((d2 + d3) + (e2 + e3)) * tl.load(absmax_ptr + row1 * blocks + block)
+        else:
+            acc0 += (d0 + d1) * tl.load(absmax_ptr + row0 * blocks + block)
+            acc1 += (d2 + d3) * tl.load(absmax_ptr + row1 * blocks + block)
+    _mma_store_lanes(acc0, out_ptr, r0, N, NW)
+    _mma_store_lanes(acc1, out_ptr, r0 + 8, N, NW)
+
+
+@triton.jit
+def _mma4_loads(w_at0, w_at1, x_at, absmax_ptr, row0, row1, blocks, c, t, has_x):
+    """Everything one mma4 iteration (chunk ``c``) reads: the lane's 16 bytes of rows g and
+    g + 8, its x (4 x 16 bytes, zeros but in lanes (t, t)) and the two rows' absmax."""
+    w0a, w0b = _v4_load(w_at0 + 64 * c)
+    w1a, w1b = _v4_load(w_at1 + 64 * c)
+    xa0, xa1 = _v4_load_if(x_at + 256 * c, has_x)
+    xa2, xa3 = _v4_load_if(x_at + 256 * c + 16, has_x)
+    xb0, xb1 = _v4_load_if(x_at + 256 * c + 32, has_x)
+    xb2, xb3 = _v4_load_if(x_at + 256 * c + 48, has_x)
+    block = 2 * c + (t & 1)
+    s0 = tl.load(absmax_ptr + row0 * blocks + block)
+    s1 = tl.load(absmax_ptr + row1 * blocks + block)
+    return w0a, w0b, w1a, w1b, (xa0, xa1, xa2, xa3), (xb0, xb1, xb2, xb3), s0, s1
+
+
+@triton.jit
+def _mma5_products(w, v, xq, d0, d1, d2, d3, lane_table):
+    """Timing probe (wrong numbers): mma3's products with one lookup per byte instead of
+    one per nibble, as a bf16 code pair per byte would take (a 256-entry table, which a
+    32-lane shuffle cannot hold: the shuffle here reads the byte's low 5 bits). A's
+    register is the two nibbles' codes, B's the two x values as loaded (no duplication),
+    so one m16n8k16 product takes 4 bytes per row and lane."""
+    for q in tl.static_range(4):
+        wl = (w >> (32 * (q // 2))).to(tl.int32)
+        wh = (v >> (32 * (q // 2))).to(tl.int32)
+        a0 = _shfl_bits(lane_table, wl >> (16 * (q % 2)))
+        a1 = _shfl_bits(lane_table, wh >> (16 * (q % 2)))
+        a2 = _shfl_bits(lane_table, wl >> (16 * (q % 2) + 8))
+        a3 = _shfl_bits(lane_table, wh >> (16 * (q % 2) + 8))
+        xpair = xq[q]
+        d0, d1, d2, d3 = _mma16816(a0, a1, a2, a3, xpair.to(tl.int32), (xpair >> 32).to(tl.int32), d0, d1, d2, d3)
+    return d0, d1, d2, d3
+
+
+@triton.jit(do_not_specialize=["one"])
+def _mma4_kernel(x_ptr, words_ptr, absmax_ptr, code_ptr, out_ptr, N, K, one, NW: tl.constexpr,
+                 CHAINS: tl.constexpr, BYTE_PROBE: tl.constexpr):
+    """mma3 with x and absmax loaded an iteration early as well (mma3's profile: long
+    scoreboard stalls, the x and absmax loads issued right before their use). BYTE_PROBE:
+    the mma5 timing probe, ``_mma5_products`` instead of mma3's (half the lookups, half the
+    products, no x duplication), bounding what a byte-indexed bf16 code-pair table could
+    give; wrong numbers."""
+    warp, g, t, lane_table = _mma_lanes(code_ptr, one, NW, not BYTE_PROBE)
+    blocks = K // 64
+    r0, row0, row1, w_at0, w_at1, x_at, has_x = _mma_lane_addresses(words_ptr, x_ptr, N, K, g, t)
+    iters = K // 128 // NW
+    n = _mma4_loads(w_at0, w_at1, x_at, absmax_ptr, row0, row1, blocks, warp, t, has_x)
+    zero = tl.zeros((32 * NW,), dtype=tl.float32)
+    acc0 = zero
+    acc1 = zero
+    for i in range(0, iters):
+        w0a, w0b, w1a, w1b, xa, xb, s0, s1 = n
+        n = _mma4_loads(w_at0, w_at1, x_at, absmax_ptr, row0, row1, blocks, warp + NW * tl.minimum(i + 1, iters - 1),
+                        t, has_x)
+        if BYTE_PROBE:
+            d0, d1, d2, d3 = _mma5_products(w0a, w1a, xa, zero, zero, zero, zero, lane_table)
+            d0, d1, d2, d3 = _mma5_products(w0b, w1b, xb, d0, d1, d2, d3, lane_table)
+            e0, e1, e2, e3 = zero, zero, zero, zero
+        else:
+            d0, d1, d2, d3, e0, e1, e2, e3 = _mma3_products(w0a, w1a, xa, zero, zero, zero, zero,
+                                                            zero, zero, zero, zero, lane_table, CHAINS)
+            d0, d1, d2, d3, e0, e1, e2, e3 = _mma3_products(w0b, w1b, xb, d0, d1, d2, d3,
+                                                            e0, e1, e2, e3, lane_table, CHAINS)
+        if CHAINS == 2:
+            acc0 += ((d0 + d1) + (e0 + e1)) * s0
+            acc1 += ((d2 + d3) + (e2 + e3)) * s1
+        else:
+            acc0 += (d0 + d1) * s0
+            acc1 += (d2 + d3) * s1
+    _mma_store_lanes(acc0, out_ptr, r0, N, NW)
+    _mma_store_lanes(acc1, out_ptr, r0 + 8, N, NW)
+
+
 def launch(x, words, absmax, out, variant, block_n=16, block_k=512, num_warps=4):
     """One launch of a variant: "lookup/xload/work/absmax" of the stripped-down v7 kernel,
     or "rows/WORDS/XSPLIT" of the v8 candidates (4 rows per program)."""
@@ -739,6 +1156,26 @@ def launch(x, words, absmax, out, variant, block_n=16, block_k=512, num_warps=4)
         programs = block_n * torch.cuda.get_device_properties(DEVICE).multi_processor_count
         chunk = words.numel() // programs // int(variant[1]) * int(variant[1])
         _read_kernel[(programs,)](words, out, chunk, BLOCK=int(variant[1]), num_warps=num_warps)
+        return out
+    if variant[0] == "mma5":  # mma5 (timing probe); num_warps: warps per program (the K split)
+        _mma4_kernel[(triton.cdiv(N, 16),)](x, words, absmax, CODE, out, N, K, 1, NW=num_warps, CHAINS=1,
+                                            BYTE_PROBE=True, num_warps=num_warps)
+        return out
+    if variant[0] == "mma4":  # mma4/CHAINS; num_warps: warps per program (the K split)
+        _mma4_kernel[(triton.cdiv(N, 16),)](x, words, absmax, CODE, out, N, K, 1, NW=num_warps,
+                                            CHAINS=int(variant[1]), BYTE_PROBE=False, num_warps=num_warps)
+        return out
+    if variant[0] == "mma3":  # mma3/CHAINS/AHEAD; num_warps: warps per program (the K split)
+        _mma3_kernel[(triton.cdiv(N, 16),)](x, words, absmax, CODE, out, N, K, 1, NW=num_warps,
+                                            CHAINS=int(variant[1]), AHEAD=int(variant[2]), num_warps=num_warps)
+        return out
+    if variant[0] == "mma2":  # mma2/U/AHEAD/XLATE; num_warps: warps per program (the K split)
+        _mma2_kernel[(triton.cdiv(N, 16),)](x, words, absmax, CODE, out, N, K, 1, NW=num_warps, U=int(variant[1]),
+                                            AHEAD=int(variant[2]), XLATE=int(variant[3]), num_warps=num_warps)
+        return out
+    if variant[0] == "mma":  # mma/RG; num_warps: warps per program (the K split)
+        _mma_kernel[(triton.cdiv(N, 16 * int(variant[1])),)](x, words, absmax, CODE, out, N, K, 1, RG=int(variant[1]),
+                                                             NW=num_warps, num_warps=num_warps)
         return out
     if variant[0] == "rows10":  # rows10/WORDS/XSPLIT[/WCACHE[/PF]]; block_n: programs per SM, or -programs
         grid = -block_n if block_n < 0 else min(N // 4, block_n * torch.cuda.get_device_properties(DEVICE).multi_processor_count)
@@ -888,6 +1325,26 @@ VARIANTS = [
     ("rows9/256/0/1/2", [(8, 0, 2)]),
     ("rows9/128/0/1/3", [(16, 0, 1)]),
     ("rows9/128/0/1/4", [(16, 0, 1)]),
+    # v10: tensor cores (mma.sync m16n8k16): the codes as bf16 hi + lo pairs, x in B's
+    # column 0; 16 * RG rows per program, its warps (the tile's num_warps) split K
+    ("mma/1", [(0, 0, 2), (0, 0, 4), (0, 0, 8), (0, 0, 16)]),
+    ("mma/2", [(0, 0, 4), (0, 0, 8), (0, 0, 16)]),
+    # mma/1 with U blocks per iteration, loaded AHEAD iterations early, x with them or late
+    # mma3: 16-byte weight loads per lane, x in column t of B (one absmax per lane), CHAINS
+    # independent accumulator chains, the weight AHEAD iterations early
+    ("mma3/1/1", [(0, 0, 4), (0, 0, 8), (0, 0, 16)]),
+    ("mma4/1", [(0, 0, 4), (0, 0, 8), (0, 0, 16)]),  # mma3 with x and absmax an iteration early
+    ("mma4/2", [(0, 0, 4), (0, 0, 8), (0, 0, 16)]),
+    ("mma5", [(0, 0, 4), (0, 0, 8), (0, 0, 16)]),  # timing probe: one lookup per byte
+    ("mma3/2/1", [(0, 0, 4), (0, 0, 8), (0, 0, 16)]),
+    ("mma3/1/2", [(0, 0, 4), (0, 0, 8), (0, 0, 16)]),
+    ("mma3/2/2", [(0, 0, 4), (0, 0, 8), (0, 0, 16)]),
+    ("mma2/1/2/0", [(0, 0, 4), (0, 0, 8), (0, 0, 16)]),
+    ("mma2/1/2/1", [(0, 0, 4), (0, 0, 8), (0, 0, 16)]),
+    ("mma2/2/1/0", [(0, 0, 4), (0, 0, 8)]),
+    ("mma2/2/1/1", [(0, 0, 4), (0, 0, 8)]),
+    ("mma2/2/2/0", [(0, 0, 4), (0, 0, 8)]),
+    ("mma2/2/2/1", [(0, 0, 2), (0, 0, 4), (0, 0, 8)]),
     # the read floor: the packed weight summed as int32 words, nothing else
     ("read/2048", [(4, 0, 4), (8, 0, 4), (2, 0, 8)]),
     ("read/1024", [(8, 0, 4), (16, 0, 2)]),
@@ -916,7 +1373,8 @@ def sweep(only=()):
                 y = calls[0]()
                 row["err"] = ((y.float() - want).abs() / scale).max().item()
                 exact = not ("none" in variant or "loads" in variant or variant[0] == "read"
-                             or (variant[0] == "rows9" and len(variant) > 4 and variant[4] != "0"))
+                             or (variant[0] == "rows9" and len(variant) > 4 and variant[4] != "0")
+                             or variant[0] == "mma5")
                 row["checked"] = exact
                 if exact and not row["err"] < 2**-8:
                     row["status"] = "WRONG"
