@@ -517,17 +517,16 @@ def _pair_partial(pair, lane_code, xa_low, xa_high, xb_low, xb_high):
 
 
 @triton.jit
-def _pairs_layout(x_ptr, words_ptr, N, K, words_per_row, word_step, WORDS: tl.constexpr):
-    """What rows10 and rows12 derive from their arguments: each thread's pair indices and
-    their x quads, the weight as int64 pairs, steps per row group, this program's flat step
-    count (row groups pid, pid + grid, ...), x as int64 quads and absmax blocks per row."""
+def _pairs_layout(x_ptr, N, K, words_per_row, word_step, WORDS: tl.constexpr):
+    """What rows10, rows12 and rows13 derive from their arguments: each thread's pair
+    indices and their x quads, steps per row group, this program's flat step count (row
+    groups pid, pid + grid, ...), x as int64 quads and absmax blocks per row."""
     p = tl.arange(0, WORDS // 2) * word_step
     x_first = 4 * p[:, None] + tl.arange(0, 2)[None, :]
     steps = words_per_row // WORDS
     groups = N // 4
     total = (groups - tl.program_id(0) + tl.num_programs(0) - 1) // tl.num_programs(0) * steps
-    return (p, x_first, words_ptr.to(tl.pointer_type(tl.int64), bitcast=True), words_per_row // 2, steps, total,
-            x_ptr.to(tl.pointer_type(tl.int64), bitcast=True), K // 64)
+    return p, x_first, steps, total, x_ptr.to(tl.pointer_type(tl.int64), bitcast=True), K // 64
 
 
 @triton.jit(do_not_specialize=["word_step"])
@@ -540,8 +539,8 @@ def _rows10_kernel(x_ptr, words_ptr, absmax_ptr, code_ptr, out_ptr, N, K, words_
     tensors are 1-D [WORDS // 2] in one layout (a 2-D [pairs, 2] tile put the two words of
     a pair on two threads and converted layouts every step, Triton 3.9)."""
     HALF: tl.constexpr = WORDS // 2
-    p, x_first, pairs_ptr, pairs_per_row, steps, total, x_quads, blocks_per_row = _pairs_layout(
-        x_ptr, words_ptr, N, K, words_per_row, word_step, WORDS)
+    p, x_first, steps, total, x_quads, blocks_per_row = _pairs_layout(x_ptr, N, K, words_per_row, word_step, WORDS)
+    pairs_ptr, pairs_per_row = words_ptr.to(tl.pointer_type(tl.int64), bitcast=True), words_per_row // 2
     n0, n1, n2, n3, na_low, na_high, nb_low, nb_high = _pairs_step(pairs_ptr, x_quads, p, x_first, 0, steps,
                                                                    pairs_per_row, HALF, XSPLIT, WCACHE)
     lane_code, acc0, acc1, acc2, acc3 = _lane_code_and_accumulators(n0.to(tl.int32), code_ptr, HALF)
@@ -586,8 +585,8 @@ def _rows12_kernel(x_ptr, words_ptr, absmax_ptr, code_ptr, out_ptr, N, K, words_
     overlap and every step waits on them; loaded two steps ahead, a whole step's decode
     lies between issue and use."""
     HALF: tl.constexpr = WORDS // 2
-    p, x_first, pairs_ptr, pairs_per_row, steps, total, x_quads, blocks_per_row = _pairs_layout(
-        x_ptr, words_ptr, N, K, words_per_row, word_step, WORDS)
+    p, x_first, steps, total, x_quads, blocks_per_row = _pairs_layout(x_ptr, N, K, words_per_row, word_step, WORDS)
+    pairs_ptr, pairs_per_row = words_ptr.to(tl.pointer_type(tl.int64), bitcast=True), words_per_row // 2
     s1 = _rows12_step(pairs_ptr, x_quads, absmax_ptr, p, x_first, 0, steps, pairs_per_row, blocks_per_row, WORDS,
                       XSPLIT)
     if AHEAD == 2:
@@ -713,13 +712,7 @@ def _rows13_kernel(x_ptr, w_desc, absmax_ptr, code_ptr, out_ptr, N, K, words_per
     x with XSPLIT 0 (XSPLIT 2's inline-asm x loads are issued in the step). x is not loaded
     a step ahead in registers as in rows10: that compiled to 128-168 registers."""
     HALF: tl.constexpr = WORDS // 2
-    p = tl.arange(0, HALF) * word_step
-    x_first = 4 * p[:, None] + tl.arange(0, 2)[None, :]
-    steps = words_per_row // WORDS
-    groups = N // 4
-    total = (groups - tl.program_id(0) + tl.num_programs(0) - 1) // tl.num_programs(0) * steps
-    x_quads = x_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
-    blocks_per_row = K // 64
+    p, x_first, steps, total, x_quads, blocks_per_row = _pairs_layout(x_ptr, N, K, words_per_row, word_step, WORDS)
     lane_code, acc0, acc1, acc2, acc3 = _lane_code_and_accumulators(p, code_ptr, HALF)
     for i in tl.range(0, total, num_stages=STAGES):
         g = tl.program_id(0) + (i // steps) * tl.num_programs(0)
@@ -822,6 +815,14 @@ def _mma_block(low, high, xq, d0, d1, d2, d3, lane_table):
 
 
 @triton.jit
+def _mma_x(x_quads, pg, t, g):
+    """x of block ``pg``'s 16 columns of lane (g, t) as 4 int64 quads, zeros but in lanes 0-3."""
+    xo = 16 * pg + 4 * t
+    return (tl.load(x_quads + xo, mask=g == 0, other=0), tl.load(x_quads + xo + 1, mask=g == 0, other=0),
+            tl.load(x_quads + xo + 2, mask=g == 0, other=0), tl.load(x_quads + xo + 3, mask=g == 0, other=0))
+
+
+@triton.jit
 def _mma_loads(pairs_ptr, x_quads, row0, row1, row2, row3, pg, t, g, pairs_per_row, RG: tl.constexpr):
     """Pairs of block ``pg`` for the lane's 2 * RG rows (row2, row3 repeat row0, row1 when
     RG is 1), and x of the lane's 16 columns as 4 int64 quads (zeros but in lanes 0-3)."""
@@ -834,12 +835,7 @@ def _mma_loads(pairs_ptr, x_quads, row0, row1, row2, row3, pg, t, g, pairs_per_r
     else:
         w2 = w0
         w3 = w1
-    xo = 16 * pg + 4 * t
-    x0 = tl.load(x_quads + xo, mask=g == 0, other=0)
-    x1 = tl.load(x_quads + xo + 1, mask=g == 0, other=0)
-    x2 = tl.load(x_quads + xo + 2, mask=g == 0, other=0)
-    x3 = tl.load(x_quads + xo + 3, mask=g == 0, other=0)
-    return w0, w1, w2, w3, (x0, x1, x2, x3)
+    return w0, w1, w2, w3, _mma_x(x_quads, pg, t, g)
 
 
 @triton.jit
@@ -892,14 +888,6 @@ def _mma_kernel(x_ptr, words_ptr, absmax_ptr, code_ptr, out_ptr, N, K, one, RG: 
     if RG == 2:
         _mma_store(acc2, out_ptr, r0 + 16, N, NW)
         _mma_store(acc3, out_ptr, r0 + 24, N, NW)
-
-
-@triton.jit
-def _mma_x(x_quads, pg, t, g):
-    """x of block ``pg``'s 16 columns of lane (g, t) as 4 int64 quads, zeros but in lanes 0-3."""
-    xo = 16 * pg + 4 * t
-    return (tl.load(x_quads + xo, mask=g == 0, other=0), tl.load(x_quads + xo + 1, mask=g == 0, other=0),
-            tl.load(x_quads + xo + 2, mask=g == 0, other=0), tl.load(x_quads + xo + 3, mask=g == 0, other=0))
 
 
 @triton.jit
@@ -1004,6 +992,25 @@ def _v4_load_if(address, keep):
 
 
 @triton.jit
+def _mma_lane_x(x_at, c, has_x):
+    """mma3-5: x of the lane's two 8-byte pieces of chunk ``c`` (4 int64 quads each), zeros
+    but in lanes (t, t)."""
+    xa0, xa1 = _v4_load_if(x_at + 256 * c, has_x)
+    xa2, xa3 = _v4_load_if(x_at + 256 * c + 16, has_x)
+    xb0, xb1 = _v4_load_if(x_at + 256 * c + 32, has_x)
+    xb2, xb3 = _v4_load_if(x_at + 256 * c + 48, has_x)
+    return (xa0, xa1, xa2, xa3), (xb0, xb1, xb2, xb3)
+
+
+@triton.jit
+def _mma_lane_absmax(absmax_ptr, row0, row1, blocks, c, t):
+    """mma3-5: absmax of the lane's bytes of chunk ``c`` in its two rows (threads 0-1 of a
+    group hold the chunk's first 64-column block, 2-3 its second)."""
+    block = 2 * c + (t & 1)
+    return tl.load(absmax_ptr + row0 * blocks + block), tl.load(absmax_ptr + row1 * blocks + block)
+
+
+@triton.jit
 def _mma3_products(w, v, xq, d0, d1, d2, d3, e0, e1, e2, e3, lane_table, CHAINS: tl.constexpr):
     """The 4 products of one 8-byte piece (16 nibbles) of rows g (``w``) and g + 8 (``v``)
     whose x is the int64 quads ``xq`` (4 quads, zeros where the lane holds no x); products
@@ -1055,21 +1062,18 @@ def _mma3_kernel(x_ptr, words_ptr, absmax_ptr, code_ptr, out_ptr, N, K, one, NW:
         else:
             n0a, n0b = _v4_load(w_at0 + 64 * (warp + NW * tl.minimum(i + 1, iters - 1)))
             n1a, n1b = _v4_load(w_at1 + 64 * (warp + NW * tl.minimum(i + 1, iters - 1)))
-        xa0, xa1 = _v4_load_if(x_at + 256 * c, has_x)
-        xa2, xa3 = _v4_load_if(x_at + 256 * c + 16, has_x)
-        xb0, xb1 = _v4_load_if(x_at + 256 * c + 32, has_x)
-        xb2, xb3 = _v4_load_if(x_at + 256 * c + 48, has_x)
-        d0, d1, d2, d3, e0, e1, e2, e3 = _mma3_products(w0a, w1a, (xa0, xa1, xa2, xa3), zero, zero, zero, zero,
+        xa, xb = _mma_lane_x(x_at, c, has_x)
+        d0, d1, d2, d3, e0, e1, e2, e3 = _mma3_products(w0a, w1a, xa, zero, zero, zero, zero,
                                                         zero, zero, zero, zero, lane_table, CHAINS)
-        d0, d1, d2, d3, e0, e1, e2, e3 = _mma3_products(w0b, w1b, (xb0, xb1, xb2, xb3), d0, d1, d2, d3,
+        d0, d1, d2, d3, e0, e1, e2, e3 = _mma3_products(w0b, w1b, xb, d0, d1, d2, d3,
                                                         e0, e1, e2, e3, lane_table, CHAINS)
-        block = 2 * c + (t & 1)
         if CHAINS == 2:
-            acc0 += ((d0 + d1) + (e0 + e1)) * tl.load(absmax_ptr + row0 * blocks + block)
-            acc1 += ((d2 + d3) + (e2 + e3)) * tl.load(absmax_ptr + row1 * blocks + block)
+            d0, d2 = (d0 + d1) + (e0 + e1), (d2 + d3) + (e2 + e3)
         else:
-            acc0 += (d0 + d1) * tl.load(absmax_ptr + row0 * blocks + block)
-            acc1 += (d2 + d3) * tl.load(absmax_ptr + row1 * blocks + block)
+            d0, d2 = d0 + d1, d2 + d3
+        s0, s1 = _mma_lane_absmax(absmax_ptr, row0, row1, blocks, c, t)  # after the products, as measured
+        acc0 += d0 * s0
+        acc1 += d2 * s1
     _mma_store_lanes(acc0, out_ptr, r0, N, NW)
     _mma_store_lanes(acc1, out_ptr, r0 + 8, N, NW)
 
@@ -1080,14 +1084,9 @@ def _mma4_loads(w_at0, w_at1, x_at, absmax_ptr, row0, row1, blocks, c, t, has_x)
     g + 8, its x (4 x 16 bytes, zeros but in lanes (t, t)) and the two rows' absmax."""
     w0a, w0b = _v4_load(w_at0 + 64 * c)
     w1a, w1b = _v4_load(w_at1 + 64 * c)
-    xa0, xa1 = _v4_load_if(x_at + 256 * c, has_x)
-    xa2, xa3 = _v4_load_if(x_at + 256 * c + 16, has_x)
-    xb0, xb1 = _v4_load_if(x_at + 256 * c + 32, has_x)
-    xb2, xb3 = _v4_load_if(x_at + 256 * c + 48, has_x)
-    block = 2 * c + (t & 1)
-    s0 = tl.load(absmax_ptr + row0 * blocks + block)
-    s1 = tl.load(absmax_ptr + row1 * blocks + block)
-    return w0a, w0b, w1a, w1b, (xa0, xa1, xa2, xa3), (xb0, xb1, xb2, xb3), s0, s1
+    xa, xb = _mma_lane_x(x_at, c, has_x)
+    s0, s1 = _mma_lane_absmax(absmax_ptr, row0, row1, blocks, c, t)
+    return w0a, w0b, w1a, w1b, xa, xb, s0, s1
 
 
 @triton.jit
