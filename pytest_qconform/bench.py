@@ -46,7 +46,7 @@ import torch
 
 from pytest_qconform.backends.base import Backend, Quantized, QuantSpec
 from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
-from pytest_qconform.report import RATIO_BASELINE, Benchmark
+from pytest_qconform.bench_record import RATIO_BASELINE, Benchmark
 from pytest_qconform.targets import Target
 
 FULL_SHAPES: tuple[tuple[int, int], ...] = ((4096, 4096), (8192, 8192), (14336, 4096))  # (N, K)

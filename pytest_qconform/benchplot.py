@@ -13,7 +13,9 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from pytest_qconform.report import Benchmark, ReportError, RunReport, read_report, write_figure_png
+from pytest_qconform.bench_record import Benchmark
+from pytest_qconform.figures import write_figure_png
+from pytest_qconform.report import ReportError, RunReport, read_report
 
 METRICS = ("percent", "time")
 PROG = "qconform benchplot"

@@ -24,15 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from pytest_qconform.report import (
-    VERDICTS,
-    ReportError,
-    RunReport,
-    format_multiple,
-    read_report,
-    write_figure_png,
-    write_text_atomically,
-)
+from pytest_qconform.atomic import write_text_atomically
+from pytest_qconform.figures import write_figure_png
+from pytest_qconform.report import VERDICTS, ReportError, RunReport, read_report
+from pytest_qconform.tables import format_multiple
 
 MARKER_START = "<!-- qconform-matrix:start -->"
 MARKER_END = "<!-- qconform-matrix:end -->"

@@ -75,7 +75,8 @@ class RunRecorder:
         if (hasattr(self.config, "workerinput") or self.config.getoption("qconform_no_report")
                 or self.config.getoption("collectonly")):  # nothing ran: nothing to report
             return
-        from pytest_qconform.report import Benchmark, RunReport, with_bitsandbytes_ratios, write_report
+        from pytest_qconform.bench_record import Benchmark, with_bitsandbytes_ratios
+        from pytest_qconform.report import RunReport, write_report
 
         folder = Path(self.config.getoption("qconform_report_dir") or self.config.getini("qconform_report_dir"))
         if not folder.is_absolute():
@@ -96,11 +97,11 @@ class RunRecorder:
                           f"(probe: {state.probe(self.config).summary()})")
         report = getattr(self, "report", None)
         if report is not None:
-            from pytest_qconform.report import format_arch_table
+            from pytest_qconform.tables import format_arch_table
 
             tr.write_line(format_arch_table(report))
             if report.benchmarks:
-                from pytest_qconform.report import format_bench_table
+                from pytest_qconform.tables import format_bench_table
 
                 tr.write_line(format_bench_table(report))
         path = self.config.stash.get(state.REPORT_PATH, None)

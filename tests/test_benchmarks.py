@@ -13,15 +13,8 @@ import pytest
 from pytest_qconform import bench, benchplot
 from pytest_qconform.matrix import merge
 from pytest_qconform.plugin import suites_dir
-from pytest_qconform.report import (
-    Benchmark,
-    Cell,
-    ReportError,
-    RunReport,
-    read_report,
-    with_bitsandbytes_ratios,
-    write_report,
-)
+from pytest_qconform.bench_record import Benchmark, with_bitsandbytes_ratios
+from pytest_qconform.report import Cell, ReportError, RunReport, read_report, write_report
 
 pytest.importorskip("pytest_benchmark")
 # Imported before any pytester run: pytester drops modules a run imported, and bitsandbytes

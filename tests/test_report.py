@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_qconform import report as report_mod
+from pytest_qconform import atomic
 from pytest_qconform.probe import BackendStatus, simulated_probe
 from pytest_qconform.report import (
     SCHEMA_VERSION,
@@ -18,10 +18,10 @@ from pytest_qconform.report import (
     ReportError,
     RunReport,
     fold_cell,
-    format_arch_table,
     read_report,
     write_report,
 )
+from pytest_qconform.tables import format_arch_table
 
 
 def probe_dict(arch: str = "sm90", host: str = "runner-1", **overrides) -> dict:
@@ -153,7 +153,7 @@ def test_an_error_mid_write_leaves_no_report_and_no_temp(tmp_path, monkeypatch):
     def failing_fsync(fd):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(report_mod.os, "fsync", failing_fsync)
+    monkeypatch.setattr(atomic.os, "fsync", failing_fsync)
     with pytest.raises(OSError, match="No space left"):
         write_report(sample_report(), tmp_path)
     assert list(tmp_path.iterdir()) == []
@@ -162,9 +162,9 @@ def test_an_error_mid_write_leaves_no_report_and_no_temp(tmp_path, monkeypatch):
 def test_an_error_mid_write_keeps_the_old_file_whole(tmp_path, monkeypatch):
     target = tmp_path / "README.md"
     target.write_text("old\n", encoding="utf-8")
-    monkeypatch.setattr(report_mod.os, "replace", lambda src, dst: (_ for _ in ()).throw(KeyboardInterrupt()))
+    monkeypatch.setattr(atomic.os, "replace", lambda src, dst: (_ for _ in ()).throw(KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):
-        report_mod.write_text_atomically(target, "new\n")
+        atomic.write_text_atomically(target, "new\n")
     assert target.read_text(encoding="utf-8") == "old\n"
     assert [p.name for p in tmp_path.iterdir()] == ["README.md"]
 
@@ -285,11 +285,11 @@ def test_report_dict_is_json_serializable_with_sorted_keys(tmp_path):
 
 KILLED_WRITER = r"""
 import os, sys, time
-from pytest_qconform import report as r
+from pytest_qconform import atomic, report as r
 def stall(fd):
     print("writing", flush=True)
     time.sleep(60)
-r.os.fsync = stall
+atomic.os.fsync = stall
 rep = r.RunReport({"device_kind": "cpu", "arch": "x86_64", "device_name": "cpu", "host": "h", "torch": None,
                    "cuda": None, "hip": None, "simulated": False, "backends": {}}, (), "2025-01-31T12:00:00Z")
 r.write_report(rep, sys.argv[1])
