@@ -91,18 +91,18 @@ def downstream(session: nox.Session) -> None:
         example = scratch / "example"
         shutil.copytree(root / "examples" / "downstream", example,
                         ignore=shutil.ignore_patterns("*.egg-info", "build", "__pycache__"))
-        check = str(example / "check_report.py")
         good, broken = scratch / "reports-torch-nf4", scratch / "reports-torch-nf4-broken"
         session.install(str(example))
         with session.chdir(scratch):
             session.run("pytest", *DOWNSTREAM_ARGS, "--qconform-backend=torch-nf4", f"--qconform-report-dir={good}")
-            session.run("python", check, str(good), "--backend", "torch-nf4", "--all-pass")
+            session.run("python", "-m", "pytest_qconform", "check", str(good), "--backend", "torch-nf4",
+                        "--require", "pass")
             session.install(str(example / "broken"))
             # The planted bug must fail the run (exit 1), and fail it in the right place.
             session.run("pytest", *DOWNSTREAM_ARGS, "--tb=no", "--qconform-backend=torch-nf4-broken",
                         f"--qconform-report-dir={broken}", success_codes=[1])
-            session.run("python", check, str(broken), "--backend", "torch-nf4-broken",
-                        "--fails-in", "dequantize")
+            session.run("python", "-m", "pytest_qconform", "check", str(broken), "--backend", "torch-nf4-broken",
+                        "--require", "any", "--expect-fail", "torch-nf4-broken/dequantize")
     session.log(f"downstream: done in {time.monotonic() - started:.0f} s")
 
 

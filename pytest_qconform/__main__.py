@@ -1,7 +1,9 @@
-"""``python -m pytest_qconform doctor`` (or ``qconform doctor``): print the probe.
+"""``python -m pytest_qconform doctor|check`` (or ``qconform doctor|check``).
 
-The same record the run header prints, as a human-readable report or as JSON, so a
-runner's operator can see what the suite will find before running it.
+``doctor`` prints the probe: the same record the run header prints, as a human-readable
+report or as JSON, so a runner's operator can see what the suite will find before
+running it. ``check`` is the report gate a CI job applies to a run's report
+(``pytest_qconform.gate``).
 """
 from __future__ import annotations
 
@@ -41,7 +43,15 @@ def main(argv: list[str] | None = None) -> int:
     doc.add_argument("--json", action="store_true", help="print JSON instead of text")
     doc.add_argument("--simulate", default=os.environ.get("QCONFORM_SIMULATE"), metavar="ARCH",
                      help="testing aid: pretend to be ARCH (e.g. gfx1200)")
-    args = parser.parse_args(argv)
+    sub.add_parser("check", add_help=False,
+                   help="require things of a run report (CI gate); see python -m pytest_qconform check --help")
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "check":
+        from pytest_qconform import gate
+
+        return gate.main(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     return doctor(args.simulate, args.json)
 
 

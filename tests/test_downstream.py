@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
-import importlib.util
-import sys
 import tomllib
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
@@ -23,7 +20,6 @@ import torch
 from pytest_qconform.backends import registry
 from pytest_qconform.backends.base import Backend, QuantSpec
 from pytest_qconform.reference import bnb4
-from pytest_qconform.report import Cell
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "downstream"
 BROKEN = EXAMPLE / "broken"
@@ -108,50 +104,3 @@ def test_broken_example_has_exactly_its_planted_bug(installed_examples) -> None:
     swapped = bnb4.decode(dataclasses.replace(packed_good, packed=((bytes_ & 0xF) << 4) | (bytes_ >> 4)))
     torch.testing.assert_close(broken.dequantize(q_broken, torch.float32).double(), swapped)
     assert not torch.equal(broken.dequantize(q_broken, torch.float32).double(), exact)
-
-
-def _check_report_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("qconform_check_report", EXAMPLE / "check_report.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
-    return module
-
-
-CELLS = (
-    Cell("torch-nf4", "dequantize", "nf4-b64", "fp32", "pass", worst_error_multiple=0.5),
-    Cell("torch-nf4", "matmul", "nf4-b64", "fp32", "pass", worst_error_multiple=0.5),
-    Cell("torch-nf4-broken", "dequantize", "nf4-b64", "fp32", "fail", first_failure={"message": "m", "repro": "r"}),
-    Cell("torch-nf4-broken", "dequantize", "nf4-b64", "bf16", "fail", first_failure={"message": "m", "repro": "r"}),
-    Cell("torch-nf4-broken", "quantize", "nf4-b64", "-", "pass"),
-)
-
-
-def test_report_check_tells_pass_from_fail() -> None:
-    problems = _check_report_module().problems
-    assert problems(CELLS, "torch-nf4", all_pass=True, fails_in=()) == []
-    assert problems(CELLS, "torch-nf4-broken", all_pass=False, fails_in=["dequantize"]) == []
-    assert problems(CELLS, "torch-nf4-broken", all_pass=True, fails_in=()) != []
-    assert problems(CELLS, "torch-nf4", all_pass=False, fails_in=["dequantize"]) == [
-        "torch-nf4/dequantize/nf4-b64/fp32: pass, expected fail"]
-    assert problems(CELLS, "torch-nf4-broken", all_pass=False, fails_in=["matmul"]) == [
-        "no matmul cells for backend 'torch-nf4-broken'"]
-    assert "no cells for backend 'nosuch'" in problems(CELLS, "nosuch", all_pass=True, fails_in=())[0]
-    skipped = CELLS + (Cell("torch-nf4", "backward", "nf4-b64", "fp32", "skipped", reason="why"),)
-    assert problems(skipped, "torch-nf4", all_pass=True, fails_in=()) == [
-        "torch-nf4/backward/nf4-b64/fp32: skipped why"]
-
-
-def test_report_check_reads_the_one_report_in_a_folder(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from pytest_qconform.report import RunReport, write_report
-
-    main = _check_report_module().main
-    assert main([str(tmp_path), "--backend", "torch-nf4", "--all-pass"]) == 2
-    assert "expected exactly one run report" in capsys.readouterr().err
-    probe = {"device_kind": "cpu", "arch": "x86_64", "device_name": "x86_64", "host": "h", "torch": "2.13.0",
-             "cuda": None, "hip": None, "simulated": False, "backends": {}}
-    write_report(RunReport(probe=probe, cells=CELLS, created="2026-01-01T00:00:00Z"), tmp_path)
-    assert main([str(tmp_path), "--backend", "torch-nf4", "--all-pass"]) == 0
-    assert main([str(tmp_path), "--backend", "torch-nf4-broken", "--fails-in", "dequantize"]) == 0
-    assert main([str(tmp_path), "--backend", "torch-nf4-broken", "--all-pass"]) == 1
-    assert "torch-nf4-broken/dequantize/nf4-b64/fp32: fail" in capsys.readouterr().err
