@@ -65,7 +65,7 @@ def _props(report: pytest.TestReport) -> dict[str, Any]:
     return props
 
 
-def _skip_reason(report: pytest.TestReport) -> str:
+def skip_reason(report: pytest.TestReport) -> str:
     longrepr = report.longrepr
     if isinstance(longrepr, tuple) and len(longrepr) == 3:
         reason = str(longrepr[2])
@@ -99,7 +99,7 @@ def verdict_of(report: pytest.TestReport) -> tuple[str, str] | None:
             return "timeout", f"{message} (stopped in phase {report.when}: {report.nodeid})"
         return "fail", message
     if report.skipped:
-        reason = _skip_reason(report)
+        reason = skip_reason(report)
         if reason.startswith((NOT_CLAIMED_PREFIX, OTHER_DEVICE_PREFIX)):
             return None
         if reason.startswith(UNAVAILABLE_PREFIX):

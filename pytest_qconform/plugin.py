@@ -42,6 +42,7 @@ def suites_dir() -> Path:
 def pytest_configure(config: pytest.Config) -> None:
     _register_markers(config)
     if not config.getoption("qconform"):
+        options.check_inactive(config)
         return
     from pytest_qconform import session_setup
 

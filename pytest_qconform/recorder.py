@@ -20,12 +20,21 @@ class RunRecorder:
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
-        self.nothing_selected = False
+        self.nothing_checked: str | None = None  # why, when the run recorded no cell
+        self.collected = 0
+        self.deselected = 0
+        self.uncounted_skips: list[str] = []  # "not claimed" / "other device" reasons: no cell
         # Under pytest-xdist a dead worker's report carries no properties: remember each
         # test's cell key and start time from its earlier reports (see outcomes.crash_case).
         self.identities: dict[str, tuple[dict[str, str], str]] = {}
         self.started: dict[str, float] = {}
         self.benchmarks: list[dict] = []  # Benchmark.to_dict() of each timed case, in run order
+
+    def pytest_deselected(self, items: list) -> None:
+        self.deselected += len(items)
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.collected = len(session.items)
 
     def pytest_runtest_logstart(self, nodeid: str, location: tuple) -> None:
         self.started[nodeid] = time.monotonic()
@@ -49,6 +58,8 @@ class RunRecorder:
             if identity is not None:
                 self.identities[report.nodeid] = identity
             case = outcomes.case_from_report(report)
+            if case is None and report.skipped and identity is not None:
+                self.uncounted_skips.append(outcomes.skip_reason(report))
         if case is not None:
             cases = self.config.stash[state.CASES]
             cases[case.nodeid] = outcomes.worse(cases.get(case.nodeid), case)
@@ -66,13 +77,33 @@ class RunRecorder:
             grouped.setdefault(case.cell_key, []).append(cell)
         return [fold_cell(group) for _, group in sorted(grouped.items())]
 
+    def _why_nothing_was_checked(self) -> str:
+        """Why a run recorded no cell, and what to try: for a run that must fail on it."""
+        if self.collected == 0:
+            what = (f"all {self.deselected} collected tests were deselected (by -k, -m, --qconform-format or "
+                    "--qconform-dtype)" if self.deselected else "no test was collected")
+        elif self.uncounted_skips:
+            what = (f"{len(self.uncounted_skips)} of the {self.collected} selected tests were skipped as not "
+                    f"applying here (not claimed by the backend, or for another device), e.g. "
+                    f"{self.uncounted_skips[0]!r}")
+        else:
+            what = (f"the {self.collected} selected tests record no matrix cell (benchmarks, and tests without the "
+                    "qbackend fixture, do not)")
+        return (f"qconform: nothing was checked, so this run fails (exit code {int(pytest.ExitCode.NO_TESTS_COLLECTED)})"
+                f": no conformance cell was recorded; {what} (probe: {state.probe(self.config).summary()}). "
+                "`pytest --qconform --collect-only -q` lists the tests, `python -m pytest_qconform doctor` what "
+                "this machine has.")
+
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
-            # A selection that matches nothing is not a tool failure; the summary says so.
-            self.nothing_selected = True
-            session.exitstatus = pytest.ExitCode.OK
-        if (hasattr(self.config, "workerinput") or self.config.getoption("qconform_no_report")
+        worker = hasattr(self.config, "workerinput")
+        timing_only = self.config.getoption("benchmark_only", False)  # pytest-benchmark: no cells by design
+        if (not worker and not timing_only and not self.config.getoption("collectonly")
+                and not self.config.stash[state.CASES]
+                and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)):
+            self.nothing_checked = self._why_nothing_was_checked()
+            session.exitstatus = pytest.ExitCode.NO_TESTS_COLLECTED
+        if (worker or self.config.getoption("qconform_no_report")
                 or self.config.getoption("collectonly")):  # nothing ran: nothing to report
             return
         from pytest_qconform.bench_record import Benchmark, with_bitsandbytes_ratios
@@ -92,9 +123,8 @@ class RunRecorder:
     def pytest_terminal_summary(self, terminalreporter) -> None:
         tr = terminalreporter
         tr.section("qconform matrix")
-        if self.nothing_selected:
-            tr.write_line("qconform: no conformance test matched this selection; nothing was checked "
-                          f"(probe: {state.probe(self.config).summary()})")
+        if self.nothing_checked:
+            tr.write_line(self.nothing_checked, red=True, bold=True)
         report = getattr(self, "report", None)
         if report is not None:
             from pytest_qconform.tables import format_arch_table

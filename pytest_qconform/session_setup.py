@@ -14,12 +14,23 @@ def _select_backends(config: pytest.Config, factories: dict) -> dict:
     wanted = list(config.getoption("qconform_backend")) or list(config.getini("qconform_backends"))
     if not wanted:
         return factories
+    by_folded = {name.casefold(): name for name in factories}
+    wanted = [name if name in factories else by_folded.get(name.casefold(), name) for name in wanted]  # any case
     unknown = [n for n in wanted if n not in factories]
     if unknown:
         raise pytest.UsageError(
             f"--qconform-backend: unknown backend {', '.join(map(repr, unknown))}; "
             f"known backends: {', '.join(sorted(factories))}")
     return {n: factories[n] for n in wanted}
+
+
+def _profile(config: pytest.Config) -> str:
+    from pytest_qconform.options import PROFILES
+
+    name = config.getoption("qconform_profile") or str(config.getini("qconform_profile")).strip().lower()
+    if name not in PROFILES:
+        raise pytest.UsageError(f"ini qconform_profile: {name!r} is not one of {', '.join(PROFILES)}")
+    return name
 
 
 def _discover_backends(config: pytest.Config) -> dict:
@@ -35,6 +46,7 @@ def _discover_backends(config: pytest.Config) -> dict:
 
 
 def configure(config: pytest.Config) -> None:
+    profile = _profile(config)  # bad input stops the run before anything is probed
     simulate = config.getoption("qconform_simulate")
     try:
         probe = probe_hardware(simulate)
@@ -59,4 +71,4 @@ def configure(config: pytest.Config) -> None:
     config.stash[state.CASES] = {}
     from pytest_qconform import strategies
 
-    strategies.load_profile(config.getoption("qconform_profile") or config.getini("qconform_profile"))
+    strategies.load_profile(profile)

@@ -11,6 +11,28 @@ def test_gated(qtarget, qbackend):
     assert qtarget.torch_device is not None
 """
 
+SUITE_NEEDING_FP4 = """
+import pytest
+from pytest_qconform.backends.base import QuantSpec
+from pytest_qconform.suites._cases import require_claim
+
+@pytest.mark.qconform_operation("dequantize")
+def test_fp4(qtarget, qbackend):
+    require_claim(qbackend, qtarget, QuantSpec("fp4"))
+"""
+
+SUITE_WITH_FORMAT_AND_DTYPE = """
+import pytest
+import torch
+from pytest_qconform.backends.base import QuantSpec
+
+@pytest.mark.qconform_operation("dequantize")
+@pytest.mark.parametrize("spec", [QuantSpec("nf4"), QuantSpec("fp4")], ids=lambda s: s.label())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_cell(qtarget, qbackend, spec, dtype):
+    pass
+"""
+
 BACKENDS = ["--qconform-backend=fake", "--qconform-backend=missing", "-p", "no:cacheprovider"]
 
 
@@ -60,11 +82,76 @@ def test_absent_hardware_is_selected_and_skipped_with_reason(fake_backend_projec
     result.stdout.fnmatch_lines([f"*{needs}; this run found cpu*"])
 
 
-def test_selection_matching_nothing_is_not_an_error(fake_backend_project: pytest.Pytester) -> None:
+def test_a_selection_matching_nothing_fails_saying_why(fake_backend_project: pytest.Pytester) -> None:
     fake_backend_project.makepyfile(test_suite=SUITE)
     result = run(fake_backend_project, "-m", "not cpu")
-    assert result.ret == 0
-    result.stdout.fnmatch_lines(["*no conformance test matched this selection*"])
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    result.stdout.fnmatch_lines(["qconform: nothing was checked, so this run fails (exit code 5): no conformance "
+                                 "cell was recorded; all 2 collected tests were deselected (by -k, -m, "
+                                 "--qconform-format or --qconform-dtype)*"])
+
+
+def test_a_run_whose_tests_all_skip_as_not_claimed_fails_saying_why(fake_backend_project: pytest.Pytester) -> None:
+    fake_backend_project.makepyfile(test_suite=SUITE_NEEDING_FP4)
+    result = fake_backend_project.runpytest(str(fake_backend_project.path), "--qconform", "--qconform-no-report",
+                                           "--qconform-backend=fake", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    result.stdout.fnmatch_lines(["qconform: nothing was checked*1 of the 1 selected tests were skipped as not "
+                                 "applying here*'not claimed: fake does not claim format fp4'*"])
+
+
+def test_a_run_with_a_recorded_cell_passes(fake_backend_project: pytest.Pytester) -> None:
+    fake_backend_project.makepyfile(test_suite=SUITE)
+    assert run(fake_backend_project).ret == pytest.ExitCode.OK
+
+
+@pytest.mark.parametrize("option, passed", [("--qconform-format=NF4", 2), ("--qconform-format=nf4", 2),
+                                            ("--qconform-dtype=FP32", 2), ("--qconform-dtype=float32", 2),
+                                            ("--qconform-backend=FAKE", 4)])
+def test_option_values_accept_natural_spellings(fake_backend_project: pytest.Pytester, option: str,
+                                                passed: int) -> None:
+    fake_backend_project.makepyfile(test_suite=SUITE_WITH_FORMAT_AND_DTYPE)
+    result = fake_backend_project.runpytest(str(fake_backend_project.path), "--qconform", "--qconform-no-report",
+                                           "--qconform-backend=fake", option, "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=passed)
+    assert result.ret == pytest.ExitCode.OK
+
+
+@pytest.mark.parametrize("option, allowed", [("--qconform-format=nf5", "'nf5' is not one of nf4, fp4, hqq4"),
+                                             ("--qconform-dtype=fp8", "'fp8' is not one of bf16, fp16, fp32"),
+                                             ("--qconform-profile=nightly", "'nightly' is not one of ci, thorough"),
+                                             ("--qconform-bench-shapes=huge", "'huge' is not one of full, small")])
+def test_bad_option_values_are_usage_errors_naming_the_allowed_values(fake_backend_project: pytest.Pytester,
+                                                                      option: str, allowed: str) -> None:
+    result = fake_backend_project.runpytest("--qconform", option)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*argument {option.split('=')[0]}: {allowed} (any case)*"])
+
+
+def test_bad_ini_profile_is_a_usage_error(fake_backend_project: pytest.Pytester) -> None:
+    fake_backend_project.makeini("[pytest]\nqconform_profile = nightly\n")
+    fake_backend_project.makepyfile(test_suite=SUITE)
+    result = run(fake_backend_project)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*ini qconform_profile: 'nightly' is not one of ci, thorough*"])
+
+
+@pytest.mark.parametrize("options", [["--qconform-backend=fake"], ["--qconform-format=nf4", "--qconform-no-report"]])
+def test_plugin_options_without_qconform_are_a_usage_error(fake_backend_project: pytest.Pytester,
+                                                           options: list[str]) -> None:
+    fake_backend_project.makepyfile(test_plain="def test_plain():\n    assert True\n")
+    result = fake_backend_project.runpytest(*options, "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    flags = ", ".join(option.split("=")[0] for option in options)
+    result.stderr.fnmatch_lines([f"*{flags} only work with --qconform, which is missing: without it "
+                                 "pytest-qconform runs nothing. Add --qconform*"])
+
+
+def test_the_simulate_environment_variable_alone_is_not_an_option(fake_backend_project: pytest.Pytester,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QCONFORM_SIMULATE", "gfx1200")
+    fake_backend_project.makepyfile(test_plain="def test_plain():\n    assert True\n")
+    fake_backend_project.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
 
 
 def test_simulated_gfx1200_gates_like_the_real_one_and_computes_nothing(
