@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from pytest_qconform import state
+from pytest_qconform import adapter_rules, state
 from pytest_qconform.probe import BackendStatus, probe_hardware
 from pytest_qconform.targets import build_targets
 
@@ -61,11 +61,18 @@ def configure(config: pytest.Config) -> None:
     known_failures.configure(config)  # a malformed file stops the run before anything runs
     factories = _select_backends(config, _discover_backends(config))
     config.stash[state.BACKEND_FACTORIES] = factories
-    statuses = []
+    statuses, broken = [], {}
+    devices = ("cpu", "cuda") if probe.has_gpu else ("cpu",)
     for name in sorted(factories):
         backend = state.backend(config, name)
+        problems = adapter_rules.violations(name, backend, devices)
+        if problems:
+            broken[name] = problems
+            continue
         available = backend.availability()
         statuses.append(BackendStatus(name, available.available, available.version, available.reason))
+    if broken:
+        raise pytest.UsageError(adapter_rules.format_violations(broken))
     config.stash[state.PROBE] = probe.with_backends(tuple(statuses))
     config.stash[state.TARGETS] = build_targets(probe, config.getoption("markexpr") or "")
     config.stash[state.CASES] = {}
