@@ -110,18 +110,29 @@ def qcheck(request: pytest.FixtureRequest) -> Checker:
     return Checker(request.node)
 
 
-@pytest.fixture
-def qbackend_named(request: pytest.FixtureRequest):
-    """A function returning another registered backend by name (skips when it is absent):
-    for interop checks between backends, without the suites importing any backend."""
+class Partners:
+    """Other registered backends, by name, for interop checks between backends, without the
+    suites importing any backend. A partner need not be under test: a run of only your
+    backend still reads bitsandbytes' bytes when bitsandbytes is installed, using it as a
+    byte source (its own cells are not run; ``under_test`` says whether they are)."""
 
-    def get(name: str) -> Backend:
-        factories = request.config.stash[state.BACKEND_FACTORIES]
-        if name not in factories:
-            pytest.skip(f"{outcomes.NOT_CLAIMED_PREFIX} interop partner {name} is not selected in this run")
-        other = state.backend(request.config, name)
+    def __init__(self, config: pytest.Config) -> None:
+        self._config = config
+
+    def __call__(self, name: str) -> Backend:
+        """Backend ``name``; skips when it is not registered or cannot load here."""
+        if name not in self._config.stash[state.REGISTERED_FACTORIES]:
+            pytest.skip(f"{outcomes.NOT_CLAIMED_PREFIX} interop partner {name} is not registered in this run")
+        other = state.backend(self._config, name)
         if not other.availability().available:
             pytest.skip(f"{outcomes.UNAVAILABLE_PREFIX} interop partner {name}: {other.availability().reason}")
         return other
 
-    return get
+    def under_test(self, name: str) -> bool:
+        return state.under_test(self._config, name)
+
+
+@pytest.fixture
+def qbackend_named(request: pytest.FixtureRequest) -> Partners:
+    """Another registered backend by name (``qbackend_named("bitsandbytes")``), under test or not."""
+    return Partners(request.config)

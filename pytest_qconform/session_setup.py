@@ -59,7 +59,9 @@ def configure(config: pytest.Config) -> None:
     from pytest_qconform import known_failures
 
     known_failures.configure(config)  # a malformed file stops the run before anything runs
-    factories = _select_backends(config, _discover_backends(config))
+    registered = _discover_backends(config)
+    factories = _select_backends(config, registered)
+    config.stash[state.REGISTERED_FACTORIES] = registered
     config.stash[state.BACKEND_FACTORIES] = factories
     statuses, broken = [], {}
     devices = ("cpu", "cuda") if probe.has_gpu else ("cpu",)

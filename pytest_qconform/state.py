@@ -16,7 +16,10 @@ if TYPE_CHECKING:
 
 PROBE = pytest.StashKey[Probe]()
 TARGETS = pytest.StashKey["tuple[Target, ...]"]()
-BACKEND_FACTORIES = pytest.StashKey["dict[str, Callable[[], Backend]]"]()
+BACKEND_FACTORIES = pytest.StashKey["dict[str, Callable[[], Backend]]"]()  # the backends under test
+# Every registered backend, selected or not: one not under test can still serve as an
+# interop partner (bitsandbytes as the source of the bytes another backend must read).
+REGISTERED_FACTORIES = pytest.StashKey["dict[str, Callable[[], Backend]]"]()
 BACKENDS = pytest.StashKey["dict[str, Backend]"]()
 CASES = pytest.StashKey["dict[str, Case]"]()
 REPORT_PATH = pytest.StashKey["str | None"]()
@@ -28,7 +31,8 @@ def probe(config: pytest.Config) -> Probe:
 
 
 def backend(config: pytest.Config, name: str) -> Backend:
-    """The session's one instance of backend ``name`` (built on first use).
+    """The session's one instance of backend ``name`` (built on first use), under test or
+    only registered (an interop partner).
 
     A factory or ``availability()`` that raises (a conftest backend whose constructor
     fails, say) does not stop the session: the backend becomes unavailable, with the
@@ -36,8 +40,14 @@ def backend(config: pytest.Config, name: str) -> Backend:
     """
     built = config.stash.setdefault(BACKENDS, {})
     if name not in built:
-        built[name] = _build(name, config.stash[BACKEND_FACTORIES][name])
+        factories = config.stash[BACKEND_FACTORIES]
+        built[name] = _build(name, factories[name] if name in factories else config.stash[REGISTERED_FACTORIES][name])
     return built[name]
+
+
+def under_test(config: pytest.Config, name: str) -> bool:
+    """Whether backend ``name`` is selected in this run (not only an interop partner)."""
+    return name in config.stash[BACKEND_FACTORIES]
 
 
 def _build(name: str, factory: Callable[[], Backend]) -> Backend:

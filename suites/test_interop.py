@@ -4,7 +4,9 @@ A checkpoint quantized with blocksize 64 (the CUDA default) loaded where the def
 128 (ROCm), and the reverse, through the backend's serialization: it must decode exactly
 as before saving, or refuse with an error that names the blocksize; never be silently
 wrong. Bytes quantized by bitsandbytes must decode identically through every other
-backend that reads its layout (our Triton kernels) and through the reference.
+backend that reads its layout (our Triton kernels) and through the reference. bitsandbytes
+serves as the byte source whenever it is installed, selected or not; its own decoding is
+judged only when it is under test.
 """
 from __future__ import annotations
 
@@ -53,16 +55,17 @@ def test_bitsandbytes_bytes_decode_identically(qtarget, qbackend, qdevice, qchec
     producer = qbackend_named("bitsandbytes")
     require_claim(producer, qtarget, spec, torch.float32)
     case = WeightCase((33, 47), "outliers", 12)
-    qcheck.describe(**case.describe(), producer="bitsandbytes")
+    qcheck.describe(**case.describe(), producer=f"bitsandbytes {producer.availability().version}")
     produced = producer.quantize(case.make(qdevice), spec)
     packed = producer.export_packed(produced)
     try:
         adopted = qbackend.from_packed(packed, qdevice)
     except NotImplementedError:
         pytest.skip(f"not claimed: {qbackend.name} does not read bitsandbytes' layout")
-    theirs = producer.dequantize(produced, torch.float32)
     ours = qbackend.dequantize(adopted, torch.float32)
     exact = reference_decode(packed, qdevice)
     bound = dequantize_bound(packed, exact, torch.float32)
     qcheck.within(ours, exact, bound, f"{qbackend.name} decoding bitsandbytes bytes vs reference")
-    qcheck.within(theirs, exact, bound, "bitsandbytes decoding its own bytes vs reference")
+    if qbackend_named.under_test("bitsandbytes"):  # else a byte source only: its decoding is not on trial here
+        theirs = producer.dequantize(produced, torch.float32)
+        qcheck.within(theirs, exact, bound, "bitsandbytes decoding its own bytes vs reference")

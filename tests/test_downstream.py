@@ -104,3 +104,32 @@ def test_broken_example_has_exactly_its_planted_bug(installed_examples) -> None:
     swapped = bnb4.decode(dataclasses.replace(packed_good, packed=((bytes_ & 0xF) << 4) | (bytes_ >> 4)))
     torch.testing.assert_close(broken.dequantize(q_broken, torch.float32).double(), swapped)
     assert not torch.equal(broken.dequantize(q_broken, torch.float32).double(), exact)
+
+
+MINE_ONLY_CONFTEST = """
+from qconform_example_nf4.backend import TorchNF4Backend
+
+class Mine(TorchNF4Backend):
+    name = "mine"
+
+def pytest_qconform_backends(config):
+    return {"mine": Mine}
+"""
+
+
+def test_a_backend_tested_alone_reads_bitsandbytes_bytes_without_bitsandbytes_cells(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bitsandbytes, installed but not selected, is the byte source of the interop check:
+    the downstream backend gets its interop cells, bitsandbytes gets none."""
+    pytest.importorskip("bitsandbytes.functional")  # before pytester: it cannot be imported twice in a process
+    from pytest_qconform.report import read_report
+
+    monkeypatch.syspath_prepend(str(EXAMPLE / "src"))
+    pytester.makeconftest(MINE_ONLY_CONFTEST)
+    result = pytester.runpytest("--qconform", "--qconform-backend=mine", "--qconform-report-dir=out",
+                                "-k", "test_bitsandbytes_bytes_decode_identically", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=8)
+    (path,) = (pytester.path / "out").glob("*.json")
+    cells = read_report(path).cells
+    assert {(c.backend, c.operation, c.verdict) for c in cells} == {("mine", "interop", "pass")}
+    assert len(cells) == 8
