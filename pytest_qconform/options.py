@@ -23,6 +23,7 @@ DTYPE_ALIASES: dict[str, str] = {"bfloat16": "bf16", "float16": "fp16", "half": 
 FORMATS: tuple[str, ...] = ("nf4", "fp4", "hqq4")
 PROFILES: tuple[str, ...] = ("ci", "thorough")
 BENCH_SHAPES: tuple[str, ...] = ("full", "small")
+AFTER_CRASH_RULES: tuple[str, ...] = ("operation", "backend", "continue")  # short_circuit.RULES
 ACTIVATING_OPTION = "--qconform"
 
 
@@ -86,6 +87,11 @@ def _options() -> tuple[tuple[str, dict[str, Any]], ...]:
                                            help="on a GPU, processes that compile our Triton kernels in the "
                                                 "background while the session runs (default: half the CPUs, at most "
                                                 "8 and one per 4 GiB of GPU memory; 0: off)")),
+        ("--qconform-after-crash", dict(default=None, type=choice(AFTER_CRASH_RULES),
+                                        metavar="{operation,backend,continue}",
+                                        help="after a backend crashes or times out: end its remaining tests of "
+                                             "that operation at once with the same verdict (operation, default), "
+                                             "all its remaining tests (backend), or run them all (continue)")),
         ("--qconform-record-kernel-calls", dict(default=None, metavar="FILE",
                                                 help="MAINTAINERS: write the calls this run makes to our Triton "
                                                      "kernels to FILE (the warm-up's call log, see nox -s "

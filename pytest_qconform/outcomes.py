@@ -13,6 +13,7 @@ killed, which xdist reports as a crash). ``crash_case`` turns the former into
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,8 @@ OTHER_DEVICE_PREFIX = "other device:"  # an instance for a device this run does 
 TIMEOUT_MESSAGE = "from pytest-timeout"  # pytest-timeout's signal-method failure message ends so
 XPASS_STRICT_PREFIX = "[XPASS(strict)]"  # pytest's longrepr of a strict xfail that passed
 WORKER_CRASH_MARK = "crashed while running"  # pytest-xdist's report of a dead worker
+# A test not run because its backend crashed or hung earlier (short_circuit.py) keeps that verdict.
+_SHORT_CIRCUIT = re.compile(r"\b(crashed|timeout) after an earlier (?:crash|timeout) in ")
 
 # Worse verdicts override milder ones when an item reports several phases.
 _SEVERITY = {"crashed": 7, "timeout": 6, "fail": 5, "known-failure": 4, "pass": 3, "skipped": 2, "unavailable": 1}
@@ -80,6 +83,15 @@ def _failure_message(report: pytest.TestReport) -> str:
     return str(report.longrepr or "failed").strip().splitlines()[-1] if report.longrepr else "failed"
 
 
+def short_circuit_message(verdict: str, noun: str, nodeid: str, rest: str) -> str:
+    """``timeout after an earlier timeout in <nodeid>: <rest>``: read back as ``verdict``."""
+    return f"{verdict} after an earlier {noun} in {nodeid}: {rest}"
+
+
+def is_short_circuited(message: str) -> bool:
+    return _SHORT_CIRCUIT.search(message) is not None
+
+
 def _unexpected_pass(reason: str) -> str:
     return (f"passed unexpectedly: this test is listed as a known failure ({reason}); "
             "if it is fixed, remove or narrow that known-failures entry")
@@ -95,6 +107,9 @@ def verdict_of(report: pytest.TestReport) -> tuple[str, str] | None:
         if isinstance(report.longrepr, str) and report.longrepr.startswith(XPASS_STRICT_PREFIX):
             return "fail", _unexpected_pass(report.longrepr[len(XPASS_STRICT_PREFIX):].strip())
         message = _failure_message(report)
+        short_circuited = _SHORT_CIRCUIT.search(message)
+        if short_circuited:
+            return short_circuited.group(1), message
         if TIMEOUT_MESSAGE in message:
             return "timeout", f"{message} (stopped in phase {report.when}: {report.nodeid})"
         return "fail", message

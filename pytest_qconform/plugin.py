@@ -52,9 +52,11 @@ def pytest_configure(config: pytest.Config) -> None:
     triton_warmup.configure(config)
     config.pluginmanager.import_plugin("pytest_qconform.fixtures")
     config.pluginmanager.import_plugin("pytest_qconform.oom")
-    from pytest_qconform.recorder import RunRecorder
+    from pytest_qconform.recorder import SHORT_CIRCUIT_PLUGIN, RunRecorder
+    from pytest_qconform.short_circuit import ShortCircuit
 
     config.pluginmanager.register(RunRecorder(config), "qconform-recorder")
+    config.pluginmanager.register(ShortCircuit(config), SHORT_CIRCUIT_PLUGIN)
     if config.args_source != pytest.Config.ArgsSource.ARGS:
         config.args = [str(suites_dir())]
 

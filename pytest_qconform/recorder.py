@@ -13,6 +13,7 @@ from pytest_qconform import outcomes, state
 # pytest-benchmark's skip of every non-benchmark test under --benchmark-only: it says
 # nothing about conformance, so a benchmark run's report holds no cells.
 BENCHMARK_ONLY_SKIP = "(--benchmark-only active)"
+SHORT_CIRCUIT_PLUGIN = "qconform-short-circuit"
 
 
 class RunRecorder:
@@ -61,6 +62,9 @@ class RunRecorder:
             if case is None and report.skipped and identity is not None:
                 self.uncounted_skips.append(outcomes.skip_reason(report))
         if case is not None:
+            short_circuit = self.config.pluginmanager.get_plugin(SHORT_CIRCUIT_PLUGIN)
+            if short_circuit is not None:
+                short_circuit.trip(case)
             cases = self.config.stash[state.CASES]
             cases[case.nodeid] = outcomes.worse(cases.get(case.nodeid), case)
 

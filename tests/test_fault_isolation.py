@@ -5,6 +5,7 @@ Crashes and hangs run in a subprocess under pytest-xdist (a dead worker is repla
 with pytest-timeout; everything else runs in-process.
 """
 import json
+import re
 import textwrap
 
 import pytest
@@ -183,3 +184,63 @@ def test_killed_workers_are_crashed_and_timeout_and_the_run_completes(broken_pro
     assert "pytest-timeout killed the worker" in cells["hang"]["first_failure"]["message"]
     result.stdout.fnmatch_lines(["*qconform report: *.json"])
 
+
+
+SHORT_CIRCUIT_SUITE = """
+import pytest
+import torch
+
+@pytest.mark.qconform_operation("matmul")
+@pytest.mark.parametrize("case", range(3))
+def test_matmul(qbackend, qcheck, case):
+    x = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    out = qbackend.matmul(x, None, None, torch.float32)
+    expected = x.double().sum(-1, keepdim=True).expand(2, 4)
+    qcheck.within(out, expected, torch.full_like(expected, 1e-6), "matmul")
+
+@pytest.mark.qconform_operation("dequantize")
+def test_other_operation(qbackend):
+    pass
+"""
+
+
+def all_cells(pytester: pytest.Pytester) -> dict[tuple[str, str], dict]:
+    (path,) = (pytester.path / "out").glob("*.json")
+    return {(c["backend"], c["operation"]): c for c in json.loads(path.read_text())["cells"]}
+
+
+def test_after_a_timeout_the_backends_other_cases_of_that_operation_end_at_once(
+        broken_project: pytest.Pytester) -> None:
+    broken_project.makepyfile(test_suite=SHORT_CIRCUIT_SUITE)
+    result = run_in_process(broken_project, *backends("good", "hang"), "--timeout=2", "--timeout-method=signal")
+    result.assert_outcomes(passed=5, failed=3)
+    assert result.duration < 2 * 2  # one timeout, not three
+    result.stdout.fnmatch_lines(["*timeout after an earlier timeout in "
+                                 "test_suite.py::test_matmul?hang-0?: not run: hang's remaining matmul tests end at "
+                                 "once (--qconform-after-crash=operation; 'continue' runs them)"])
+    cells = all_cells(broken_project)
+    assert cells["hang", "matmul"]["verdict"] == "timeout" and cells["hang", "matmul"]["cases"] == 3
+    assert "Timeout (>2.0s) from pytest-timeout" in cells["hang", "matmul"]["first_failure"]["message"]
+    assert cells["hang", "dequantize"]["verdict"] == "pass"  # another operation still runs
+    assert cells["good", "matmul"]["verdict"] == "pass"
+
+
+@pytest.mark.parametrize("rule, crashes, verdicts", [
+    ("operation", 1, {"matmul": "crashed", "dequantize": "pass"}),
+    ("backend", 1, {"matmul": "crashed", "dequantize": "crashed"}),
+    ("continue", 3, {"matmul": "crashed", "dequantize": "pass"}),
+])
+def test_after_a_crash_under_xdist_the_rule_decides_what_still_runs(broken_project: pytest.Pytester, rule: str,
+                                                                    crashes: int, verdicts: dict) -> None:
+    broken_project.makepyfile(test_suite=SHORT_CIRCUIT_SUITE)
+    result = broken_project.runpytest_subprocess(
+        str(broken_project.path / "test_suite.py"), "--qconform", "--qconform-report-dir=out", "-p",
+        "no:cacheprovider", *backends("abort", "good"), f"--qconform-after-crash={rule}",
+        "-n", "1", "--max-worker-restart=5", "--timeout=60", "--timeout-method=thread")
+    assert len(set(re.findall(r"worker '(gw\d+)' crashed while running", result.stdout.str()))) == crashes
+    cells = all_cells(broken_project)
+    assert {op: cells["abort", op]["verdict"] for op in verdicts} == verdicts
+    assert cells["good", "matmul"]["verdict"] == "pass" and cells["good", "dequantize"]["verdict"] == "pass"
+    if rule != "continue":
+        result.stdout.fnmatch_lines([f"*crashed after an earlier crash in test_suite.py::test_matmul?abort-0?: not "
+                                     f"run*--qconform-after-crash={rule}*"])
