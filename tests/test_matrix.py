@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -11,16 +12,10 @@ from pathlib import Path
 import pytest
 
 from pytest_qconform import matrix as matrix_mod
-from pytest_qconform.matrix import (
-    MARKER_END,
-    MARKER_START,
-    MatrixError,
-    main,
-    merge,
-    render_heatmap,
-    to_markdown,
-    update_readme,
-)
+from pytest_qconform.heatmap import render_heatmap
+from pytest_qconform.matrix import MatrixError, main, merge
+from pytest_qconform.matrix_markdown import MARKER_END, MARKER_START, readme_markdown, to_markdown, update_readme
+from pytest_qconform.matrix_summary import summarize
 from pytest_qconform.report import RunReport, read_report, write_report
 
 ROW = ("bitsandbytes", "matmul", "nf4-b64-dq", "bf16")
@@ -123,7 +118,7 @@ def test_simulated_reports_are_excluded_with_a_note():
 
 
 def test_not_run_yet_lists_known_archs_without_reports(monkeypatch):
-    monkeypatch.setattr(matrix_mod, "known_archs", lambda: ("sm80", "gfx1201", "sm90"))
+    monkeypatch.setattr("pytest_qconform.matrix_markdown.known_archs", lambda: ("sm80", "gfx1201", "sm90"))
     text = to_markdown(merge([report()]))
     assert "**Not run yet** (archs the project knows with no report): gfx1201, sm80\n" in text  # sm90 ran
 
@@ -236,8 +231,12 @@ def test_cli_writes_all_outputs_and_is_idempotent(tmp_path, monkeypatch):
             "--step-summary"]
     assert main(args) == 0
     markdown = (tmp_path / "out" / "MATRIX.md").read_text(encoding="utf-8")
-    assert "**Verdicts**" in markdown and markdown in readme.read_text(encoding="utf-8")
-    assert summary.read_text(encoding="utf-8").endswith(markdown)
+    assert "**Summary**" in markdown and "**Verdicts** (every cell)" in markdown
+    in_readme = readme.read_text(encoding="utf-8")
+    assert "**Summary**" in in_readme and "**Verdicts**" not in in_readme  # the README gets the summary only
+    assert "[reports/MATRIX.md](reports/MATRIX.md)" in in_readme
+    step = summary.read_text(encoding="utf-8")
+    assert step.startswith("## qconform compatibility matrix\n") and "**Summary**" in step and "**Verdicts**" not in step
     readme_bytes = readme.read_bytes()
     assert main(args) == 0
     assert readme.read_bytes() == readme_bytes
@@ -300,3 +299,59 @@ def test_supersede_ties_are_decided_by_content_not_input_order():
     b = report("2025-01-01T00:00:00Z", [cell(verdict="fail", multiple=2.0)])
     assert to_markdown(merge([a, b])) == to_markdown(merge([b, a]))
     assert len(merge([a, b]).superseded) == 1
+
+
+# ---------------------------------------------------------------- summary
+
+KNOWN_REASON = ("known failure (https://example.invalid/bnb/ops.py (dequantize_4bit, cpu kernel)): the CPU kernel "
+                "reads absmax per row, so blocks that start mid-row get a neighbour's absmax [pytest-qconform]")
+
+
+def test_summary_counts_verdicts_per_backend_operation_and_arch():
+    rows = [("bnb", "dequantize", f"nf4-b{b}", d) for b in (64, 128) for d in ("bf16", "fp32")]
+    known = {**cell(rows[3], "known-failure", 6.7e6), "reason": KNOWN_REASON}
+    reports = [report(cells=[cell(rows[0], multiple=0.5), cell(rows[1], multiple=0.9), cell(rows[2], "fail", 3.0),
+                             known]),
+               report(arch="x86_64", host="cpu", cells=[known, cell(rows[0], multiple=0.25)])]
+    summary = summarize(merge(reports))
+    assert summary.rows == (("bnb", "dequantize"),) and summary.columns == ("sm90", "x86_64")
+    entry = summary.entry(("bnb", "dequantize"), "sm90")
+    assert entry.counts == (("fail", 1), ("known-failure", 1), ("pass", 2)) and entry.cells == 4
+    assert entry.worst_judged_multiple == 3.0  # the known failure's 6.7e6 belongs to its bug, named below
+    assert entry.worst == "fail"
+    text = readme_markdown(merge(reports))
+    assert "| bnb | dequantize | ❌ 1 ⚠️ 1 ✅ 2 · 3 | ⚠️ 1 ✅ 1 · 0.25 |" in text
+    # One known failure on two archs with the same cells is one line, cut at its first clause, with its source.
+    assert ("- bnb · dequantize on sm90, x86_64 (1 cells: nf4-b128/fp32): the CPU kernel reads absmax per row "
+            "([source](https://example.invalid/bnb/ops.py))") in text
+
+
+def test_summary_counts_disagreements_and_unknown_statuses_by_name():
+    """A new status (another engineer's "compiled, not run", say) is counted, not dropped."""
+    m = merge([report(cells=[cell(verdict="pass")], source="a.json"),
+               report(host="h100-b", cells=[cell(verdict="fail", multiple=2.0)], source="b.json")])
+    entry = summarize(m).entry(ROW[:2], "sm90")
+    assert entry.counts == (("disagree", 1),) and entry.worst == "disagree"
+    from pytest_qconform.matrix import Entry, Matrix
+    from pytest_qconform.matrix_markdown import format_summary_entry
+
+    odd = Matrix((ROW,), ("gfx1200",), {(ROW, "gfx1200"): Entry(("compiled",), ("c.json",), None)}, (), (), ())
+    odd_entry = summarize(odd).entry(ROW[:2], "gfx1200")
+    assert odd_entry.counts == (("compiled", 1),) and format_summary_entry(odd_entry) == "compiled 1"
+
+
+def test_readme_section_fits_a_screen_however_many_cells(tmp_path):
+    """The README summary and the heatmap grow with backends x operations x archs, not with
+    formats x dtypes: 240 cells make the same number of summary lines and the same image
+    size as 2."""
+    pytest.importorskip("matplotlib")
+    pairs = [(b, op) for b in ("bitsandbytes", "hqq") for op in ("dequantize", "matmul")]
+    small = [report(cells=[cell((b, op, "nf4-b64", "bf16")) for b, op in pairs])]
+    many = [report(cells=[cell((b, op, f"nf4-b{2 ** k}", d)) for b, op in pairs for k in range(5, 25)
+                          for d in ("bf16", "fp16", "fp32")])]
+    assert len(readme_markdown(merge(many)).splitlines()) <= len(readme_markdown(merge(small)).splitlines()) + 2
+    sizes = []
+    for name, reports in (("small", small), ("many", many)):
+        data = render_heatmap(merge(reports), tmp_path / f"{name}.png").read_bytes()
+        sizes.append(struct.unpack(">II", data[16:24]))  # the PNG's IHDR width and height
+    assert sizes[0] == sizes[1] and sizes[0][0] <= 1000

@@ -1,0 +1,223 @@
+"""The merged matrix as Markdown: the full per-cell table (reports/MATRIX.md) and the
+one-screen summary for the README and a CI step summary, and the README's marked section.
+
+Deterministic: the same reports give the same bytes.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from pytest_qconform.atomic import write_text_atomically
+from pytest_qconform.matrix import Entry, Matrix, MatrixError, known_archs, natural_key
+from pytest_qconform.matrix_summary import DISAGREE, Summary, SummaryEntry, summarize
+from pytest_qconform.report import VERDICTS
+from pytest_qconform.tables import format_multiple
+
+MARKER_START = "<!-- qconform-matrix:start -->"
+MARKER_END = "<!-- qconform-matrix:end -->"
+FULL_MATRIX = "reports/MATRIX.md"  # where nox -s matrix writes the full table; the README links it
+SYMBOLS: dict[str, str] = {
+    "pass": "✅",
+    "fail": "❌",
+    "known-failure": "⚠️",
+    "crashed": "💥",
+    "timeout": "⏱",
+    "skipped": "➖",
+    "unavailable": "🚫",
+    DISAGREE: "≠",
+}
+LEGEND_WORDS: dict[str, str] = {"known-failure": "known failure", DISAGREE: "runs on the arch disagree"}
+
+
+def _md(text: Any) -> str:
+    """A table cell: pipes escaped, newlines flattened."""
+    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(_md(h) for h in header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    lines.extend("| " + " | ".join(_md(v) for v in row) + " |" for row in rows)
+    return lines
+
+
+def format_entry(entry: Entry | None) -> str:
+    """``✅ 0.31``; a disagreement ``❌ fail ×1 ≠ ✅ pass ×1 (2 runs)``; blank when no run covered it."""
+    if entry is None:
+        return ""
+    if entry.agreed:
+        verdict = entry.verdicts[0]
+        multiple = "" if entry.worst_error_multiple is None else f" {format_multiple(entry.worst_error_multiple)}"
+        return f"{SYMBOLS[verdict]}{multiple}"
+    distinct = sorted(set(entry.verdicts), key=VERDICTS.index)
+    parts = [f"{SYMBOLS[v]} {v} ×{entry.verdicts.count(v)}" for v in distinct]
+    return " ≠ ".join(parts) + f" ({entry.runs} runs)"
+
+
+def _accel_version(probe: dict[str, Any]) -> str:
+    if probe.get("hip"):
+        return f"hip {probe['hip']}"
+    if probe.get("cuda"):
+        return f"cuda {probe['cuda']}"
+    return "-"
+
+
+def _versions_table(matrix: Matrix) -> list[str]:
+    backends = sorted({name for run in matrix.runs for name in run.probe["backends"]})
+    header = ["arch", "host", "device", "torch", "cuda/hip", *backends, "created", "report"]
+    rows = []
+    for run in matrix.runs:
+        p = run.probe
+        versions = []
+        for name in backends:
+            status = p["backends"].get(name)
+            if status is None:
+                versions.append("-")
+            elif status["available"]:
+                versions.append(str(status["version"] or "?"))
+            else:
+                versions.append("unavailable")
+        rows.append([run.arch, run.host, p["device_name"], str(p["torch"]), _accel_version(p), *versions,
+                     run.created, f"`{run.label}`"])
+    return markdown_table(header, rows)
+
+
+def _legend() -> str:
+    words = " · ".join(f"{SYMBOLS[v]} {LEGEND_WORDS.get(v, v)}" for v in
+                       ("pass", "fail", "known-failure", "crashed", "timeout", "skipped", "unavailable"))
+    return (f"Legend: {words}. The number is the worst error as a multiple of its derived bound "
+            "(≤ 1 is within bound). `≠`: runs on that arch disagree (each verdict with its count). "
+            "Blank: no run on that arch covered the row.")
+
+
+def _notes(matrix: Matrix) -> list[str]:
+    """Disagreements, archs without a report, superseded and simulated reports."""
+    out: list[str] = []
+    disagreements = [(row, arch, e) for (row, arch), e in sorted(matrix.entries.items(),
+                                                                  key=lambda kv: (kv[0][0], natural_key(kv[0][1])))
+                     if not e.agreed]
+    if disagreements:
+        out += ["", "**Disagreements** (runs on the same arch that give different verdicts; neither is picked):", ""]
+        for row, arch, entry in disagreements:
+            said = ", ".join(f"`{src}`: {v}" for v, src in zip(entry.verdicts, entry.sources))
+            out.append(f"- {' · '.join(row)} on {arch}: {said}")
+
+    run_archs = {run.arch for run in matrix.runs}
+    missing = [arch for arch in sorted(known_archs(), key=natural_key) if arch not in run_archs]
+    if missing:
+        out += ["", "**Not run yet** (archs the project knows with no report): " + ", ".join(missing)]
+
+    if matrix.superseded:
+        out += ["", "**Superseded reports** (a newer report of the same arch, host and versions counts instead):", ""]
+        out += [f"- `{s.old.label}` ({s.old.created}), superseded by `{s.new.label}` ({s.new.created})"
+                for s in matrix.superseded]
+    if matrix.simulated:
+        out += ["", "**Excluded simulated reports** (simulated probe: nothing was computed on the device):", ""]
+        out += [f"- `{r.label}` ({r.arch}, {r.created})" for r in matrix.simulated]
+    return out
+
+
+_NO_RUNS = ("No run reports merged yet: run `pytest --qconform` on a runner, commit its report under `reports/`, "
+            "then `nox -s matrix`.")
+
+
+def _runs_and_summary(matrix: Matrix) -> list[str]:
+    out = ["**Runs** (one row per counted report: the versions behind each arch column)", ""]
+    out += _versions_table(matrix)
+    out += ["", "**Summary** (backend × operation × arch)", ""]
+    return out + summary_markdown(summarize(matrix))
+
+
+def readme_markdown(matrix: Matrix) -> str:
+    """The README's section: runs, the one-screen summary, a link to the full table, notes."""
+    if not matrix.runs:
+        return _NO_RUNS + "\n"
+    out = _runs_and_summary(matrix)
+    out += ["", f"Every cell (backend · operation · format · dtype): [{FULL_MATRIX}]({FULL_MATRIX})."]
+    return "\n".join(out + _notes(matrix)) + "\n"
+
+
+def to_markdown(matrix: Matrix) -> str:
+    """The full matrix (the summary, then every cell): deterministic (same reports, same bytes)."""
+    if not matrix.runs:
+        return "\n".join([_NO_RUNS, *_notes(matrix)]) + "\n"
+    out = _runs_and_summary(matrix)
+    out += ["", "**Verdicts** (every cell)", ""]
+    header = ["backend", "operation", "format", "dtype", *matrix.columns]
+    rows = [[*row, *(format_entry(matrix.entry(row, arch)) for arch in matrix.columns)] for row in matrix.rows]
+    out += markdown_table(header, rows) if rows else ["(the counted reports contain no cells)"]
+    out += ["", _legend()]
+    return "\n".join(out + _notes(matrix)) + "\n"
+
+
+_LINK = re.compile(r"^known failure \(([^()]*(?:\([^()]*\))?[^()]*)\): ")
+
+
+def known_failure_text(reason: str) -> tuple[str, str]:
+    """(what, link) from a known failure's cell reason ``known failure (<link>): <what> [...]``:
+    ``what`` cut at its first top-level clause so that it fits one line."""
+    match = _LINK.match(reason)
+    link, rest = (match.group(1), reason[match.end():]) if match else ("", reason)
+    depth = 0
+    for i, ch in enumerate(rest):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and rest.startswith((", ", "; ", " ["), i):
+            return rest[:i], link
+    return rest.strip(), link
+
+
+def format_summary_entry(entry: SummaryEntry | None) -> str:
+    """``✅ 22 ⚠️ 2 · 0.57``: cells per verdict, then the worst judged multiple; blank when no run covered it."""
+    if entry is None:
+        return ""
+    parts = [f"{SYMBOLS.get(name, name)} {n}" for name, n in entry.counts]
+    multiple = f" · {format_multiple(entry.worst_judged_multiple)}" if entry.worst_judged_multiple is not None else ""
+    return " ".join(parts) + multiple
+
+
+def summary_legend() -> str:
+    return ("Each entry: how many of the row's cells (one per format × dtype) ended in each verdict on that arch "
+            "(✅ pass · ❌ fail · ⚠️ known failure · 💥 crashed · ⏱ timeout · ➖ skipped · 🚫 unavailable · ≠ runs "
+            "on the arch disagree), then the worst error of the pass and fail cells as a multiple of its derived "
+            "bound (≤ 1 is within bound). Blank: no run on that arch covered the row.")
+
+
+def summary_markdown(summary: Summary) -> list[str]:
+    """The summary table, its legend and the known failures, as Markdown lines."""
+    if not summary.rows:
+        return ["(the counted reports contain no cells)"]
+    rows = [[backend, operation, *(format_summary_entry(summary.entry((backend, operation), arch))
+                                   for arch in summary.columns)] for backend, operation in summary.rows]
+    out = markdown_table(["backend", "operation", *summary.columns], rows)
+    out += ["", summary_legend()]
+    if summary.known_failures:
+        out += ["", "**Known failures** (listed in `known_failures.toml`; README \"What it has found\"):", ""]
+        for group in summary.known_failures:
+            what, link = known_failure_text(group.reason)
+            source = f" ([source]({link.split(' ')[0]}))" if link.startswith("http") else ""
+            out.append(f"- {group.backend} · {group.operation} on {', '.join(group.archs)} ({len(group.cells)} cells: "
+                       f"{', '.join(group.cells)}): {what}{source}")
+    return out
+
+
+def update_readme(readme: Path, markdown: str) -> bool:
+    """Replace the text between the matrix markers in ``readme``; returns whether it changed."""
+    readme = Path(readme)
+    try:
+        text = readme.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise MatrixError(f"{readme}: cannot read: {exc.strerror or exc}") from exc
+    starts, ends = text.count(MARKER_START), text.count(MARKER_END)
+    if starts != 1 or ends != 1:
+        raise MatrixError(f"{readme}: expected exactly one {MARKER_START} and one {MARKER_END} line, found "
+                          f"{starts} and {ends}; add the pair where the matrix should go")
+    head, rest = text.split(MARKER_START)
+    if MARKER_END in head:
+        raise MatrixError(f"{readme}: {MARKER_END} comes before {MARKER_START}; swap them")
+    tail = rest.split(MARKER_END)[1]
+    new = f"{head}{MARKER_START}\n{markdown.strip(chr(10))}\n{MARKER_END}{tail}"
+    if new == text:
+        return False
+    write_text_atomically(readme, new)
+    return True
