@@ -23,6 +23,17 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     pluginmanager.add_hookspecs(hookspecs)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    """Before any conftest.py is imported: a conftest that imports triton (or bitsandbytes)
+    must find it already in interpreter mode on a GPU-less ``--qconform`` run."""
+    namespace = early_config.known_args_namespace
+    if getattr(namespace, "qconform", False):
+        from pytest_qconform import triton_mode
+
+        triton_mode.prepare(True, getattr(namespace, "qconform_simulate", None))
+
+
 def _register_markers(config: pytest.Config) -> None:
     for name, help_text in hardware_marker_names().items():
         config.addinivalue_line("markers", f"{name}: {help_text}")

@@ -117,8 +117,13 @@ class TritonNf4Backend(Backend):
             from pytest_qconform import kernels
         except Exception as exc:  # noqa: BLE001
             return Availability(False, version, import_failure(f"{self.name} kernels", exc))
-        if torch.cuda.is_available() or kernels.interpreter_active():
+        if torch.cuda.is_available():
             return Availability(True, version)
+        if kernels.interpreter_active():
+            from pytest_qconform.triton_mode import stdlib_problem
+
+            problem = stdlib_problem()  # triton imported before the interpreter was asked for
+            return Availability(False, version, f"{self.name}: {problem}") if problem else Availability(True, version)
         return Availability(False, version, (
             f"{self.name}: no GPU, and the kernels were not built for Triton's interpreter: set TRITON_INTERPRET=1 "
             "in the environment before triton and pytest_qconform.kernels are first imported (pytest-qconform "
