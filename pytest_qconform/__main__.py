@@ -8,6 +8,7 @@ running it. ``check`` is the report gate a CI job applies to a run's report
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -24,13 +25,17 @@ def doctor(simulate: str | None, as_json: bool) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     from pytest_qconform.backends import registry
 
+    from pytest_qconform.startup_notes import captured
+
     statuses = []
     for name, factory in sorted(registry.discover().items()):
-        try:
-            available = factory().availability()
-            statuses.append(BackendStatus(name, available.available, available.version, available.reason))
-        except Exception as exc:  # noqa: BLE001 - a broken adapter is reported, not raised
-            statuses.append(BackendStatus(name, False, None, f"adapter failed: {type(exc).__name__}: {exc}"))
+        with captured() as notes:  # import-time warnings: summed up in one line, kept in --json
+            try:
+                available = factory().availability()
+                status = BackendStatus(name, available.available, available.version, available.reason)
+            except Exception as exc:  # noqa: BLE001 - a broken adapter is reported, not raised
+                status = BackendStatus(name, False, None, f"adapter failed: {type(exc).__name__}: {exc}")
+        statuses.append(dataclasses.replace(status, notes=tuple(notes)))
     probe = probe.with_backends(tuple(statuses))
     print(probe.to_json() if as_json else "\n".join(probe.lines()))
     return 0

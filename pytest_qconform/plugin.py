@@ -155,6 +155,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+    from pytest_qconform import applicability
+
+    applicability.deselect(config, items)
     from pytest_qconform import bench
 
     bench.order_items(items)

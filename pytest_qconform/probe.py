@@ -26,9 +26,13 @@ class BackendStatus:
     available: bool
     version: str | None
     reason: str = ""
+    notes: tuple[str, ...] = ()  # warnings and log lines loading it emitted (startup_notes.py)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"available": self.available, "version": self.version, "reason": self.reason}
+        data: dict[str, Any] = {"available": self.available, "version": self.version, "reason": self.reason}
+        if self.notes:
+            data["notes"] = list(self.notes)
+        return data
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,10 @@ class Probe:
     # paths by it, so a CPU known failure can be narrowed to it.
     cpu_capability: str | None = None
     backends: tuple[BackendStatus, ...] = field(default=())
+    notes: tuple[str, ...] = ()  # warnings and log lines probing the hardware emitted
+
+    def with_notes(self, notes: list[str] | tuple[str, ...]) -> "Probe":
+        return dataclasses.replace(self, notes=tuple(notes))
 
     @property
     def has_gpu(self) -> bool:
@@ -66,6 +74,7 @@ class Probe:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["backends"] = {b.name: b.to_dict() for b in self.backends}
+        data["notes"] = list(self.notes)
         data["schema_version"] = 1
         return data
 
@@ -88,6 +97,11 @@ class Probe:
         for b in self.backends:
             state = f"{b.version}" if b.available else f"unavailable: {b.reason}"
             out.append(f"  backend {b.name}: {state}")
+        from pytest_qconform.startup_notes import one_line
+
+        notes = one_line({"probe": self.notes, **{b.name: b.notes for b in self.backends}})
+        if notes:
+            out.append(f"  {notes}")
         return out
 
     def to_json(self) -> str:

@@ -84,8 +84,9 @@ class RunRecorder:
     def _why_nothing_was_checked(self) -> str:
         """Why a run recorded no cell, and what to try: for a run that must fail on it."""
         if self.collected == 0:
-            what = (f"all {self.deselected} collected tests were deselected (by -k, -m, --qconform-format or "
-                    "--qconform-dtype)" if self.deselected else "no test was collected")
+            what = (f"all {self.deselected} collected tests were deselected (by -k, -m, --qconform-format, "
+                    "--qconform-dtype, or as not applying here: see above)" if self.deselected
+                    else "no test was collected")
         elif self.uncounted_skips:
             what = (f"{len(self.uncounted_skips)} of the {self.collected} selected tests were skipped as not "
                     f"applying here (not claimed by the backend, or for another device), e.g. "
@@ -127,6 +128,9 @@ class RunRecorder:
     def pytest_terminal_summary(self, terminalreporter) -> None:
         tr = terminalreporter
         tr.section("qconform matrix")
+        not_here = self.config.stash.get(state.NOT_HERE, None)
+        if not_here is not None and not_here.total:
+            tr.write_line(not_here.line())
         if self.nothing_checked:
             tr.write_line(self.nothing_checked, red=True, bold=True)
         report = getattr(self, "report", None)

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from pytest_qconform import adapter_rules, state
+from pytest_qconform import adapter_rules, startup_notes, state
 from pytest_qconform.probe import BackendStatus, probe_hardware
 from pytest_qconform.targets import build_targets
 
@@ -49,7 +49,8 @@ def configure(config: pytest.Config) -> None:
     profile = _profile(config)  # bad input stops the run before anything is probed
     simulate = config.getoption("qconform_simulate")
     try:
-        probe = probe_hardware(simulate)
+        with startup_notes.captured() as notes:
+            probe = probe_hardware(simulate).with_notes(notes)
     except ValueError as exc:
         raise pytest.UsageError(f"--qconform-simulate: {exc}") from None
     if not probe.has_gpu:
@@ -66,13 +67,14 @@ def configure(config: pytest.Config) -> None:
     statuses, broken = [], {}
     devices = ("cpu", "cuda") if probe.has_gpu else ("cpu",)
     for name in sorted(factories):
-        backend = state.backend(config, name)
-        problems = adapter_rules.violations(name, backend, devices)
+        with startup_notes.captured() as notes:  # import-time warnings: one header line, not a screenful
+            backend = state.backend(config, name)
+            problems = adapter_rules.violations(name, backend, devices)
         if problems:
             broken[name] = problems
             continue
         available = backend.availability()
-        statuses.append(BackendStatus(name, available.available, available.version, available.reason))
+        statuses.append(BackendStatus(name, available.available, available.version, available.reason, tuple(notes)))
     if broken:
         raise pytest.UsageError(adapter_rules.format_violations(broken))
     config.stash[state.PROBE] = probe.with_backends(tuple(statuses))

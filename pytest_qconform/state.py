@@ -12,6 +12,7 @@ from pytest_qconform.probe import Probe
 from pytest_qconform.targets import Target
 
 if TYPE_CHECKING:
+    from pytest_qconform.applicability import NotHere
     from pytest_qconform.known_failures import KnownFailure
 
 PROBE = pytest.StashKey[Probe]()
@@ -24,6 +25,7 @@ BACKENDS = pytest.StashKey["dict[str, Backend]"]()
 CASES = pytest.StashKey["dict[str, Case]"]()
 REPORT_PATH = pytest.StashKey["str | None"]()
 KNOWN_FAILURES = pytest.StashKey["tuple[KnownFailure, ...]"]()
+NOT_HERE = pytest.StashKey["NotHere"]()  # what collection left out as not applying (applicability.py)
 
 
 def probe(config: pytest.Config) -> Probe:

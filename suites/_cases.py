@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from pytest_qconform.backends.base import Backend, Capabilities, QuantSpec
+from pytest_qconform.claims import target_device, unclaimed
 from pytest_qconform.outcomes import NOT_CLAIMED_PREFIX, OOM_PREFIX
 from pytest_qconform.reference import bnb4, hqq4
 from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
@@ -38,27 +39,8 @@ def require_claim(backend: Backend, target: Target, spec: QuantSpec | None = Non
                   dtype: torch.dtype | None = None, *, backward: bool = False,
                   serialize: bool = False) -> Capabilities:
     """The backend's capabilities on the target, or a ``not claimed`` skip."""
-    device = torch.device(target.torch_device or "cpu")
-    caps = backend.capabilities(device)
-    device_kind = "cuda" if device.type == "cuda" else device.type
-    problems = []
-    if device_kind not in caps.devices:
-        problems.append(f"device {device_kind}")
-    if spec is not None:
-        if spec.format not in caps.formats:
-            problems.append(f"format {spec.format}")
-        if spec.blocksize not in caps.blocksizes:
-            problems.append(f"blocksize {spec.blocksize}")
-        if spec.double_quant and not caps.double_quant:
-            problems.append("double quantization")
-    if dtype is not None and dtype not in caps.dtypes:
-        problems.append(f"dtype {dtype_id(dtype)}")
-    if dtype is torch.bfloat16 and not target.bf16:
-        problems.append(f"bf16 on {target.arch} (the arch has no bf16)")
-    if backward and not caps.backward:
-        problems.append("backward")
-    if serialize and not caps.serialize:
-        problems.append("serialization")
+    caps = backend.capabilities(target_device(target))
+    problems = unclaimed(caps, target, spec, dtype, backward=backward, serialize=serialize)
     if problems:
         pytest.skip(f"{NOT_CLAIMED_PREFIX} {backend.name} does not claim {', '.join(problems)}")
     return caps

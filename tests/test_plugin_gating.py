@@ -2,6 +2,7 @@
 import json
 
 import pytest
+from fake_backend import FAKE_BACKEND
 
 SUITE = """
 import pytest
@@ -19,6 +20,15 @@ from pytest_qconform.suites._cases import require_claim
 @pytest.mark.qconform_operation("dequantize")
 def test_fp4(qtarget, qbackend):
     require_claim(qbackend, qtarget, QuantSpec("fp4"))
+"""
+
+WIDE_FAKE = """
+class WideBackend(FakeBackend):
+    def capabilities(self, device):
+        return Capabilities(("nf4", "fp4"), (64,), False, (torch.float32, torch.bfloat16), ("cpu",))
+
+def pytest_qconform_backends(config):
+    return {"fake": WideBackend}
 """
 
 SUITE_WITH_FORMAT_AND_DTYPE = """
@@ -88,7 +98,7 @@ def test_a_selection_matching_nothing_fails_saying_why(fake_backend_project: pyt
     assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
     result.stdout.fnmatch_lines(["qconform: nothing was checked, so this run fails (exit code 5): no conformance "
                                  "cell was recorded; all 2 collected tests were deselected (by -k, -m, "
-                                 "--qconform-format or --qconform-dtype)*"])
+                                 "--qconform-format, --qconform-dtype, or as not applying here: see above)*"])
 
 
 def test_a_run_whose_tests_all_skip_as_not_claimed_fails_saying_why(fake_backend_project: pytest.Pytester) -> None:
@@ -108,11 +118,11 @@ def test_a_run_with_a_recorded_cell_passes(fake_backend_project: pytest.Pytester
 @pytest.mark.parametrize("option, passed", [("--qconform-format=NF4", 2), ("--qconform-format=nf4", 2),
                                             ("--qconform-dtype=FP32", 2), ("--qconform-dtype=float32", 2),
                                             ("--qconform-backend=FAKE", 4)])
-def test_option_values_accept_natural_spellings(fake_backend_project: pytest.Pytester, option: str,
-                                                passed: int) -> None:
-    fake_backend_project.makepyfile(test_suite=SUITE_WITH_FORMAT_AND_DTYPE)
-    result = fake_backend_project.runpytest(str(fake_backend_project.path), "--qconform", "--qconform-no-report",
-                                           "--qconform-backend=fake", option, "-p", "no:cacheprovider")
+def test_option_values_accept_natural_spellings(pytester: pytest.Pytester, option: str, passed: int) -> None:
+    pytester.makeconftest(FAKE_BACKEND + WIDE_FAKE)
+    pytester.makepyfile(test_suite=SUITE_WITH_FORMAT_AND_DTYPE)
+    result = pytester.runpytest(str(pytester.path), "--qconform", "--qconform-no-report", "--qconform-backend=fake",
+                                option, "-p", "no:cacheprovider")
     result.assert_outcomes(passed=passed)
     assert result.ret == pytest.ExitCode.OK
 
@@ -182,7 +192,13 @@ def test_defaults(qtarget, qbackend):
 """)
     result = run(fake_backend_project, "--qconform-simulate=gfx1200", "-rs")
     assert result.ret == 0
-    result.assert_outcomes(skipped=4)  # two backends x (simulated gfx1200, cpu)
+    result.assert_outcomes(skipped=2, deselected=2)  # two backends x (simulated gfx1200: skipped, cpu: left out)
+    result.stdout.fnmatch_lines(["qconform: 2 instances not applying here were deselected: 2 for another device "
+                                 "(x86_64 2; a run reports on one device, this one on rocm gfx1200 (simulated, no "
+                                 "device)*"])
+    # Asked for with -m, they are generated and skipped, each saying why.
+    result = run(fake_backend_project, "--qconform-simulate=gfx1200", "-m", "cpu", "-rs")
+    result.assert_outcomes(skipped=2)
     result.stdout.fnmatch_lines(["*other device: this is a simulated gfx1200 run: a run reports on one device*"])
 
 
@@ -242,3 +258,52 @@ def test_collect_only_writes_no_report(fake_backend_project: pytest.Pytester) ->
     assert result.ret == pytest.ExitCode.OK
     assert not (fake_backend_project.path / "out").exists()
     assert "qconform report:" not in result.stdout.str()
+
+
+NOISY_CONFTEST = FAKE_BACKEND + '''
+import logging
+import warnings
+
+class NoisyBackend(FakeBackend):
+    name = "noisy"
+
+    def availability(self):
+        if not getattr(self, "_loaded", False):  # like an import: once
+            self._loaded = True
+            warnings.warn("noisylib.old_api is deprecated", DeprecationWarning)
+            logging.getLogger("noisylib.ops").warning("Failed to load the fast kernel: no module named 'kernels'")
+        return Availability(True, "2.0")
+
+def pytest_qconform_backends(config):
+    return {"noisy": NoisyBackend}
+'''
+
+
+def test_warnings_while_loading_backends_are_one_header_line_and_kept_in_the_report(
+        pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(NOISY_CONFTEST)
+    pytester.makepyfile(test_suite=SUITE)
+    result = pytester.runpytest_subprocess(str(pytester.path), "--qconform", "--qconform-report-dir=out",
+                                           "--qconform-backend=noisy", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    assert "deprecated" not in result.stderr.str() and "Failed to load" not in result.stderr.str()
+    result.stdout.fnmatch_lines(["  backend noisy: 2.0",
+                                 "  start-up: 2 warning(s) while loading (noisy 2; kept in the probe's notes): "
+                                 "log WARNING noisylib.ops: Failed to load the fast kernel: no module...; "
+                                 "DeprecationWarning: noisylib.old_api is deprecated"])
+    assert "noisylib.old_api" not in result.stdout.str().split("qconform probe")[0]  # nothing before the header
+    (path,) = (pytester.path / "out").glob("*.json")
+    notes = json.loads(path.read_text())["probe"]["backends"]["noisy"]["notes"]
+    assert notes[0] == "log WARNING noisylib.ops: Failed to load the fast kernel: no module named 'kernels'"
+    assert notes[1].startswith("DeprecationWarning (") and "/conftest.py:" in notes[1]
+    assert notes[1].endswith("): noisylib.old_api is deprecated")
+
+
+def test_instances_a_backend_does_not_claim_are_one_line_not_skips(fake_backend_project: pytest.Pytester) -> None:
+    fake_backend_project.makepyfile(test_suite=SUITE_WITH_FORMAT_AND_DTYPE)
+    result = run(fake_backend_project, "-rs")
+    # fake claims nf4 in fp32 only: 3 of its 4 instances are left out; missing is unavailable, so its stay.
+    result.assert_outcomes(passed=1, skipped=4, deselected=3)
+    result.stdout.fnmatch_lines(["qconform: 3 instances not applying here were deselected: 3 not claimed by their "
+                                 "backend (fake 3)"])
+    assert "not claimed" not in "".join(line for line in result.stdout.lines if line.startswith("SKIPPED"))

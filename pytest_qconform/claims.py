@@ -1,0 +1,45 @@
+"""Whether a backend claims a combination: the one rule the suites (``require_claim``, a
+``not claimed:`` skip) and the collection (``applicability``, a deselection) share."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from pytest_qconform.backends.base import Capabilities, QuantSpec
+
+if TYPE_CHECKING:
+    from pytest_qconform.targets import Target
+
+DTYPE_LABELS: dict[torch.dtype, str] = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def target_device(target: "Target") -> torch.device:
+    """The device a target's claims are asked about (an absent target's: the CPU's)."""
+    return torch.device(target.torch_device or "cpu")
+
+
+def unclaimed(caps: Capabilities, target: "Target", spec: QuantSpec | None = None, dtype: torch.dtype | None = None,
+              *, backward: bool = False, serialize: bool = False) -> list[str]:
+    """What of (device, spec, dtype, backward, serialize) ``caps`` does not claim; empty when all."""
+    device = target_device(target)
+    device_kind = "cuda" if device.type == "cuda" else device.type
+    problems = []
+    if device_kind not in caps.devices:
+        problems.append(f"device {device_kind}")
+    if spec is not None:
+        if spec.format not in caps.formats:
+            problems.append(f"format {spec.format}")
+        if spec.blocksize not in caps.blocksizes:
+            problems.append(f"blocksize {spec.blocksize}")
+        if spec.double_quant and not caps.double_quant:
+            problems.append("double quantization")
+    if dtype is not None and dtype not in caps.dtypes:
+        problems.append(f"dtype {DTYPE_LABELS.get(dtype, str(dtype))}")
+    if dtype is torch.bfloat16 and not target.bf16:
+        problems.append(f"bf16 on {target.arch} (the arch has no bf16)")
+    if backward and not caps.backward:
+        problems.append("backward")
+    if serialize and not caps.serialize:
+        problems.append("serialization")
+    return problems
