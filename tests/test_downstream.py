@@ -133,3 +133,27 @@ def test_a_backend_tested_alone_reads_bitsandbytes_bytes_without_bitsandbytes_ce
     cells = read_report(path).cells
     assert {(c.backend, c.operation, c.verdict) for c in cells} == {("mine", "interop", "pass")}
     assert len(cells) == 8
+
+
+def documented_skeleton() -> str:
+    """The adapter skeleton of docs/downstream.md, between its markers."""
+    text = (EXAMPLE.parent.parent / "docs" / "downstream.md").read_text(encoding="utf-8")
+    block = text.split("<!-- skeleton:start -->", 1)[1].split("<!-- skeleton:end -->", 1)[0].strip()
+    assert block.startswith("```python\n") and block.endswith("\n```"), "the skeleton is one python code block"
+    return block[len("```python\n"):-len("\n```")]
+
+
+def test_the_documented_adapter_skeleton_passes_the_suites(pytester: pytest.Pytester) -> None:
+    """Saved as conftest.py and run as the docs say, every cell it claims passes."""
+    from pytest_qconform.gate import problems
+    from pytest_qconform.report import read_report
+
+    pytester.makeconftest(documented_skeleton())
+    result = pytester.runpytest_subprocess("--qconform", "--qconform-backend=my-nf4", "--qconform-report-dir=out",
+                                           "-p", "no:cacheprovider")
+    outcomes = result.parseoutcomes()
+    assert result.ret == pytest.ExitCode.OK and "failed" not in outcomes and outcomes["passed"] >= 7, outcomes
+    (path,) = (pytester.path / "out").glob("*.json")
+    report = read_report(path)
+    assert problems(report, ["my-nf4"], "pass") == []
+    assert {c.operation for c in report.cells} >= {"quantize", "dequantize", "matmul", "backward"}
