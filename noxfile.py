@@ -30,10 +30,14 @@ def matrix(session: nox.Session) -> None:
 
     Runs in the current environment (pytest-qconform and matplotlib installed): the
     merge reads JSON only. Pass report files or folders to merge others:
-    ``nox -s matrix -- path/to/reports``.
+    ``nox -s matrix -- path/to/reports``. Inside GitHub Actions it also writes the summary
+    to the job's step summary (examples/ci/qconform-self-hosted.yml).
     """
+    import os
+
+    summary = ["--step-summary"] if os.environ.get("GITHUB_STEP_SUMMARY") else []
     session.run(_python(session), "-m", "pytest_qconform.matrix", *(session.posargs or ["reports/"]),
-                "--readme", "README.md", "--out", "reports/MATRIX.md", "--png", "reports/matrix.png")
+                "--readme", "README.md", "--out", "reports/MATRIX.md", "--png", "reports/matrix.png", *summary)
 
 
 @nox.session(python=False)

