@@ -13,8 +13,8 @@ Public API (stable; ``docs/downstream.md`` documents it):
   (``PackedBnb4``, ``PackedHqq4``: the records ``Backend.export_packed`` returns).
 - ``pytest_qconform.probe``: ``Probe``, ``probe_hardware``.
 - ``pytest_qconform.report``: ``read_report``, ``RunReport``, ``Cell`` (schema: docs/report-schema.md).
-- The ``--qconform*`` options and ini settings, the markers, ``python -m pytest_qconform.matrix``
-  and ``python -m pytest_qconform doctor``.
+- The ``--qconform*`` options and ini settings, the markers, ``python -m pytest_qconform.matrix``,
+  ``python -m pytest_qconform doctor`` and ``python -m pytest_qconform check`` (``gate``).
 
 Modules whose names start with an underscore, and ``plugin``, ``fixtures``, ``recorder``,
 ``session_setup``, ``state``, ``targets``, ``known_failures``, ``strategies``, ``kernels``
