@@ -83,11 +83,14 @@ def _versions_table(matrix: Matrix) -> list[str]:
     return markdown_table(header, rows)
 
 
+def _symbol_words() -> str:
+    """``✅ pass · ❌ fail · ...``: every verdict's symbol, then the disagreement's."""
+    return " · ".join(f"{SYMBOLS[v]} {LEGEND_WORDS.get(v, v)}" for v in (*VERDICTS, DISAGREE))
+
+
 def _legend() -> str:
-    words = " · ".join(f"{SYMBOLS[v]} {LEGEND_WORDS.get(v, v)}" for v in
-                       ("pass", "fail", "known-failure", "crashed", "timeout", "skipped", "unavailable"))
-    return (f"Legend: {words}. The number is the worst error as a multiple of its derived bound "
-            "(≤ 1 is within bound). `≠`: runs on that arch disagree (each verdict with its count). "
+    return (f"Legend: {_symbol_words()}. The number is the worst error as a multiple of its derived bound "
+            "(≤ 1 is within bound). A disagreement shows each verdict with its count. "
             "Blank: no run on that arch covered the row.")
 
 
@@ -178,8 +181,7 @@ def format_summary_entry(entry: SummaryEntry | None) -> str:
 
 def summary_legend() -> str:
     return ("Each entry: how many of the row's cells (one per format × dtype) ended in each verdict on that arch "
-            "(✅ pass · ❌ fail · ⚠️ known failure · 💥 crashed · ⏱ timeout · ➖ skipped · 🚫 unavailable · ≠ runs "
-            "on the arch disagree), then the worst error of the pass and fail cells as a multiple of its derived "
+            f"({_symbol_words()}), then the worst error of the pass and fail cells as a multiple of its derived "
             "bound (≤ 1 is within bound). Blank: no run on that arch covered the row.")
 
 
