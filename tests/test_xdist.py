@@ -11,6 +11,8 @@ import json
 import pytest
 import torch
 
+from fake_backend import FAKE_BACKEND
+
 from pytest_qconform.probe import Probe
 from pytest_qconform.targets import device_target, worker_device_index
 
@@ -55,6 +57,23 @@ def test_matmul_cases(qtarget, qbackend, request, spec, case):
 
 ARGS = ("--qconform", "--qconform-backend=fake", "--qconform-backend=missing", "-p", "no:cacheprovider")
 
+# The fake of this suite claims what its tests are parametrized over (an unclaimed
+# spec or dtype would be left out at collection, never reaching the workers).
+WIDE_FAKE = FAKE_BACKEND + """
+class WideFake(FakeBackend):
+    def capabilities(self, device):
+        return Capabilities(("nf4", "fp4"), (64, 128), True, (torch.float32, torch.bfloat16), ("cpu",))
+
+class MissingBackend(FakeBackend):
+    name = "missing"
+
+    def availability(self):
+        return Availability(False, None, "missinglib: import failed: ModuleNotFoundError")
+
+def pytest_qconform_backends(config):
+    return {"fake": WideFake, "missing": MissingBackend}
+"""
+
 
 def _run(pytester: pytest.Pytester, out: str, *extra: str) -> tuple[pytest.RunResult, dict]:
     # xdist needs a subprocess (its workers are processes); the serial run is in process, which is faster.
@@ -67,6 +86,7 @@ def _run(pytester: pytest.Pytester, out: str, *extra: str) -> tuple[pytest.RunRe
 
 
 def test_two_workers_give_the_serial_matrix(fake_backend_project: pytest.Pytester) -> None:
+    fake_backend_project.makeconftest(WIDE_FAKE)
     fake_backend_project.makepyfile(test_suite=SUITE)
     serial, serial_report = _run(fake_backend_project, "serial")
     parallel, parallel_report = _run(fake_backend_project, "parallel", "-n", "2")
