@@ -25,6 +25,11 @@ class RunRecorder:
         self.collected = 0
         self.deselected = 0
         self.uncounted_skips: list[str] = []  # "not claimed" / "other device" reasons: no cell
+        # pytest-xdist: the tests the workers collected, and those that reported. xdist stops
+        # for good after --max-worker-restart crashes; the tests it never ran say nothing.
+        self.scheduled: set[str] = set()
+        self.reported: set[str] = set()
+        self.never_ran: str | None = None
         # Under pytest-xdist a dead worker's report carries no properties: remember each
         # test's cell key and start time from its earlier reports (see outcomes.crash_case).
         self.identities: dict[str, tuple[dict[str, str], str]] = {}
@@ -40,7 +45,12 @@ class RunRecorder:
     def pytest_runtest_logstart(self, nodeid: str, location: tuple) -> None:
         self.started[nodeid] = time.monotonic()
 
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids: list[str]) -> None:
+        self.scheduled.update(ids)
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.reported.add(report.nodeid)
         if report.when == "call" and report.passed:
             from pytest_qconform.bench import PROPERTY
 
@@ -99,9 +109,21 @@ class RunRecorder:
                 "`pytest --qconform --collect-only -q` lists the tests, `python -m pytest_qconform doctor` what "
                 "this machine has.")
 
+    def _never_ran(self) -> str | None:
+        """Under pytest-xdist: tests collected but never reported (xdist gave up), or None."""
+        missing = sorted(self.scheduled - self.reported)
+        if not missing:
+            return None
+        return (f"qconform: {len(missing)} of {len(self.scheduled)} collected tests never ran, so they have no "
+                "verdict and this run fails: pytest-xdist stopped (after --max-worker-restart worker crashes, or "
+                f"interrupted); first: {missing[0]}. Allow more restarts, or see docs/fault-isolation.md.")
+
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         worker = hasattr(self.config, "workerinput")
+        self.never_ran = None if worker else self._never_ran()
+        if self.never_ran and exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
         timing_only = self.config.getoption("benchmark_only", False)  # pytest-benchmark: no cells by design
         if (not worker and not timing_only and not self.config.getoption("collectonly")
                 and not self.config.stash[state.CASES]
@@ -133,6 +155,8 @@ class RunRecorder:
             tr.write_line(not_here.line())
         if self.nothing_checked:
             tr.write_line(self.nothing_checked, red=True, bold=True)
+        if self.never_ran:
+            tr.write_line(self.never_ran, red=True, bold=True)
         report = getattr(self, "report", None)
         if report is not None:
             from pytest_qconform.tables import format_arch_table

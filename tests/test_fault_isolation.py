@@ -243,3 +243,16 @@ def test_after_a_crash_under_xdist_the_rule_decides_what_still_runs(broken_proje
     if rule != "continue":
         result.stdout.fnmatch_lines([f"*crashed after an earlier crash in test_suite.py::test_matmul?abort-0?: not "
                                      f"run*--qconform-after-crash={rule}*"])
+
+
+def test_tests_that_xdist_never_ran_are_named_and_fail_the_run(broken_project: pytest.Pytester) -> None:
+    """Past --max-worker-restart, xdist stops and the tests it did not run have no verdict:
+    the run says how many, and fails even when everything that ran passed."""
+    broken_project.makepyfile(test_suite=SHORT_CIRCUIT_SUITE)
+    result = broken_project.runpytest_subprocess(
+        str(broken_project.path / "test_suite.py"), "--qconform", "--qconform-report-dir=out", "-p",
+        "no:cacheprovider", *backends("abort", "good"), "--qconform-after-crash=continue",
+        "-n", "1", "--max-worker-restart=0", "--timeout=60", "--timeout-method=thread")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["qconform: * of 8 collected tests never ran, so they have no verdict and this run "
+                                 "fails: pytest-xdist stopped (after --max-worker-restart worker crashes*"])
