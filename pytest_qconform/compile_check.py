@@ -255,9 +255,12 @@ def _stderr_into(sink: list[str]) -> Iterator[None]:
 
 def _compiler_message(exc: BaseException, stderr: str) -> str:
     """The exception's last lines, after the compiler's own ``error:`` lines from stderr."""
-    diagnostics = [line.strip() for line in stderr.splitlines() if "error:" in line][:3]
-    lines = [line for line in f"{type(exc).__name__}: {exc}".splitlines() if line.strip()]
-    return "\n".join(diagnostics + lines[-MESSAGE_LINES:])
+    printed = stderr.splitlines()
+    diagnostics = []  # each `error:` line and the line it quotes (an assembler names the instruction there)
+    for index in [i for i, line in enumerate(printed) if "error:" in line][:2]:
+        diagnostics += [line.strip() for line in printed[index:index + 2] if line.strip()]
+    raised = [line for line in f"{type(exc).__name__}: {exc}".splitlines() if line.strip()]
+    return "\n".join(diagnostics + raised[-MESSAGE_LINES:])
 
 
 def _resources(compiled: Any, facts: archs.ArchFacts) -> Any:
@@ -336,11 +339,10 @@ def check_arch(arch: str, calls: list[dict]) -> ArchResult:
                 key = f"{launch.kernel_name}:{json.dumps(specialization, sort_keys=True)}"
                 variants.setdefault(key, Variant(launch.kernel_name, specialization, None, None,
                                                  _compiler_message(exc, "".join(stderr))))
-    ordered = tuple(sorted(variants.values(), key=lambda v: (v.kernel, json.dumps(v.specialization, sort_keys=True))))
-    return ArchResult(arch, facts.kind, facts.family, facts.wave_size, ordered, tuple(replay_errors),
-                      unsupported=expected.reason if expected else None,
-                      unsupported_message=expected.message if expected else None,
-                      seconds=round(time.perf_counter() - started, 1))
+    return ArchResult.of(arch, facts.kind, facts.family, facts.wave_size, variants.values(),
+                         replay_errors=tuple(replay_errors), unsupported=expected.reason if expected else None,
+                         unsupported_message=expected.message if expected else None,
+                         seconds=round(time.perf_counter() - started, 1))
 
 
 def fingerprint(calls: list[dict]) -> str:
@@ -371,7 +373,7 @@ def run_check(arch_names: Sequence[str] | None = None, calls: list[dict] | None 
             results = list(pool.map(_check_arch_in_worker, [f.name for f in facts], [calls] * len(facts)))
     else:
         results = [check_arch(f.name, calls) for f in facts]
-    reached = {v.kernel for result in results for v in result.variants}
+    reached = {k.kernel for result in results for k in result.kernels}
     uncovered = tuple(sorted(launch_sites() - reached)) if arch_names is None else ()
     return CompileCheck(version("triton"), fingerprint(calls), len(calls), tuple(results), uncovered)
 
@@ -383,10 +385,10 @@ def failures(check: CompileCheck) -> list[str]:
     for result in check.archs:
         out += [f"{result.arch}: {message}" for message in result.replay_errors]
         if result.unsupported is not None:
-            out += [f"{result.arch}: {v.kernel} compiles with this Triton, but unsupported_targets.toml says the "
-                    "arch cannot be compiled for: remove the entry" for v in result.variants if v.error is None]
-        for variant in result.variants:
-            if variant.error is not None and not result.fails_as_expected(variant):
+            out += [f"{result.arch}: {k.kernel} compiles with this Triton, but unsupported_targets.toml says the "
+                    "arch cannot be compiled for: remove the entry" for k in result.kernels if k.compiled]
+        for variant in result.failed:
+            if not result.fails_as_expected(variant):
                 spec = " ".join(f"{k}={v}" for k, v in variant.specialization.items() if not v.startswith("*"))
                 out.append(f"{result.arch} ({result.kind}, wave{result.wave_size}): {variant.kernel} does not "
                            f"compile [{spec}]:\n    " + variant.error.replace("\n", "\n    "))
@@ -420,8 +422,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_doc(check, options.doc)
     problems = failures(check)
     for result in check.archs:
-        compiled = sum(v.error is None for v in result.variants)
-        print(f"{result.arch}: {compiled}/{len(result.variants)} variants compiled ({result.seconds} s)")
+        print(f"{result.arch}: {result.compiled}/{result.variants} variants compiled ({result.seconds} s)")
     for problem in problems:
         print(f"FAILED {problem}", file=sys.stderr)
     return 1 if problems else 0

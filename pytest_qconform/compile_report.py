@@ -30,33 +30,64 @@ class Variant:
     """One compiled (or failed) kernel variant: ``error`` is the compiler's message."""
 
     kernel: str  # "nf4_gemv._gemv_4bit_rows_kernel"
-    specialization: dict[str, str]  # constexpr name -> repr of its value
+    specialization: dict[str, str]  # constexprs and tensor element types -> value
     num_warps: int | None
     resources: Resources | None
     error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"kernel": self.kernel, "specialization": self.specialization,
-                                "num_warps": self.num_warps}
-        data.update({"resources": self.resources.to_dict()} if self.resources else {"error": self.error})
-        return data
+        return {"kernel": self.kernel, "specialization": self.specialization, "error": self.error}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Variant":
-        resources = data.get("resources")
-        return cls(data["kernel"], dict(data["specialization"]), data.get("num_warps"),
-                   Resources.from_dict(resources) if resources else None, data.get("error"))
+        return cls(data["kernel"], dict(data["specialization"]), None, None, data["error"])
+
+
+def _span(values: Iterable[int]) -> tuple[int, int]:
+    ordered = sorted(values)
+    return ordered[0], ordered[-1]
+
+
+@dataclass(frozen=True)
+class KernelSummary:
+    """One kernel on one arch: its variants, and the range of what the compiled ones need."""
+
+    kernel: str
+    variants: int
+    compiled: int
+    registers: tuple[int, int] | None = None  # (min, max) over the compiled variants
+    spills: int | None = None  # max
+    occupancy: tuple[int, int] | None = None  # (min, max)
+    occupancy_max: int | None = None  # NVIDIA: the SM's resident-warp limit
+
+    @classmethod
+    def of(cls, kernel: str, variants: list[Variant]) -> "KernelSummary":
+        good = [v.resources for v in variants if v.resources is not None]
+        if not good:
+            return cls(kernel, len(variants), 0)
+        return cls(kernel, len(variants), len(good), _span(r.registers for r in good), max(r.spills for r in good),
+                   _span(r.occupancy for r in good), good[0].occupancy_max)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "KernelSummary":
+        pair = lambda key: tuple(data[key]) if data.get(key) is not None else None  # noqa: E731
+        return cls(data["kernel"], int(data["variants"]), int(data["compiled"]), pair("registers"),
+                   data.get("spills"), pair("occupancy"), data.get("occupancy_max"))
 
 
 @dataclass(frozen=True)
 class ArchResult:
-    """Every variant compiled for one arch, and calls the replay could not make."""
+    """One arch: a summary per kernel, every variant that failed, calls the replay could not make."""
 
     arch: str
     kind: str  # "rocm" | "cuda"
     family: str
     wave_size: int
-    variants: tuple[Variant, ...]
+    kernels: tuple[KernelSummary, ...]
+    failed: tuple[Variant, ...] = ()
     replay_errors: tuple[str, ...] = ()
     # Set when this Triton rejects the arch as a target (unsupported_targets.toml): the reason,
     # and what each compile error says.
@@ -64,35 +95,53 @@ class ArchResult:
     unsupported_message: str | None = None
     seconds: float | None = field(default=None, compare=False)  # printed, not stored: results stay reproducible
 
+    @classmethod
+    def of(cls, arch: str, kind: str, family: str, wave_size: int, variants: Iterable[Variant],
+           **kwargs: Any) -> "ArchResult":
+        """From every variant compiled (or not) for the arch."""
+        by_kernel: dict[str, list[Variant]] = {}
+        for variant in variants:
+            by_kernel.setdefault(variant.kernel, []).append(variant)
+        summaries = tuple(KernelSummary.of(k, by_kernel[k]) for k in sorted(by_kernel))
+        failed = tuple(sorted((v for v in sum(by_kernel.values(), []) if v.error is not None),
+                              key=lambda v: (v.kernel, json.dumps(v.specialization, sort_keys=True))))
+        return cls(arch, kind, family, wave_size, summaries, failed, **kwargs)
+
+    @property
+    def variants(self) -> int:
+        return sum(k.variants for k in self.kernels)
+
+    @property
+    def compiled(self) -> int:
+        return sum(k.compiled for k in self.kernels)
+
     def fails_as_expected(self, variant: Variant) -> bool:
         return bool(self.unsupported_message and variant.error and self.unsupported_message in variant.error)
 
     @property
     def ok(self) -> bool:
         """Every variant compiled (an unsupported arch is never ok)."""
-        return (not self.replay_errors and not self.unsupported and bool(self.variants)
-                and all(v.error is None for v in self.variants))
+        return not self.replay_errors and not self.unsupported and bool(self.kernels) and not self.failed
 
     @property
     def as_expected(self) -> bool:
         """Nothing for the check to fail on: ok, or unsupported and failing as recorded."""
         if self.unsupported:
-            return not self.replay_errors and bool(self.variants) and all(map(self.fails_as_expected, self.variants))
+            return (not self.replay_errors and bool(self.kernels) and self.compiled == 0
+                    and all(map(self.fails_as_expected, self.failed)))
         return self.ok
-
-    @property
-    def kernels(self) -> tuple[str, ...]:
-        return tuple(sorted({v.kernel for v in self.variants}))
 
     def to_dict(self) -> dict[str, Any]:
         return {"arch": self.arch, "kind": self.kind, "family": self.family, "wave_size": self.wave_size,
-                "ok": self.ok, "replay_errors": list(self.replay_errors), "unsupported": self.unsupported,
-                "unsupported_message": self.unsupported_message, "variants": [v.to_dict() for v in self.variants]}
+                "ok": self.ok, "unsupported": self.unsupported, "unsupported_message": self.unsupported_message,
+                "kernels": [k.to_dict() for k in self.kernels], "failed": [v.to_dict() for v in self.failed],
+                "replay_errors": list(self.replay_errors)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ArchResult":
         return cls(data["arch"], data["kind"], data["family"], int(data["wave_size"]),
-                   tuple(Variant.from_dict(v) for v in data["variants"]), tuple(data.get("replay_errors", ())),
+                   tuple(KernelSummary.from_dict(k) for k in data["kernels"]),
+                   tuple(Variant.from_dict(v) for v in data.get("failed", ())), tuple(data.get("replay_errors", ())),
                    data.get("unsupported"), data.get("unsupported_message"))
 
 
@@ -111,9 +160,6 @@ class CompileCheck:
         """Nothing to fail on: every arch compiled, or is unsupported as recorded; every kernel reached."""
         return not self.uncovered and all(result.as_expected for result in self.archs)
 
-    def arch(self, name: str) -> ArchResult | None:
-        return next((r for r in self.archs if r.arch == name), None)
-
     def to_dict(self) -> dict[str, Any]:
         return {"kind": KIND, "schema_version": SCHEMA_VERSION, "triton": self.triton,
                 "fingerprint": self.fingerprint, "calls": self.calls, "ok": self.ok,
@@ -128,6 +174,14 @@ class CompileCheck:
 def is_results(data: Any) -> bool:
     """Whether parsed JSON is a compile check's results (not a run report)."""
     return isinstance(data, dict) and data.get("kind") == KIND
+
+
+def is_results_file(path: Path) -> bool:
+    """Whether ``path`` holds compile-check results (a JSON file whose "kind" says so)."""
+    try:
+        return is_results(json.loads(Path(path).read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return False  # not ours: whoever reads it next names the problem
 
 
 def read_results(path: Path) -> CompileCheck:
@@ -147,33 +201,32 @@ def read_results(path: Path) -> CompileCheck:
 
 
 def write_results(check: CompileCheck, path: Path) -> None:
+    """JSON with one arch per line (diffs stay readable), keys sorted: same results, same bytes."""
+    data = check.to_dict()
+    archs = data.pop("archs")
+    head = json.dumps(data, sort_keys=True, ensure_ascii=False)[:-1]
+    lines = ",\n".join(json.dumps(a, sort_keys=True, ensure_ascii=False, separators=(",", ":")) for a in archs)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(check.to_dict(), indent=1, sort_keys=True, ensure_ascii=False) + "\n",
-                    encoding="utf-8")
+    path.write_text(f'{head}, "archs": [\n{lines}\n]}}\n', encoding="utf-8")
 
 
 # ---------------------------------------------------------------- docs/kernels-compiled.md
 
 
-def _span(values: Iterable[int]) -> str:
-    values = sorted(set(values))
-    return str(values[0]) if len(values) == 1 else f"{values[0]}–{values[-1]}"
+def _range(pair: tuple[int, int]) -> str:
+    return str(pair[0]) if pair[0] == pair[1] else f"{pair[0]}–{pair[1]}"
 
 
 def _kernel_cell(result: ArchResult, kernel: str) -> str:
-    variants = [v for v in result.variants if v.kernel == kernel]
-    if not variants:
+    summary = next((k for k in result.kernels if k.kernel == kernel), None)
+    if summary is None:
         return "–"
-    if result.unsupported and all(map(result.fails_as_expected, variants)):
-        return "target rejected"
-    failed = sum(v.error is not None for v in variants)
-    good = [v.resources for v in variants if v.resources is not None]
-    if not good:
-        return f"❌ {failed} fail"
-    occupancy = _span(r.occupancy for r in good)
-    if good[0].occupancy_max:
-        occupancy += f"/{good[0].occupancy_max}"
-    cell = f"{len(good)}: {_span(r.registers for r in good)} reg · {max(r.spills for r in good)} sp · occ {occupancy}"
+    failed = summary.variants - summary.compiled
+    if summary.compiled == 0:
+        return "target rejected" if result.as_expected and result.unsupported else f"❌ {failed} fail"
+    assert summary.registers and summary.occupancy
+    occupancy = _range(summary.occupancy) + (f"/{summary.occupancy_max}" if summary.occupancy_max else "")
+    cell = f"{summary.compiled}: {_range(summary.registers)} reg · {summary.spills} sp · occ {occupancy}"
     return cell + (f" · ❌ {failed} fail" if failed else "")
 
 
@@ -183,7 +236,7 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def doc_markdown(check: CompileCheck) -> str:
-    kernels = sorted({k for result in check.archs for k in result.kernels})
+    kernels = sorted({k.kernel for result in check.archs for k in result.kernels})
     short = {k: k.rsplit(".", 1)[-1] for k in kernels}
     rows = [[r.arch, r.family, str(r.wave_size), _status(r), *(_kernel_cell(r, k) for k in kernels)]
             for r in check.archs]
@@ -212,8 +265,7 @@ def doc_markdown(check: CompileCheck) -> str:
                 "Listed in `pytest_qconform/unsupported_targets.toml`; the check compiles the first variant of each "
                 "kernel there and requires it to fail with the recorded message:", ""]
         out += [f"- {r.arch}: {r.unsupported}" for r in unsupported]
-    problems = [(r.arch, v) for r in check.archs for v in r.variants
-                if v.error is not None and not r.fails_as_expected(v)]
+    problems = [(r.arch, v) for r in check.archs for v in r.failed if not r.fails_as_expected(v)]
     if problems or check.uncovered:
         out += ["", "## Failures", ""]
         out += [f"- {arch}: `{v.kernel}` ({', '.join(f'{k}={s}' for k, s in v.specialization.items())}): "
@@ -245,12 +297,12 @@ def matrix_lines(check: CompileCheck, run_archs: Iterable[str]) -> list[str]:
         if result.arch in ran:
             continue
         if result.ok:
-            ours = f"{COMPILED_SYMBOL} compiled, not run ({len(result.variants)} variants of {len(result.kernels)} kernels)"
+            ours = f"{COMPILED_SYMBOL} compiled, not run ({result.variants} variants of {len(result.kernels)} kernels)"
         elif result.unsupported:
             ours = f"{NOT_RUN_SYMBOL} not run (Triton {check.triton} rejects the target)"
         else:
-            failed = sum(v.error is not None for v in result.variants)
-            ours = f"{NOT_RUN_SYMBOL} not run (the compile check failed: {failed} of {len(result.variants)} variants)"
+            ours = (f"{NOT_RUN_SYMBOL} not run (the compile check failed: {len(result.failed)} of "
+                    f"{result.variants} variants)")
         rows.append([result.arch, result.family, str(result.wave_size), ours, f"{NOT_RUN_SYMBOL} not run"])
     if not rows:
         return []

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from pytest_qconform import compile_report
 from pytest_qconform.report import (
     VERDICTS,
     ReportError,
@@ -236,8 +237,9 @@ def _legend() -> str:
             "Blank: no run on that arch covered the row.")
 
 
-def to_markdown(matrix: Matrix) -> str:
-    """The matrix as GitHub Markdown: deterministic (same reports, same bytes)."""
+def to_markdown(matrix: Matrix, compiled: compile_report.CompileCheck | None = None) -> str:
+    """The matrix as GitHub Markdown: deterministic (same reports, same bytes). ``compiled``:
+    the compile check's results, shown as "compiled, not run" for archs without a run."""
     out: list[str] = []
     if matrix.runs:
         out += ["**Runs** (one row per counted report: the versions behind each arch column)", ""]
@@ -264,6 +266,8 @@ def to_markdown(matrix: Matrix) -> str:
     missing = [arch for arch in sorted(known_archs(), key=_natural_key) if arch not in run_archs]
     if missing:
         out += ["", "**Not run yet** (archs the project knows with no report): " + ", ".join(missing)]
+    if compiled is not None:
+        out += compile_report.matrix_lines(compiled, run_archs)
 
     if matrix.superseded:
         out += ["", "**Superseded reports** (a newer report of the same arch, host and versions counts instead):", ""]
@@ -417,7 +421,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         files = find_report_files(args.paths)
         reports = []
+        compiled = None
         for path in files:
+            if compile_report.is_results_file(path):  # the compile check's results, not a run
+                compiled = compile_report.read_results(path)
+                continue
             try:
                 reports.append(read_report(path))
             except ReportError as exc:
@@ -430,7 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise MatrixError("--step-summary: $GITHUB_STEP_SUMMARY is not set (it is set inside GitHub Actions); "
                               "drop the option to run elsewhere")
         matrix = merge(reports)
-        markdown = to_markdown(matrix)
+        markdown = to_markdown(matrix, compiled)
         written = []
         if args.out:
             args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -450,7 +458,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             with open(summary_file, "a", encoding="utf-8") as handle:
                 handle.write("## qconform compatibility matrix\n\n" + markdown)
             written.append(summary_file)
-    except MatrixError as exc:
+    except (MatrixError, compile_report.CompileReportError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
