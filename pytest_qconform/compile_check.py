@@ -37,7 +37,6 @@ import os
 import sys
 import tempfile
 import time
-import tomllib
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
@@ -47,9 +46,9 @@ from typing import Any, Iterator, Sequence
 from pytest_qconform import archs, kernel_calls
 from pytest_qconform.compile_report import ArchResult, CompileCheck, Variant, write_doc, write_results
 from pytest_qconform.kernel_resources import amd_resources, nvidia_resources
+from pytest_qconform.unsupported_targets import rejection
 
 KERNELS_DIR = Path(__file__).with_name("kernels")
-UNSUPPORTED_TARGETS = Path(__file__).with_name("unsupported_targets.toml")
 # What ``torch.version.hip`` holds in the replay of a ROCm process (any version string: the
 # entry points only ask whether it is set).
 ROCM_HIP_VERSION = "6.4.0-simulated"
@@ -273,35 +272,6 @@ def _resources(compiled: Any, facts: archs.ArchFacts) -> Any:
                             int(compiled.metadata.num_warps), knobs.nvidia.cuobjdump.path)
 
 
-@dataclass(frozen=True)
-class Unsupported:
-    """An arch a Triton release rejects as a target (``unsupported_targets.toml``)."""
-
-    arch: str
-    triton: str
-    message: str  # what every compile error for the arch contains
-    reason: str
-
-
-def unsupported_targets(path: Path = UNSUPPORTED_TARGETS) -> dict[str, Unsupported]:
-    """The entries of ``path`` by arch; ValueError naming the file and entry for a bad one."""
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read: {exc}") from None
-    out = {}
-    for index, entry in enumerate(data.get("target", [])):
-        try:
-            for arch in entry["archs"]:
-                if arch not in archs.KNOWN_ARCHS:
-                    raise ValueError(f"unknown arch {arch!r}")
-                out[arch] = Unsupported(arch, str(entry["triton"]), str(entry["message"]), str(entry["reason"]))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{path}: [[target]] {index + 1}: needs archs (known archs), triton, message and "
-                             f"reason: {type(exc).__name__}: {exc}") from None
-    return out
-
-
 def _first_per_kernel(launches: list[Launch]) -> list[Launch]:
     seen: dict[str, Launch] = {}
     for launch in launches:
@@ -317,9 +287,7 @@ def check_arch(arch: str, calls: list[dict]) -> ArchResult:
     facts = archs.KNOWN_ARCHS[arch]
     started = time.perf_counter()
     launches, replay_errors = capture_launches(calls, facts.kind)
-    expected = unsupported_targets().get(arch)
-    if expected is not None and expected.triton != version("triton"):
-        expected = None
+    expected = rejection(arch, version("triton"))
     if expected is not None:
         launches = _first_per_kernel(launches)
     target = triton_target(facts)

@@ -26,6 +26,7 @@ from pytest_qconform.compile_report import (  # noqa: E402
     write_results,
 )
 from pytest_qconform.kernel_resources import Resources, amd_resources, nvidia_occupancy  # noqa: E402
+from pytest_qconform.unsupported_targets import unsupported_targets  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "reports" / "compiled" / "compile-check.json"
@@ -129,12 +130,12 @@ def test_an_unsupported_target_passes_only_when_it_fails_as_recorded() -> None:
 
 
 def test_unsupported_targets_file_is_read_and_a_bad_entry_named(tmp_path: Path) -> None:
-    entries = compile_check.unsupported_targets()
+    entries = unsupported_targets()
     assert {"gfx1030", "gfx1031"} <= set(entries) and entries["gfx1030"].triton
     bad = tmp_path / "bad.toml"
     bad.write_text('[[target]]\narchs = ["gfx9999"]\ntriton = "3.9.0"\nmessage = "x"\nreason = "y"\n')
     with pytest.raises(ValueError, match=r"bad.toml: \[\[target\]\] 1: .*unknown arch 'gfx9999'"):
-        compile_check.unsupported_targets(bad)
+        unsupported_targets(bad)
 
 
 def test_unknown_arch_is_a_clear_error() -> None:
