@@ -226,7 +226,7 @@ def _kernel_cell(result: ArchResult, kernel: str) -> str:
         return "target rejected" if result.as_expected and result.unsupported else f"❌ {failed} fail"
     assert summary.registers and summary.occupancy
     occupancy = _range(summary.occupancy) + (f"/{summary.occupancy_max}" if summary.occupancy_max else "")
-    cell = f"{summary.compiled}: {_range(summary.registers)} reg · {summary.spills} sp · occ {occupancy}"
+    cell = f"{summary.compiled} var · {_range(summary.registers)} reg · {summary.spills} spill · occ {occupancy}"
     return cell + (f" · ❌ {failed} fail" if failed else "")
 
 
@@ -251,7 +251,7 @@ def doc_markdown(check: CompileCheck) -> str:
         f"run: nothing here was computed on these GPUs. Results: `reports/compiled/compile-check.json` "
         f"(fingerprint `{check.fingerprint}`); how it works: `pytest_qconform/compile_check.py`.",
         "",
-        "A cell: variants compiled: registers per thread (min–max) · spills (max) · occupancy (min–max).",
+        "A cell: variants compiled · registers per thread (min–max) · spills (max) · occupancy (min–max).",
         "AMD: registers are VGPRs (+ AGPRs), spills are spilled VGPRs + SGPRs, occupancy is LLVM's waves per "
         "SIMD. NVIDIA: registers from the cubin (cuobjdump), spills are bytes of local memory per thread, "
         "occupancy is resident warps per SM / the SM's maximum, from the registers and the warp and block "
@@ -259,6 +259,13 @@ def doc_markdown(check: CompileCheck) -> str:
         "",
         *_table(["arch", "family", "wave", "all compile", *(f"`{short[k]}`" for k in kernels)], rows),
     ]
+    spilling = [(r.arch, k) for r in check.archs for k in r.kernels if k.spills]
+    if spilling:
+        out += ["", "## Spills", "",
+                "Kernels whose registers did not fit (AMD: registers spilled, NVIDIA: bytes of local memory "
+                "per thread; max over the variants). Spills cost speed, not correctness:", ""]
+        out += [f"- {arch}: `{k.kernel.rsplit('.', 1)[-1]}`: {k.spills} ({_range(k.registers or (0, 0))} registers)"
+                for arch, k in spilling]
     unsupported = [r for r in check.archs if r.unsupported]
     if unsupported:
         out += ["", f"## Archs Triton {check.triton} cannot compile for", "",
