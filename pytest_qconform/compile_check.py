@@ -295,6 +295,9 @@ def check_arch(arch: str, calls: list[dict]) -> ArchResult:
     with _driver_for(target):
         for launch in launches:
             specialization = _specialization(launch)
+            failure_key = f"{launch.kernel_name}:{json.dumps(specialization, sort_keys=True)}"
+            if failure_key in variants:
+                continue  # failed already: Triton does not cache a failure, and it would fail again
             stderr: list[str] = []
             try:
                 with _stderr_into(stderr):
@@ -304,9 +307,8 @@ def check_arch(arch: str, calls: list[dict]) -> ArchResult:
                     variants[key] = Variant(launch.kernel_name, specialization, int(compiled.metadata.num_warps),
                                             _resources(compiled, facts))
             except Exception as exc:  # noqa: BLE001 - a kernel that does not compile is a result, not a crash
-                key = f"{launch.kernel_name}:{json.dumps(specialization, sort_keys=True)}"
-                variants.setdefault(key, Variant(launch.kernel_name, specialization, None, None,
-                                                 _compiler_message(exc, "".join(stderr))))
+                variants[failure_key] = Variant(launch.kernel_name, specialization, None, None,
+                                                _compiler_message(exc, "".join(stderr)))
     return ArchResult.of(arch, facts.kind, facts.family, facts.wave_size, variants.values(),
                          replay_errors=tuple(replay_errors), unsupported=expected.reason if expected else None,
                          unsupported_message=expected.message if expected else None,
