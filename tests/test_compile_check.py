@@ -11,7 +11,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
+# This process may run the kernels interpreted (other test modules do): Triton must be first
+# imported with the variable set, whoever imports it first. The check itself runs in children.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
 from pytest_qconform import archs, compile_check, kernel_calls  # noqa: E402
@@ -199,24 +204,27 @@ def test_matrix_rows_say_compiled_not_run_only_for_archs_without_a_run() -> None
     assert matrix_lines(check, run_archs=["gfx1200", "gfx942", "gfx1030", "sm90"]) == []
 
 
-def test_the_call_log_replays_as_each_platform_would(monkeypatch: pytest.MonkeyPatch) -> None:
-    """ROCm takes the code-table loads, NVIDIA the PTX shuffle, from the same calls."""
+def test_the_call_log_replays_as_each_platform_would() -> None:
+    """ROCm takes the code-table loads and the ieee dot, NVIDIA the PTX shuffle and tf32x3,
+    from the same calls."""
     calls = [c for c in kernel_calls.load(kernel_calls.DEFAULT_RUN_CALLS) if c["fn"] == "gemv_4bit"][:3]
     script = textwrap.dedent('''
         import json, sys
         from pytest_qconform import compile_check
-        calls = json.loads(sys.argv[1])
+        calls = json.loads(sys.argv[1]) + compile_check.extra_calls()[:1]
         out = {}
         for kind in ("rocm", "cuda"):
             launches, errors = compile_check.capture_launches(calls, kind)
             assert not errors, errors
-            out[kind] = sorted({str(l.kwargs.get("SHUFFLE")) for l in launches if "SHUFFLE" in l.kwargs})
+            out[kind] = {key: sorted({str(l.kwargs[key]) for l in launches if key in l.kwargs})
+                         for key in ("SHUFFLE", "PRECISION")}
         print(json.dumps(out))
     ''')
     result = subprocess.run([sys.executable, "-c", script, json.dumps(calls)], capture_output=True, text=True,
                             env=_without_interpreter(), cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads(result.stdout) == {"rocm": ["False"], "cuda": ["True"]}
+    assert json.loads(result.stdout) == {"rocm": {"SHUFFLE": ["False"], "PRECISION": ["ieee"]},
+                                         "cuda": {"SHUFFLE": ["True"], "PRECISION": ["tf32x3"]}}
 
 
 def test_the_matrix_cli_reads_the_compile_results_beside_the_run_reports(tmp_path: Path) -> None:

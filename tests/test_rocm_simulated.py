@@ -5,12 +5,18 @@ on a simulated device: these tests check gating, facts and reasons, never result
 from __future__ import annotations
 
 import json
+import os
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+
+# The faked device makes torch.cuda.is_available() true: the kernels this process imports must
+# still be the interpreted ones the other test modules run, so the variable is set first.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from fake_rocm import DEVICES, HIP_VERSION, conftest, patch_torch
 from pytest_qconform import archs
