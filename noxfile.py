@@ -67,7 +67,7 @@ def compile_check(session: nox.Session) -> None:
     registers/spills/occupancy table (docs/kernels-compiled.md). Run it after the kernels,
     the kernel-call log or the Triton pin change; tests/test_compile_check.py fails until the
     committed files match. Extra arguments go to ``python -m pytest_qconform.compile_check``.
-    About 5.6 CPU-minutes with a cold Triton cache (one process per CPU), half a minute warm."""
+    160 s on 2 CPU cores with a cold Triton cache (one process per core), 7 s warm."""
     session.run(_python(session), "-m", "pytest_qconform.compile_check", "--json", "reports/compiled/compile-check.json",
                 "--doc", "docs/kernels-compiled.md", *session.posargs)
 
