@@ -4,7 +4,8 @@
 tests in the current environment; ``nox -s downstream`` installs the example downstream
 backend into a fresh virtualenv and runs the suites on it (and on its broken twin);
 ``nox -s bench`` runs the benchmark suite into reports/ and plots it; ``nox -s kernel-calls``
-records the Triton warm-up's call log.
+records the Triton warm-up's call log; ``nox -s compile-check`` compiles our Triton kernels
+for every listed arch and writes the results and docs/kernels-compiled.md.
 """
 from __future__ import annotations
 
@@ -61,6 +62,18 @@ def kernel_calls(session: nox.Session) -> None:
     session.run(_python(session), "-m", "pytest", "--qconform", "-q", "-p", "no:cacheprovider", "--tb=line",
                 "--qconform-no-report", "--qconform-warmup-workers=0",
                 "--qconform-record-kernel-calls=pytest_qconform/default_run_kernel_calls.json", *session.posargs)
+
+
+@nox.session(name="compile-check", python=False)
+def compile_check(session: nox.Session) -> None:
+    """Compile our Triton kernels for every listed GPU arch on this machine (no GPU needed)
+    and write the results the matrix reads (reports/compiled/compile-check.json) and the
+    registers/spills/occupancy table (docs/kernels-compiled.md). Run it after the kernels,
+    the kernel-call log or the Triton pin change; tests/test_compile_check.py fails until the
+    committed files match. Extra arguments go to ``python -m pytest_qconform.compile_check``.
+    160 s on 2 CPU cores with a cold Triton cache (one process per core), 7 s warm."""
+    session.run(_python(session), "-m", "pytest_qconform.compile_check", "--json", "reports/compiled/compile-check.json",
+                "--doc", "docs/kernels-compiled.md", *session.posargs)
 
 
 DOWNSTREAM_ARGS = ("--qconform", "-q", "-p", "no:cacheprovider", "--tb=line")

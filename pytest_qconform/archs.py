@@ -17,6 +17,8 @@ SOURCES: dict[str, str] = {
     "nvidia-bf16": "NVIDIA: bf16 arithmetic from compute capability 8.0 (Ampere) on",
     "rdna4-hqq": "QLoRA on RDNA4 via HQQ (shared/seeds/004): no bitsandbytes binary for gfx1200/gfx1201",
     "cpu": "bitsandbytes CPU backend and torch CPU: blocksize 64 default, bf16 supported by torch on CPU",
+    "triton-amd": "Triton 3.9's HIP backend (triton/backends/amd/compiler.py, HIPOptions): wave size 32 on gfx10 "
+    "and later (RDNA), 64 before (GCN, CDNA); a ROCm device reports the same as its warpSize property",
 }
 
 CUDA_DEFAULT_BLOCKSIZE = 64
@@ -35,10 +37,16 @@ class ArchFacts:
     default_blocksize: int
     source: tuple[str, ...]
     note: str = ""
+    # Threads that execute in lockstep (a warp / wavefront): what Triton compiles a kernel
+    # for (``GPUTarget(..., warp_size)``) and what a kernel's cross-lane code must assume.
+    wave_size: int = 32
 
 
 def _rocm(name: str, family: str, bf16: bool, note: str = "") -> ArchFacts:
-    return ArchFacts(name, "rocm", family, bf16, ROCM_DEFAULT_BLOCKSIZE, ("dlm-rocm", "unsloth-amd"), note)
+    major = int(name.removeprefix("gfx")[:-2])  # gfx90a -> 9, gfx1200 -> 12 (the last two are minor, stepping)
+    wave_size = 32 if major >= 10 else 64  # RDNA (gfx10 on) runs wave32 under Triton and HIP; GCN, CDNA wave64
+    return ArchFacts(name, "rocm", family, bf16, ROCM_DEFAULT_BLOCKSIZE, ("dlm-rocm", "unsloth-amd", "triton-amd"),
+                     note, wave_size)
 
 
 def _cuda(name: str, family: str, bf16: bool) -> ArchFacts:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from pytest_qconform import compile_report
 from pytest_qconform.atomic import write_text_atomically
 from pytest_qconform.report import VERDICTS, ReportError, RunReport, read_report
 
@@ -201,7 +202,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         files = find_report_files(args.paths)
         reports = []
+        compiled = None
         for path in files:
+            if compile_report.is_results_file(path):  # the compile check's results, not a run
+                compiled = compile_report.read_results(path)
+                continue
             try:
                 reports.append(read_report(path))
             except ReportError as exc:
@@ -216,8 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pytest_qconform.matrix_markdown import readme_markdown, to_markdown, update_readme
 
         matrix = merge(reports)
-        markdown = to_markdown(matrix)
-        summary = readme_markdown(matrix)
+        markdown = to_markdown(matrix, compiled)
+        summary = readme_markdown(matrix, compiled)
         written = []
         if args.out:
             args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -239,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             with open(summary_file, "a", encoding="utf-8") as handle:
                 handle.write("## qconform compatibility matrix\n\n" + summary)
             written.append(summary_file)
-    except MatrixError as exc:
+    except (MatrixError, compile_report.CompileReportError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:

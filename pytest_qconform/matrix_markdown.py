@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from pytest_qconform.atomic import write_text_atomically
+from pytest_qconform.compile_report import CompileCheck, matrix_lines
 from pytest_qconform.matrix import Entry, Matrix, MatrixError, known_archs, natural_key
 from pytest_qconform.matrix_summary import DISAGREE, Summary, SummaryEntry, summarize
 from pytest_qconform.report import VERDICTS
@@ -94,8 +95,9 @@ def _legend() -> str:
             "Blank: no run on that arch covered the row.")
 
 
-def _notes(matrix: Matrix) -> list[str]:
-    """Disagreements, archs without a report, superseded and simulated reports."""
+def _notes(matrix: Matrix, compiled: CompileCheck | None) -> list[str]:
+    """Disagreements, archs without a report (with what the compile check found for them),
+    superseded and simulated reports."""
     out: list[str] = []
     disagreements = [(row, arch, e) for (row, arch), e in sorted(matrix.entries.items(),
                                                                   key=lambda kv: (kv[0][0], natural_key(kv[0][1])))
@@ -110,6 +112,8 @@ def _notes(matrix: Matrix) -> list[str]:
     missing = [arch for arch in sorted(known_archs(), key=natural_key) if arch not in run_archs]
     if missing:
         out += ["", "**Not run yet** (archs the project knows with no report): " + ", ".join(missing)]
+    if compiled is not None:
+        out += matrix_lines(compiled, run_archs)
 
     if matrix.superseded:
         out += ["", "**Superseded reports** (a newer report of the same arch, host and versions counts instead):", ""]
@@ -132,26 +136,27 @@ def _runs_and_summary(matrix: Matrix) -> list[str]:
     return out + summary_markdown(summarize(matrix))
 
 
-def readme_markdown(matrix: Matrix) -> str:
-    """The README's section: runs, the one-screen summary, a link to the full table, notes."""
+def readme_markdown(matrix: Matrix, compiled: CompileCheck | None = None) -> str:
+    """The README's section: runs, the one-screen summary, a link to the full table, notes.
+    ``compiled``: the compile check's results, shown as "compiled, not run" for archs without a run."""
     if not matrix.runs:
-        return _NO_RUNS + "\n"
+        return "\n".join([_NO_RUNS, *_notes(matrix, compiled)]) + "\n"
     out = _runs_and_summary(matrix)
     out += ["", f"Every cell (backend · operation · format · dtype): [{FULL_MATRIX}]({FULL_MATRIX})."]
-    return "\n".join(out + _notes(matrix)) + "\n"
+    return "\n".join(out + _notes(matrix, compiled)) + "\n"
 
 
-def to_markdown(matrix: Matrix) -> str:
+def to_markdown(matrix: Matrix, compiled: CompileCheck | None = None) -> str:
     """The full matrix (the summary, then every cell): deterministic (same reports, same bytes)."""
     if not matrix.runs:
-        return "\n".join([_NO_RUNS, *_notes(matrix)]) + "\n"
+        return "\n".join([_NO_RUNS, *_notes(matrix, compiled)]) + "\n"
     out = _runs_and_summary(matrix)
     out += ["", "**Verdicts** (every cell)", ""]
     header = ["backend", "operation", "format", "dtype", *matrix.columns]
     rows = [[*row, *(format_entry(matrix.entry(row, arch)) for arch in matrix.columns)] for row in matrix.rows]
     out += markdown_table(header, rows) if rows else ["(the counted reports contain no cells)"]
     out += ["", _legend()]
-    return "\n".join(out + _notes(matrix)) + "\n"
+    return "\n".join(out + _notes(matrix, compiled)) + "\n"
 
 
 _LINK = re.compile(r"^known failure \(([^()]*(?:\([^()]*\))?[^()]*)\): ")

@@ -55,6 +55,9 @@ class Probe:
     # torch's CPU kernel level ("AVX512", "AVX2", "DEFAULT", ...): CPU backends pick code
     # paths by it, so a CPU known failure can be narrowed to it.
     cpu_capability: str | None = None
+    # The GPU's memory in bytes (``total_memory``): sizes what a runner can hold (the warm-up's
+    # workers, the largest shapes); None on a CPU or simulated probe.
+    device_memory: int | None = None
     backends: tuple[BackendStatus, ...] = field(default=())
     notes: tuple[str, ...] = ()  # warnings and log lines probing the hardware emitted
 
@@ -85,14 +88,16 @@ class Probe:
 
     def lines(self) -> list[str]:
         """The human-readable report used by the run header and ``qconform doctor``."""
+        facts = archs.facts_for(self.arch)
         out = [
             f"qconform probe: {self.device_kind} {self.arch}"
             + (f" ({self.family})" if self.family else "")
             + (" [SIMULATED: nothing runs on this device]" if self.simulated else ""),
-            f"  device: {self.device_name}  host: {self.host}",
+            f"  device: {self.device_name}"
+            + (f" ({self.device_memory / 2**30:.1f} GiB)" if self.device_memory else "") + f"  host: {self.host}",
             f"  torch {self.torch}  cuda {self.cuda}  hip {self.hip}  triton {self.triton}  python {self.python}",
             f"  bf16: {'yes' if self.bf16 else 'no'}  default 4-bit blocksize: {self.default_blocksize}"
-            f"  cpu capability: {self.cpu_capability}",
+            + (f"  wave size: {facts.wave_size}" if facts else "") + f"  cpu capability: {self.cpu_capability}",
         ]
         for b in self.backends:
             state = f"{b.version}" if b.available else f"unavailable: {b.reason}"
@@ -144,9 +149,10 @@ def probe_hardware(simulate: str | None = None) -> Probe:
         bf16 = facts.bf16 if facts else bool(torch.cuda.is_bf16_supported())
         blocksize = facts.default_blocksize if facts else (
             archs.ROCM_DEFAULT_BLOCKSIZE if hip else archs.CUDA_DEFAULT_BLOCKSIZE)
+        memory = getattr(props, "total_memory", None)
         return Probe(kind, arch, facts.family if facts else None, props.name, host, torch_version,
                      None if hip else cuda, hip, bf16, blocksize, triton=triton_version,
-                     cpu_capability=cpu_capability)
+                     cpu_capability=cpu_capability, device_memory=int(memory) if memory else None)
     return Probe("cpu", platform.machine() or "cpu", None, platform.processor() or platform.machine(), host,
                  torch_version, cuda, hip, True, archs.CPU_DEFAULT_BLOCKSIZE, triton=triton_version,
                  cpu_capability=cpu_capability)

@@ -45,6 +45,27 @@ def _state_as(state: Any, dtype: torch.dtype) -> Any:
                       quant_type=state.quant_type, dtype=dtype, offset=state.offset, state2=state.state2)
 
 
+def native_library_failure() -> str | None:
+    """Why bitsandbytes' GPU library did not load, or None.
+
+    bitsandbytes (0.45 on, 0.50.2 checked) does not fail its import when the CUDA or ROCm
+    library cannot be loaded (no binary for the runtime's version, a missing symbol): it
+    logs the error and installs a stand-in (``cextension.ErrorHandlerMockBNBNativeLibrary``)
+    that raises on the first native call. Without this check every GPU test would fail on
+    that call instead of the backend showing as unavailable with bitsandbytes' reason. On
+    the CPU the stand-in is normal (its CPU code needs no library).
+    """
+    try:
+        from bitsandbytes import cextension
+    except Exception:  # noqa: BLE001 - an older layout: nothing to inspect, the import itself worked
+        return None
+    library, backend = getattr(cextension, "lib", None), getattr(cextension, "BNB_BACKEND", "CPU")
+    if backend in ("CPU", "XPU") or type(library).__name__ != "ErrorHandlerMockBNBNativeLibrary":
+        return None
+    lines = str(getattr(library, "error_msg", "") or "no message").strip().splitlines()
+    return f"bitsandbytes: its {backend} library did not load: {lines[0] if lines else 'no message'}"
+
+
 class BitsandbytesBackend(Backend):
     name = "bitsandbytes"
 
@@ -54,7 +75,11 @@ class BitsandbytesBackend(Backend):
             import bitsandbytes.functional  # noqa: F401 - the native library loads here
         except Exception as exc:  # noqa: BLE001 - ImportError, OSError (undefined symbol), RuntimeError (HIP)
             return Availability(False, None, import_failure(self.name, exc))
-        return Availability(True, str(getattr(bitsandbytes, "__version__", "unknown")))
+        version = str(getattr(bitsandbytes, "__version__", "unknown"))
+        failure = native_library_failure()
+        if failure:
+            return Availability(False, version, failure)
+        return Availability(True, version)
 
     def capabilities(self, device: torch.device) -> Capabilities:
         devices = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)

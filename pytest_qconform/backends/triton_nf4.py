@@ -101,6 +101,18 @@ class _Nf4Linear(torch.autograd.Function):
         return dx, dbias, None, None
 
 
+def _rejected_target(triton_version: str) -> str | None:
+    """Why this Triton cannot compile for the GPU at hand (unsupported_targets.toml), or None."""
+    from pytest_qconform.archs import normalize_gcn_arch
+    from pytest_qconform.unsupported_targets import rejection
+
+    if not torch.version.hip:
+        return None
+    arch = normalize_gcn_arch(getattr(torch.cuda.get_device_properties(0), "gcnArchName", "") or "")
+    entry = rejection(arch, triton_version)
+    return f"triton {triton_version} cannot compile for {arch}: {entry.reason}" if entry else None
+
+
 class TritonNf4Backend(Backend):
     name = "triton-nf4"
 
@@ -118,6 +130,9 @@ class TritonNf4Backend(Backend):
         except Exception as exc:  # noqa: BLE001
             return Availability(False, version, import_failure(f"{self.name} kernels", exc))
         if torch.cuda.is_available():
+            rejected = _rejected_target(version)
+            if rejected:
+                return Availability(False, version, rejected)
             return Availability(True, version)
         if kernels.interpreter_active():
             from pytest_qconform.triton_mode import stdlib_problem

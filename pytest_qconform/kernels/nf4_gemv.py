@@ -89,6 +89,10 @@ _INTERPRETER_DOT_TILE = (64, 512, 1, 1, "wx")
 # fp32 dot on tensor cores: 3 tf32 products per pair (Triton's "tf32x3"), about 2**-21
 # relative per product, well inside the fp32-accumulation bound; plain "tf32" is not.
 _DOT_PRECISION = "tf32x3"
+# Triton's AMD backend has no tf32x3 (3.9 accepts "ieee", "bf16x3", "bf16x6", and "tf32" on
+# gfx942): the kernel did not compile for any AMD arch (found by the compile check,
+# pytest_qconform/compile_check.py). "ieee": exact fp32 products, fp32 accumulation.
+_DOT_PRECISION_ROCM = "ieee"
 
 
 @triton.jit
@@ -834,7 +838,8 @@ def gemv_4bit(
     elif use_dot:
         grid = (math.ceil(N / block_n),)
         _gemm_4bit_kernel[grid](
-            *args, BLOCK_M=MAX_ROWS, W_FIRST=order == "wx", PRECISION=_DOT_PRECISION, NUM_STAGES=num_stages, **meta
+            *args, BLOCK_M=MAX_ROWS, W_FIRST=order == "wx", NUM_STAGES=num_stages,
+            PRECISION=_DOT_PRECISION_ROCM if torch.version.hip else _DOT_PRECISION, **meta
         )
     else:
         grid = (math.ceil(N / block_n) * M,)
