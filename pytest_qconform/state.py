@@ -2,7 +2,7 @@
 in-process runs each get their own)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import pytest
 
@@ -11,16 +11,12 @@ from pytest_qconform.outcomes import Case
 from pytest_qconform.probe import Probe
 from pytest_qconform.targets import Target
 
-if TYPE_CHECKING:
-    from pytest_qconform.known_failures import KnownFailure
-
 PROBE = pytest.StashKey[Probe]()
 TARGETS = pytest.StashKey["tuple[Target, ...]"]()
 BACKEND_FACTORIES = pytest.StashKey["dict[str, Callable[[], Backend]]"]()
 BACKENDS = pytest.StashKey["dict[str, Backend]"]()
 CASES = pytest.StashKey["dict[str, Case]"]()
 REPORT_PATH = pytest.StashKey["str | None"]()
-KNOWN_FAILURES = pytest.StashKey["tuple[KnownFailure, ...]"]()
 
 
 def probe(config: pytest.Config) -> Probe:
