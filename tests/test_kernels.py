@@ -194,7 +194,7 @@ def check_gemv(weight_shape, x_shape, with_bias, double_quant, x_dtype, gen, blo
         bias=None if bias is None else bias.to(DEVICE), **kw,
     )
     assert got.shape == (*x_shape[:-1], N) and got.dtype == x_dtype
-    x64 = x.double().reshape(-1, K)
+    x64 = x.cpu().double().reshape(-1, K)
     expected = x64 @ exact_w.T + (0 if bias is None else bias.double())
     # Weights off by w_error each; fp32 accumulation of K products plus a bias: (K + 2) roundings.
     magnitude = x64.abs() @ (exact_w.abs() + w_error).T + (0 if bias is None else bias.double().abs())
@@ -348,8 +348,8 @@ def test_gemv_rows_kernel_only_where_it_can_read_x(monkeypatch, per_row_kernels)
 
 @pytest.mark.parametrize("config", [None, (2, 2, 8)], ids=["default", "two-tiles-two-warps-two-splits"])
 def test_gemv_tensor_core_kernel_configurations(monkeypatch, config):
-    """The tensor-core kernel (2-16 rows of bf16/fp16 x, K a multiple of 64) in the
-    configurations the GPU meets: one or two groups of 8 rows of x (3 and 11 rows), N not a
+    """The tensor-core kernel (4-16 rows of bf16/fp16 x, K a multiple of 64) in the
+    configurations the GPU meets: one or two groups of 8 rows of x (5 and 11 rows), N not a
     multiple of the 16- or 32-row tiles (the last rows clamped and not stored), K = 320
     (5 chunks: with 2 warps and 2 splits some warps get none in the last iteration), the
     warps' and the splits' sums (the second config: 2 tiles per program, 2 warps, 2 splits),
@@ -358,14 +358,15 @@ def test_gemv_tensor_core_kernel_configurations(monkeypatch, config):
     from pytest_qconform.kernels import nf4_mma
 
     if config is not None:
-        monkeypatch.setattr(nf4_mma, "_GPU_CONFIG" if DEVICE.type == "cuda" else "_INTERPRETER_CONFIG", config)
+        monkeypatch.setattr(nf4_mma, "_GPU_CONFIG" if DEVICE.type == "cuda" else "_INTERPRETER_CONFIG",
+                            {1: config, 2: config})
     launched = spy_on(monkeypatch, nf4_mma, "_gemm_4bit_mma_kernel")
     sums = spy_on(monkeypatch, nf4_mma, "_sum_splits_kernel")
     gen = torch.Generator().manual_seed(16)
     cases = 0
     for blocksize, double_quant, x_dtype in ((64, False, torch.bfloat16), (32, True, torch.float16),
                                              (128, True, torch.bfloat16), (256, False, torch.float16)):
-        check_gemv((42, 320), (3, 320), True, double_quant, x_dtype, gen, blocksize)
+        check_gemv((42, 320), (5, 320), True, double_quant, x_dtype, gen, blocksize)
         check_gemv((42, 320), (11, 320), False, double_quant, x_dtype, gen, blocksize)
         cases += 2
     assert len(launched) == cases, "every case must take the tensor-core kernel"

@@ -36,7 +36,8 @@ _QUANT_TYPES = ("nf4", "fp4")
 
 # Rows routed to the fused gemv at most (kernels.fused_rows_limit may say fewer for a given
 # x and device). Measured on the H100 (bench/notes.md "v11"): at 8192 x 8192 bf16 the
-# tensor-core kernel serves 2-16 rows, the rows kernel 1; dequantize + cuBLAS wins from 17.
+# per-row kernels serve 1-3 rows (22.5-50.6 us), the tensor-core kernel 4-16 (55.9-87.8 us);
+# dequantize + cuBLAS takes 115.7 us at any of these batches and wins from 17 on.
 # The matmul suite checks every batch up to one past this
 # (test_matmul_every_row_count_past_the_fused_limit), 2 rows on against the
 # dequantize-then-GEMM error model, which both fused routes meet: the per-row kernels keep

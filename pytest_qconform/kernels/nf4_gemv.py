@@ -44,9 +44,11 @@ from pytest_qconform.kernels.nf4_dequant import (
 MAX_ROWS = nf4_mma.MAX_ROWS
 # From this many rows of x on, the tensor-core kernel (nf4_mma: each weight decoded once
 # for every row) serves the batch where it can read x and W and the device runs its PTX;
-# fewer rows, and batches it cannot take, go to the per-row kernels below. H100 (bench/
-# notes.md v11): see MMA_MIN_ROWS's measurements there.
-MMA_MIN_ROWS = 2
+# fewer rows, and batches it cannot take, go to the per-row kernels below. H100, bf16
+# (bench/notes.md v11), per-row vs tensor-core kernel: 8192^2 2 rows 36.0 vs 53.6 us,
+# 3 rows 50.6 vs 54.8, 4 rows 65.6 vs 55.9; 14336 x 4096 3 rows 49.0 vs 46.0; 4096^2
+# 4 rows 20.5 vs 20.9.
+MMA_MIN_ROWS = 4
 # The per-row kernels beat dequantize + GEMM up to this many rows (their time grows with
 # the rows; notes "Few rows"), the tensor-core kernel up to MAX_ROWS.
 PER_ROW_MAX_ROWS = 4

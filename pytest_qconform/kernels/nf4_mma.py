@@ -46,10 +46,12 @@ from pytest_qconform.kernels.nf4_dequant import interpreter_active, load_block_a
 MAX_ROWS = 16  # two groups of 8 rows of x (B is 8 columns wide)
 CHUNK = 64  # columns of K per warp step: 4 products of 16 columns
 _CHUNK = tl.constexpr(CHUNK)  # the same, readable inside the kernels
-# (ROW_TILES, num_warps, warps per multiprocessor the split aims at): the GPU's choice,
-# from the sweep in bench/notes.md v11; the interpreter runs one warp, one tile.
-_GPU_CONFIG = (2, 4, 32)
-_INTERPRETER_CONFIG = (1, 1, 1)
+# (ROW_TILES, num_warps, warps per multiprocessor the split aims at) by groups of 8 rows
+# of x: the GPU's choice from the sweep in bench/notes.md v11 (8192^2 bf16, H100: 8 rows
+# 61.2 us with (1, 4, 32), 16 rows 87.8 with (2, 4, 32) vs 92.0 with (1, 4, 32));
+# the interpreter runs one warp, one tile.
+_GPU_CONFIG = {1: (1, 4, 32), 2: (2, 4, 32)}
+_INTERPRETER_CONFIG = {1: (1, 1, 1), 2: (1, 1, 1)}
 
 
 @triton.jit
@@ -374,15 +376,14 @@ def splits_for(row_tiles: int, num_warps: int, warps_per_sm: int, chunks: int, m
 def gemm_4bit_mma(x2: torch.Tensor, packed: torch.Tensor, absmax: torch.Tensor, out: torch.Tensor, *,
                   bias: torch.Tensor | None, blocksize: int, nested_absmax: torch.Tensor, nested_code: torch.Tensor,
                   nested_blocksize: int, offset: float, double_quant: bool, code: torch.Tensor,
-                  multiprocessors: int, config: tuple[int, int, int] | None = None) -> torch.Tensor:
+                  multiprocessors: int) -> torch.Tensor:
     """``out = x2 @ W^T + bias`` for x2 [M <= 16, K] (``x_readable``), W (N, K)
-    (``weight_readable``), ``out`` [M, N] in x2's dtype. ``config``: (ROW_TILES, num_warps,
-    warps per multiprocessor), for sweeps; default the device's."""
+    (``weight_readable``), ``out`` [M, N] in x2's dtype."""
     M, K = x2.shape
     N = out.shape[1]
     ptx = mma_ptx_ok(x2.device)
-    on_gpu = x2.device.type != "cpu"
-    row_tiles, num_warps, warps_per_sm = config or (_GPU_CONFIG if on_gpu else _INTERPRETER_CONFIG)
+    x_groups = 1 if M <= 8 else 2
+    row_tiles, num_warps, warps_per_sm = (_GPU_CONFIG if x2.device.type != "cpu" else _INTERPRETER_CONFIG)[x_groups]
     tiles = math.ceil(N / (16 * row_tiles))
     splits = splits_for(row_tiles, num_warps, warps_per_sm, K // CHUNK, multiprocessors)
     bf16_bits = x2.dtype == torch.bfloat16 and interpreter_active()
@@ -394,7 +395,7 @@ def gemm_4bit_mma(x2: torch.Tensor, packed: torch.Tensor, absmax: torch.Tensor, 
         nested_absmax, nested_code, offset, M, N, K, x2.stride(0) if M > 1 else K, 1,
         BLOCKSIZE=blocksize, NESTED_BLOCKSIZE=nested_blocksize, DOUBLE_QUANT=double_quant,
         HAS_BIAS=bias is not None, BF16_BITS=bf16_bits, X_FP16=x2.dtype == torch.float16,
-        X_GROUPS=1 if M <= 8 else 2, ROW_TILES=row_tiles, NUM_WARPS=num_warps, SPLIT_SUMS=splits > 1, PTX=ptx,
+        X_GROUPS=x_groups, ROW_TILES=row_tiles, NUM_WARPS=num_warps, SPLIT_SUMS=splits > 1, PTX=ptx,
         num_warps=num_warps,
     )
     if splits > 1:
