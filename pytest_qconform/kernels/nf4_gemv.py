@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pytest_qconform.kernels import nf4_mma
+import pytest_qconform.kernels.nf4_mma as nf4_mma
 from pytest_qconform.kernels.nf4_dequant import (
     check_launchable,
     check_packed_state,
