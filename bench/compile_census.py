@@ -35,7 +35,8 @@ import pytest
 import torch
 
 CENSUS_KEY = pytest.StashKey[dict]()
-KERNEL_MODULES = ("pytest_qconform.kernels.nf4_dequant", "pytest_qconform.kernels.nf4_gemv")
+KERNEL_MODULES = ("pytest_qconform.kernels.nf4_dequant", "pytest_qconform.kernels.nf4_gemv",
+                  "pytest_qconform.kernels.nf4_mma")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

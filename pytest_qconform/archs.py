@@ -95,3 +95,9 @@ def normalize_gcn_arch(gcn_arch_name: str) -> str:
 def cuda_arch(major: int, minor: int) -> str:
     """Compute capability (9, 0) -> ``sm90``."""
     return f"sm{major}{minor}"
+
+
+def cuda_capability(arch: str) -> tuple[int, int]:
+    """``sm90`` -> (9, 0), ``sm120`` -> (12, 0): the inverse of ``cuda_arch``."""
+    digits = arch.removeprefix("sm")
+    return int(digits[:-1]), int(digits[-1])

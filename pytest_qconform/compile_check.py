@@ -122,28 +122,30 @@ def extra_calls() -> list[dict]:
 
 
 @contextlib.contextmanager
-def _platform(kind: str, multiprocessors: int) -> Iterator[None]:
+def _platform(kind: str, multiprocessors: int, mma_ptx: bool) -> Iterator[None]:
     """Make the entry points decide as in a process on a ``kind`` ("rocm"/"cuda") GPU with
     ``multiprocessors`` multiprocessors: a ROCm build of torch sets ``torch.version.hip``;
     ``ptx_shuffle_ok`` is asked about a CUDA-type device (meta tensors are not one), so
-    its own rule decides; the device size comes from here instead of the absent device."""
+    its own rule decides; the device size, and whether the tensor-core kernel's PTX runs
+    (``mma_ptx``: NVIDIA from sm_80), come from here instead of the absent device."""
     import torch
 
-    from pytest_qconform.kernels import nf4_gemv
+    from pytest_qconform.kernels import nf4_gemv, nf4_mma
 
-    for name in ("ptx_shuffle_ok", "_multiprocessors"):
-        if not hasattr(nf4_gemv, name):
-            raise RuntimeError(f"compile_check: kernels.nf4_gemv has no {name}() any more; update _platform, "
+    for module, name in ((nf4_gemv, "ptx_shuffle_ok"), (nf4_gemv, "_multiprocessors"), (nf4_mma, "mma_ptx_ok")):
+        if not hasattr(module, name):
+            raise RuntimeError(f"compile_check: {module.__name__} has no {name}() any more; update _platform, "
                                "which answers the entry points' device questions for the replay")
-    saved = (torch.version.hip, nf4_gemv.ptx_shuffle_ok, nf4_gemv._multiprocessors)
+    saved = (torch.version.hip, nf4_gemv.ptx_shuffle_ok, nf4_gemv._multiprocessors, nf4_mma.mma_ptx_ok)
     shuffle_ok = nf4_gemv.ptx_shuffle_ok
     torch.version.hip = ROCM_HIP_VERSION if kind == "rocm" else None
     nf4_gemv.ptx_shuffle_ok = lambda device: shuffle_ok(torch.device("cuda"))
     nf4_gemv._multiprocessors = lambda device: multiprocessors
+    nf4_mma.mma_ptx_ok = lambda device: mma_ptx
     try:
         yield
     finally:
-        torch.version.hip, nf4_gemv.ptx_shuffle_ok, nf4_gemv._multiprocessors = saved
+        torch.version.hip, nf4_gemv.ptx_shuffle_ok, nf4_gemv._multiprocessors, nf4_mma.mma_ptx_ok = saved
 
 
 @contextlib.contextmanager
@@ -163,8 +165,9 @@ def _captured(launches: list[Launch]) -> Iterator[None]:
         JITFunction.run = original
 
 
-def capture_launches(calls: list[dict], kind: str) -> tuple[list[Launch], list[str]]:
-    """The launches ``calls`` make in a ``kind`` process, and one message per call that failed."""
+def capture_launches(calls: list[dict], kind: str, mma_ptx: bool = False) -> tuple[list[Launch], list[str]]:
+    """The launches ``calls`` make in a ``kind`` process (``mma_ptx``: on a GPU where the
+    tensor-core kernel runs its PTX), and one message per call that failed."""
     import torch
 
     from pytest_qconform import kernels
@@ -176,7 +179,7 @@ def capture_launches(calls: list[dict], kind: str) -> tuple[list[Launch], list[s
     launches: list[Launch] = []
     errors: list[str] = []
     for multiprocessors in MULTIPROCESSOR_COUNTS:
-        with _platform(kind, multiprocessors), _captured(launches):
+        with _platform(kind, multiprocessors, mma_ptx), _captured(launches):
             for index, call in enumerate(calls):
                 try:
                     args = [kernel_calls.decode(a, meta) for a in call["args"]]
@@ -284,9 +287,12 @@ def check_arch(arch: str, calls: list[dict]) -> ArchResult:
     arch this Triton is known to reject, only the first variant of each kernel is tried."""
     from importlib.metadata import version
 
+    from pytest_qconform.kernels.nf4_mma import MMA_CAPABILITY
+
     facts = archs.KNOWN_ARCHS[arch]
     started = time.perf_counter()
-    launches, replay_errors = capture_launches(calls, facts.kind)
+    mma_ptx = facts.kind == "cuda" and archs.cuda_capability(arch) >= MMA_CAPABILITY
+    launches, replay_errors = capture_launches(calls, facts.kind, mma_ptx)
     expected = rejection(arch, version("triton"))
     if expected is not None:
         launches = _first_per_kernel(launches)

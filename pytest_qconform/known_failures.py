@@ -33,6 +33,10 @@ REQUIRED = ("backend", "versions", "arch", "check", "reason", "link", "repro")
 OPTIONAL = ("format", "dtype", "test", "cpu_capability")
 ANY = "*"
 
+# This module's own session state: the entries read at start-up (kept here, beside the
+# record it holds, so that state.py need not import this module).
+ENTRIES = pytest.StashKey["tuple[KnownFailure, ...]"]()
+
 _HEADER = re.compile(r"^\s*\[\[\s*failure\s*\]\]\s*(#.*)?$")
 _TOML_POSITION = re.compile(r"\(at line (\d+), column \d+\)")
 
@@ -174,12 +178,12 @@ def load(extra_files: list[str] | tuple[str, ...]) -> tuple[KnownFailure, ...]:
 
 def configure(config: pytest.Config) -> None:
     """Read every known-failures file at start-up, so a malformed one stops the run early."""
-    config.stash[state.KNOWN_FAILURES] = load(config.getoption("qconform_known_failures"))
+    config.stash[ENTRIES] = load(config.getoption("qconform_known_failures"))
 
 
 def apply(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every item that a known failure matches as a strict expected failure."""
-    entries = config.stash.get(state.KNOWN_FAILURES, None)
+    entries = config.stash.get(ENTRIES, None)
     if entries is None:
         entries = load(config.getoption("qconform_known_failures"))
     if not entries:

@@ -13,7 +13,6 @@ from pytest_qconform.targets import Target
 
 if TYPE_CHECKING:
     from pytest_qconform.applicability import NotHere
-    from pytest_qconform.known_failures import KnownFailure
 
 PROBE = pytest.StashKey[Probe]()
 TARGETS = pytest.StashKey["tuple[Target, ...]"]()
@@ -24,7 +23,6 @@ REGISTERED_FACTORIES = pytest.StashKey["dict[str, Callable[[], Backend]]"]()
 BACKENDS = pytest.StashKey["dict[str, Backend]"]()
 CASES = pytest.StashKey["dict[str, Case]"]()
 REPORT_PATH = pytest.StashKey["str | None"]()
-KNOWN_FAILURES = pytest.StashKey["tuple[KnownFailure, ...]"]()
 NOT_HERE = pytest.StashKey["NotHere"]()  # what collection left out as not applying (applicability.py)
 
 

@@ -83,8 +83,9 @@ PLANTED = textwrap.dedent('''
     if sys.argv[1] == "ptx":  # the PTX warp shuffle on every platform, ROCm included
         nf4_gemv.ptx_shuffle_ok = lambda device: True
         arch = "gfx1100"
-    else:  # the dot precision the kernel had before the compile check found it (NVIDIA-only)
-        nf4_gemv._DOT_PRECISION_ROCM = "tf32x3"
+    else:  # the tensor-core kernel's inline mma.sync on ROCm (NVIDIA-only PTX)
+        real_capture = compile_check.capture_launches
+        compile_check.capture_launches = lambda calls, kind, mma_ptx=False: real_capture(calls, kind, True)
         calls, arch = compile_check.extra_calls()[:1], "gfx942"
     result = compile_check.check_arch(arch, calls)
     check = compile_check.CompileCheck("test", "test", len(calls), (result,))
@@ -94,7 +95,7 @@ PLANTED = textwrap.dedent('''
 
 @pytest.mark.parametrize("bug, arch, kernel, message", [
     ("ptx", "gfx1100", "_gemv_4bit_words_kernel", "shfl.sync.idx.b32"),
-    ("tf32x3", "gfx942", "_gemm_4bit_kernel", "input_precision must be one of"),
+    ("mma", "gfx942", "_gemm_4bit_mma_kernel", "mma.sync"),
 ])
 def test_a_kernel_that_does_not_compile_fails_with_the_arch_and_the_compiler_message(
         bug: str, arch: str, kernel: str, message: str) -> None:
@@ -205,26 +206,26 @@ def test_matrix_rows_say_compiled_not_run_only_for_archs_without_a_run() -> None
 
 
 def test_the_call_log_replays_as_each_platform_would() -> None:
-    """ROCm takes the code-table loads and the ieee dot, NVIDIA the PTX shuffle and tf32x3,
-    from the same calls."""
+    """ROCm takes the code-table loads and no tensor-core kernel, NVIDIA (sm_80+) the PTX
+    shuffle and the tensor-core kernel's PTX, from the same calls."""
     calls = [c for c in kernel_calls.load(kernel_calls.DEFAULT_RUN_CALLS) if c["fn"] == "gemv_4bit"][:3]
     script = textwrap.dedent('''
         import json, sys
         from pytest_qconform import compile_check
         calls = json.loads(sys.argv[1]) + compile_check.extra_calls()[:1]
         out = {}
-        for kind in ("rocm", "cuda"):
-            launches, errors = compile_check.capture_launches(calls, kind)
+        for kind, mma_ptx in (("rocm", False), ("cuda", True)):
+            launches, errors = compile_check.capture_launches(calls, kind, mma_ptx)
             assert not errors, errors
             out[kind] = {key: sorted({str(l.kwargs[key]) for l in launches if key in l.kwargs})
-                         for key in ("SHUFFLE", "PRECISION")}
+                         for key in ("SHUFFLE", "PTX")}
         print(json.dumps(out))
     ''')
     result = subprocess.run([sys.executable, "-c", script, json.dumps(calls)], capture_output=True, text=True,
                             env=_without_interpreter(), cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads(result.stdout) == {"rocm": {"SHUFFLE": ["False"], "PRECISION": ["ieee"]},
-                                         "cuda": {"SHUFFLE": ["True"], "PRECISION": ["tf32x3"]}}
+    assert json.loads(result.stdout) == {"rocm": {"SHUFFLE": ["False"], "PTX": []},
+                                         "cuda": {"SHUFFLE": ["True"], "PTX": ["True"]}}
 
 
 def test_the_matrix_cli_reads_the_compile_results_beside_the_run_reports(tmp_path: Path) -> None:

@@ -173,20 +173,28 @@ def test_gemv_matches_float64_matmul(double_quant, x_dtype):
         check_gemv((N, K), x_shape, with_bias, double_quant, x_dtype, gen)
 
 
-def check_gemv(weight_shape, x_shape, with_bias, double_quant, x_dtype, gen, blocksize=64):
-    """``gemv_4bit`` within the fp32-accumulation bound of the float64 matmul."""
+def check_gemv(weight_shape, x_shape, with_bias, double_quant, x_dtype, gen, blocksize=64, x=None):
+    """``gemv_4bit`` within the fp32-accumulation bound of the float64 matmul, for a drawn x
+    of ``x_shape`` (or ``x`` itself). The weights are fp32 ``code * absmax``; the
+    tensor-core route rounds them once more, to x's dtype."""
+    from pytest_qconform.kernels import nf4_gemv
+
     N, K = weight_shape
     packed, state, kw = quantize((N, K), "nf4", blocksize, double_quant, seed=N)
     exact_w, w_error = decode_float64(packed, state.absmax, N * K, **kw)
     exact_w, w_error = exact_w.reshape(N, K), w_error.reshape(N, K)
-    x = torch.randn(x_shape, generator=gen).to(x_dtype)
+    if x is None:
+        x = torch.randn(x_shape, generator=gen).to(x_dtype)
+    x_shape = tuple(x.shape)
+    if nf4_gemv.mma_route(x.to(DEVICE).reshape(-1, K), packed.to(DEVICE).reshape(-1), K):
+        w_error = rounding_bound(exact_w, w_error, x_dtype)
     bias = torch.randn(N, generator=gen) if with_bias else None
     got = kernels.gemv_4bit(
-        x.to(DEVICE), packed.to(DEVICE), state.absmax.to(DEVICE), shape=(N, K),
+        x if x.device == DEVICE else x.to(DEVICE), packed.to(DEVICE), state.absmax.to(DEVICE), shape=(N, K),
         bias=None if bias is None else bias.to(DEVICE), **kw,
     )
     assert got.shape == (*x_shape[:-1], N) and got.dtype == x_dtype
-    x64 = x.double().reshape(-1, K)
+    x64 = x.cpu().double().reshape(-1, K)
     expected = x64 @ exact_w.T + (0 if bias is None else bias.double())
     # Weights off by w_error each; fp32 accumulation of K products plus a bias: (K + 2) roundings.
     magnitude = x64.abs() @ (exact_w.abs() + w_error).T + (0 if bias is None else bias.double().abs())
@@ -194,6 +202,14 @@ def check_gemv(weight_shape, x_shape, with_bias, double_quant, x_dtype, gen, blo
     bound = rounding_bound(expected, fp32_error, x_dtype)
     deviation = (got.cpu().double().reshape(-1, N) - expected).abs()
     assert bool((deviation <= bound).all()), f"W {(N, K)}, x {x_shape}: max excess {(deviation - bound).max():.3g}"
+
+
+@pytest.fixture
+def per_row_kernels(monkeypatch):
+    """Send every batch to the per-row kernels (the tensor-core kernel takes 2+ rows it can read)."""
+    from pytest_qconform.kernels import nf4_gemv
+
+    monkeypatch.setattr(nf4_gemv, "MMA_MIN_ROWS", nf4_gemv.MAX_ROWS + 1)
 
 
 def spy_on(monkeypatch, module, name):
@@ -251,7 +267,7 @@ def test_kernels_compile_one_variant_for_every_length(monkeypatch):
 
 @pytest.mark.parametrize("lookup", ["shuffle", "gather", "index"])
 @pytest.mark.parametrize("tile", [(16, 256, 1, True), (8, 128, 1, False)], ids=["prefetch", "no-prefetch"])
-def test_gemv_word_kernel_configurations(monkeypatch, tile, lookup):
+def test_gemv_word_kernel_configurations(monkeypatch, per_row_kernels, tile, lookup):
     """The word kernel (K a multiple of the blocksize) with the GPU's choices, run here:
     prefetched words, a partial feature tile (N = 40), a step shorter than a block
     (blocksize 256 > 128 columns per step), each lookup (the shuffle runs on a GPU only, with
@@ -272,7 +288,7 @@ def test_gemv_word_kernel_configurations(monkeypatch, tile, lookup):
 
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("step_words", [None, (32, 1)], ids=["default-steps", "32-word-steps"])
-def test_gemv_rows_kernel_configurations(monkeypatch, step_words, x_dtype):
+def test_gemv_rows_kernel_configurations(monkeypatch, per_row_kernels, step_words, x_dtype):
     """The rows kernel (bf16/fp16 x, K a multiple of 256 and of the blocksize) in the
     configurations the GPU meets: N not a multiple of 4 (the last group's rows clamped and
     not stored), 1 and 3 rows of x, several steps per row (32-word steps: 1024 columns are 4
@@ -295,7 +311,7 @@ def test_gemv_rows_kernel_configurations(monkeypatch, step_words, x_dtype):
 
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="the interpreter always takes the table loads (every test here)")
-def test_gemv_table_lookup_compiled_for_a_gpu(monkeypatch):
+def test_gemv_table_lookup_compiled_for_a_gpu(monkeypatch, per_row_kernels):
     """The path a ROCm GPU takes (no PTX shuffle: code values loaded from the table),
     compiled and run on this GPU: the rows kernel and the word kernel (prefetch on, which
     with the shuffle unavailable falls back to the shared-memory gather)."""
@@ -311,7 +327,7 @@ def test_gemv_table_lookup_compiled_for_a_gpu(monkeypatch):
     assert len(rows) == 2 and len(words) == 2, "each kernel must run twice"
 
 
-def test_gemv_rows_kernel_only_where_it_can_read_x(monkeypatch):
+def test_gemv_rows_kernel_only_where_it_can_read_x(monkeypatch, per_row_kernels):
     """fp32 x, x with strided columns, rows of x off 16-byte boundaries and K not a multiple
     of 256 go to the other kernels (and still compute the right numbers)."""
     from pytest_qconform.kernels import nf4_gemv
@@ -328,6 +344,71 @@ def test_gemv_rows_kernel_only_where_it_can_read_x(monkeypatch):
         assert torch.equal(kernels.gemv_4bit(x, *args, shape=(8, 512), **kw),
                            kernels.gemv_4bit(x.contiguous(), *args, shape=(8, 512), **kw))
     assert len(launched) == 2, "only the two contiguous copies may take the rows kernel"
+
+
+@pytest.mark.parametrize("config", [None, (2, 2, 8)], ids=["default", "two-tiles-two-warps-two-splits"])
+def test_gemv_tensor_core_kernel_configurations(monkeypatch, config):
+    """The tensor-core kernel (4-16 rows of bf16/fp16 x, K a multiple of 64) in the
+    configurations the GPU meets: one or two groups of 8 rows of x (5 and 11 rows), N not a
+    multiple of the 16- or 32-row tiles (the last rows clamped and not stored), K = 320
+    (5 chunks: with 2 warps and 2 splits some warps get none in the last iteration), the
+    warps' and the splits' sums (the second config: 2 tiles per program, 2 warps, 2 splits),
+    blocksizes 32 to 256, double quant, bias. On a GPU the products are mma.sync, here the
+    same kernel computes them without PTX."""
+    from pytest_qconform.kernels import nf4_mma
+
+    if config is not None:
+        monkeypatch.setattr(nf4_mma, "_GPU_CONFIG" if DEVICE.type == "cuda" else "_INTERPRETER_CONFIG",
+                            {1: config, 2: config})
+    launched = spy_on(monkeypatch, nf4_mma, "_gemm_4bit_mma_kernel")
+    sums = spy_on(monkeypatch, nf4_mma, "_sum_splits_kernel")
+    gen = torch.Generator().manual_seed(16)
+    cases = 0
+    for blocksize, double_quant, x_dtype in ((64, False, torch.bfloat16), (32, True, torch.float16),
+                                             (128, True, torch.bfloat16), (256, False, torch.float16)):
+        check_gemv((42, 320), (5, 320), True, double_quant, x_dtype, gen, blocksize)
+        check_gemv((42, 320), (11, 320), False, double_quant, x_dtype, gen, blocksize)
+        cases += 2
+    assert len(launched) == cases, "every case must take the tensor-core kernel"
+    if config is not None:
+        assert launched[0][1] == 2 and len(sums) == cases, "two splits, added by the second kernel"
+
+
+def test_tensor_core_route_only_where_it_can_read(monkeypatch):
+    """One row, fp32 x, strided or misaligned x and K not a multiple of 64 go to the per-row
+    kernels (and still compute the right numbers); ``fused_rows_limit`` says so."""
+    from pytest_qconform.kernels import nf4_mma
+
+    launched = spy_on(monkeypatch, nf4_mma, "_gemm_4bit_mma_kernel")
+    gen = torch.Generator().manual_seed(17)
+    check_gemv((8, 512), (1, 512), False, False, torch.bfloat16, gen)
+    check_gemv((8, 512), (4, 512), False, False, torch.float32, gen)
+    check_gemv((8, 96), (4, 96), False, False, torch.bfloat16, gen)
+    packed = torch.zeros(8 * 512 // 2, dtype=torch.uint8, device=DEVICE)
+    wide = torch.randn(4, 1024, generator=gen).bfloat16().to(DEVICE)
+    offset_rows = torch.randn(4 * 516 + 1, generator=gen).bfloat16().to(DEVICE)[1:].view(4, 516)[:, :512]
+    for x in (wide[:, ::2], offset_rows):
+        assert kernels.fused_rows_limit(x, packed, 512) == kernels.nf4_gemv.PER_ROW_MAX_ROWS
+        check_gemv((8, 512), None, False, False, torch.bfloat16, gen, x=x)
+    assert kernels.fused_rows_limit(wide[:, :512], packed, 512) == kernels.MAX_ROWS
+    assert not launched, "no case here may take the tensor-core kernel"
+
+
+def test_tensor_core_ptx_only_on_nvidia_sm80(monkeypatch):
+    """mma.sync with bf16/fp16 needs an NVIDIA GPU of compute capability 8.0+; a ROCm build,
+    an older GPU and the interpreter compute without PTX (and ROCm is not routed there)."""
+    from pytest_qconform.kernels import nf4_mma
+
+    monkeypatch.setattr(nf4_mma, "interpreter_active", lambda: False)
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert nf4_mma.mma_ptx_ok(torch.device("cuda", 0))
+    assert not nf4_mma.mma_ptx_ok(torch.device("cpu"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    assert not nf4_mma.mma_ptx_ok(torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.version, "hip", "6.4.43482")
+    assert not nf4_mma.mma_ptx_ok(torch.device("cuda", 0))
 
 
 def test_ptx_shuffle_only_on_nvidia(monkeypatch):

@@ -8,8 +8,9 @@ uses the reference quantizer (``reference.bnb4.encode``) when it is importable, 
 plain-PyTorch one in ``_torch_util``; double quantization of absmax is ``_torch_util``'s.
 ``from_packed`` adopts bytes bitsandbytes produced, which is the interop the suites check.
 
-Matmul: at most ``FUSED_MAX_ROWS`` rows go through the fused ``gemv_4bit``; more rows dequantize
-into the adapter's ``WeightBuffer`` in the compute dtype and call ``torch.matmul``. The
+Matmul: as many rows as ``kernels.fused_rows_limit`` says the fused ``gemv_4bit`` serves
+faster go through it; more rows dequantize into the adapter's ``WeightBuffer`` in the
+compute dtype and call ``torch.matmul``. The
 backward (``dx = dy W``) dequantizes again rather than keeping the buffer's view, which
 the next call overwrites. On CPU the kernels run in Triton's interpreter, which needs
 ``TRITON_INTERPRET=1`` in the environment before the kernels are first imported.
@@ -33,13 +34,15 @@ STATE_FORMAT_VERSION = 1  # of serialize()'s dict
 _QUANT_TYPES = ("nf4", "fp4")
 
 
-# Rows routed to the fused gemv. Measured on the H100 (bench/notes.md "Few rows"): at
-# 8192x8192 bf16 the rows kernel takes 22 us for 1 row, 35 us for 2 and 65 us for 4 (it
-# repeats the decode per row); dequantize + cuBLAS took 116 us at 4 rows. The matmul suite
-# checks every batch up to one past this (test_matmul_every_row_count_past_the_fused_limit),
-# 2-4 rows against the dequantize-then-GEMM error model, which is tighter than the
-# single-row gemv model: the kernel keeps code * absmax in fp32 and accumulates in fp32.
-FUSED_MAX_ROWS = 4
+# Rows routed to the fused gemv at most (kernels.fused_rows_limit may say fewer for a given
+# x and device). Measured on the H100 (bench/notes.md "v11"): at 8192 x 8192 bf16 the
+# per-row kernels serve 1-3 rows (22.5-50.6 us), the tensor-core kernel 4-16 (55.9-87.8 us);
+# dequantize + cuBLAS takes 115.7 us at any of these batches and wins from 17 on.
+# The matmul suite checks every batch up to one past this
+# (test_matmul_every_row_count_past_the_fused_limit), 2 rows on against the
+# dequantize-then-GEMM error model, which both fused routes meet: the per-row kernels keep
+# code * absmax in fp32, the tensor-core kernel rounds it once to the compute dtype.
+FUSED_MAX_ROWS = 16
 
 @dataclass(frozen=True)
 class Nf4State:
@@ -186,7 +189,7 @@ class TritonNf4Backend(Backend):
         if len(state.shape) != 2:
             raise ValueError(f"{self.name}: matmul needs a 2-D (out, in) weight, got shape {state.shape}")
         rows = math.prod(x.shape[:-1])
-        if rows <= min(FUSED_MAX_ROWS, kernels.MAX_ROWS):
+        if rows <= min(FUSED_MAX_ROWS, kernels.fused_rows_limit(x, state.packed, state.shape[1])):
             return kernels.gemv_4bit(x, state.packed, state.absmax, bias=bias, **state.kernel_args())
         y = torch.matmul(x, self.buffered_weight(state, x.dtype).t())
         return y + bias if bias is not None else y

@@ -11,15 +11,15 @@ products with x are accumulated in fp32 and rounded once to x's dtype. Compiled 
 the compiler may contract ``x * w + acc`` (and the double-quant ``* + offset``) into FMAs:
 that is one rounding fewer, not a different formula.
 
-Below ``_DOT_MIN_ROWS`` rows, each row of x is served on its own; the programs for the
-other rows of x run next to it and find the packed bytes in L2. When K is a multiple of
-the blocksize (rows start on a block), the kernels read int32 words of 8 nibbles and
-multiply absmax once per word's partial sum: the rows kernel (bf16/fp16 x, K a multiple of
-256; a persistent grid over groups of 4 weight rows) or else the word kernel (BLOCK_N
-features per program). Otherwise the elementwise kernel decodes every weight from its flat
-index. From ``_DOT_MIN_ROWS`` rows on (at most 16), one program serves all rows of a
-feature block and multiplies the decoded fp32 tile on tensor cores with tf32x3 (about fp32
-accuracy). Kernel versions and their timings: bench/notes.md.
+From ``MMA_MIN_ROWS`` rows on (at most 16), where it can read x and W, the tensor-core
+kernel (``nf4_mma``) decodes each weight once for all rows. Otherwise each row of x is
+served on its own; the programs for the other rows of x run next to it and find the packed
+bytes in L2. When K is a multiple of the blocksize (rows start on a block), these kernels
+read int32 words of 8 nibbles and multiply absmax once per word's partial sum: the rows
+kernel (bf16/fp16 x, K a multiple of 256; a persistent grid over groups of 4 weight rows)
+or else the word kernel (BLOCK_N features per program). Otherwise the elementwise kernel
+decodes every weight from its flat index. Kernel versions and their timings:
+bench/notes.md.
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+import pytest_qconform.kernels.nf4_mma as nf4_mma
 from pytest_qconform.kernels.nf4_dequant import (
     check_launchable,
     check_packed_state,
@@ -40,21 +41,24 @@ from pytest_qconform.kernels.nf4_dequant import (
     store_as,
 )
 
-MAX_ROWS = 16
+MAX_ROWS = nf4_mma.MAX_ROWS
+# From this many rows of x on, the tensor-core kernel (nf4_mma: each weight decoded once
+# for every row) serves the batch where it can read x and W and the device runs its PTX;
+# fewer rows, and batches it cannot take, go to the per-row kernels below. H100, bf16
+# (bench/notes.md v11), per-row vs tensor-core kernel: 8192^2 2 rows 36.0 vs 53.6 us,
+# 3 rows 50.6 vs 54.8, 4 rows 65.6 vs 55.9; 14336 x 4096 3 rows 49.0 vs 46.0; 4096^2
+# 4 rows 20.5 vs 20.9.
+MMA_MIN_ROWS = 4
+# The per-row kernels beat dequantize + GEMM up to this many rows (their time grows with
+# the rows; notes "Few rows"), the tensor-core kernel up to MAX_ROWS.
+PER_ROW_MAX_ROWS = 4
 
 # (BLOCK_N, BLOCK_K, num_warps): GPU tiles of the elementwise kernel; the interpreter
 # prefers few, large programs. Measured on the H100: bench/notes.md.
 _GPU_TILE = (4, 512, 4)
 _INTERPRETER_TILE = (64, 1024, 1)
-# Batches of at least this many rows go through the tensor-core kernel (one program per
-# BLOCK_N features serves all rows, so the weights are decoded once), smaller ones through
-# the elementwise kernel (H100, 8192 x 8192: 4 rows 136 us elementwise vs 152 us, 16 rows
-# 496 vs 152). (BLOCK_N, BLOCK_K, num_warps, num_stages, operand order) for it: num_stages
-# > 1 software-pipelines the loop's loads through shared memory; "wx" computes W x^T (W is
-# the dot's first operand), "xw" x W^T.
-_DOT_MIN_ROWS = 5
-# (BLOCK_N, BLOCK_K, num_warps, PREFETCH) of the word kernel, which serves batches below
-# _DOT_MIN_ROWS whenever K is a multiple of the blocksize (bench/notes.md v6, v6c).
+# (BLOCK_N, BLOCK_K, num_warps, PREFETCH) of the word kernel, which serves the rows the
+# other kernels do not take whenever K is a multiple of the blocksize (bench/notes.md v6, v6c).
 _GPU_WORDS_TILE = (16, 512, 4, True)
 _INTERPRETER_WORDS_TILE = (64, 1024, 1, False)
 # How the word kernel looks code values up on the GPU: "shuffle" (a warp shuffle, needs
@@ -84,15 +88,6 @@ _ROWS_MANY_ITEMS_PER_SM = 12
 # programs, so its tests take the path where one program walks several row groups.
 _ROWS_PROGRAMS_PER_SM = 16
 _INTERPRETER_ROWS_PROGRAMS = 3
-_GPU_DOT_TILE = (64, 64, 4, 3, "wx")
-_INTERPRETER_DOT_TILE = (64, 512, 1, 1, "wx")
-# fp32 dot on tensor cores: 3 tf32 products per pair (Triton's "tf32x3"), about 2**-21
-# relative per product, well inside the fp32-accumulation bound; plain "tf32" is not.
-_DOT_PRECISION = "tf32x3"
-# Triton's AMD backend has no tf32x3 (3.9 accepts "ieee", "bf16x3", "bf16x6", and "tf32" on
-# gfx942): the kernel did not compile for any AMD arch (found by the compile check,
-# pytest_qconform/compile_check.py). "ieee": exact fp32 products, fp32 accumulation.
-_DOT_PRECISION_ROCM = "ieee"
 
 
 @triton.jit
@@ -114,7 +109,6 @@ def load_weight_tile(
     MASKED: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    GATHER: tl.constexpr,
 ):
     """fp32 weights ``W[n0 : n0 + BLOCK_N, k0 : k0 + BLOCK_K]`` ([BLOCK_N, BLOCK_K], 0 outside W).
 
@@ -122,11 +116,8 @@ def load_weight_tile(
     on a block, so the tile is [rows, blocks, bytes of a block]: one absmax per (row,
     block), int32 offsets from the tile's first row, both nibbles of a byte interleaved.
     Otherwise each element is decoded from its flat index (blocks straddle rows; with K
-    odd a row starts mid-byte). MASKED: the tile may reach past N or K.
-    GATHER: ``code`` (16 values) and, with DOUBLE_QUANT, ``nested_code`` (256) are register
-    tensors looked up in shared memory (``lookup``), which a software-pipelined loop needs;
-    otherwise they are pointers and each lookup is a global load (L1 hits). The
-    elementwise kernel keeps global loads: with the shared-memory gather, Triton 3.6 gave
+    odd a row starts mid-byte). MASKED: the tile may reach past N or K. Each code lookup
+    is a global load (L1 hits): with a shared-memory gather instead, Triton 3.6 gave
     wrong sums on the H100 for tiles of 512+ columns (bench/notes.md v4).
     """
     if ALIGNED:
@@ -142,12 +133,12 @@ def load_weight_tile(
         if DOUBLE_QUANT:  # nested groups count blocks from the start of absmax: index from there
             absmax = load_block_absmax(
                 absmax_ptr, first_block + block, block_ok, nested_absmax_ptr, nested_code, offset,
-                NESTED_BLOCKSIZE, DOUBLE_QUANT, MASKED, NESTED_TABLE=GATHER,
+                NESTED_BLOCKSIZE, DOUBLE_QUANT, MASKED,
             )
         else:
             absmax = load_block_absmax(
                 absmax_ptr + first_block, block, block_ok, nested_absmax_ptr, nested_code, offset,
-                NESTED_BLOCKSIZE, DOUBLE_QUANT, MASKED, NESTED_TABLE=GATHER,
+                NESTED_BLOCKSIZE, DOUBLE_QUANT, MASKED,
             )
         packed_tile = packed_ptr + first_block * HALF + byte
         if MASKED:
@@ -155,12 +146,8 @@ def load_weight_tile(
         else:
             packed = tl.load(packed_tile).to(tl.int32)
         scale = absmax[:, :, None]
-        if GATHER:
-            high = lookup(code, packed >> 4) * scale  # column 2j of the block's bytes
-            low = lookup(code, packed & 15) * scale  # column 2j + 1
-        else:
-            high = tl.load(code + (packed >> 4)) * scale
-            low = tl.load(code + (packed & 15)) * scale
+        high = tl.load(code + (packed >> 4)) * scale  # column 2j of the block's bytes
+        low = tl.load(code + (packed & 15)) * scale  # column 2j + 1
         w = tl.reshape(tl.join(high, low), (BLOCK_N, BLOCK_K))
     else:
         n = n0.to(tl.int64) + tl.arange(0, BLOCK_N)
@@ -171,12 +158,9 @@ def load_weight_tile(
         nibble = (packed >> (4 - 4 * (flat & 1).to(tl.int32))) & 15
         absmax = load_block_absmax(
             absmax_ptr, flat // BLOCKSIZE, w_mask, nested_absmax_ptr, nested_code, offset,
-            NESTED_BLOCKSIZE, DOUBLE_QUANT, NESTED_TABLE=GATHER,
+            NESTED_BLOCKSIZE, DOUBLE_QUANT,
         )
-        if GATHER:
-            w = lookup(code, nibble) * absmax
-        else:
-            w = tl.load(code + nibble) * absmax
+        w = tl.load(code + nibble) * absmax
     return w
 
 
@@ -217,7 +201,7 @@ def _gemv_4bit_kernel(
     for k0 in range(0, K, BLOCK_K):
         w = load_weight_tile(
             packed_ptr, absmax_ptr, code_ptr, nested_absmax_ptr, nested_code_ptr, offset, n0, k0, N, K,
-            BLOCKSIZE, NESTED_BLOCKSIZE, DOUBLE_QUANT, ALIGNED, MASKED, BLOCK_N, BLOCK_K, GATHER=False,
+            BLOCKSIZE, NESTED_BLOCKSIZE, DOUBLE_QUANT, ALIGNED, MASKED, BLOCK_N, BLOCK_K,
         )
         k = k0 + tl.arange(0, BLOCK_K)
         if MASKED:
@@ -575,75 +559,6 @@ def _store_row(out, acc, bias_ptr, row, N, HAS_BIAS: tl.constexpr, BF16_BITS: tl
     store_as(out, y, row < N, BF16_BITS)
 
 
-@triton.jit
-def _gemm_4bit_kernel(
-    x_ptr,
-    packed_ptr,
-    absmax_ptr,
-    code_ptr,
-    bias_ptr,
-    out_ptr,
-    nested_absmax_ptr,
-    nested_code_ptr,
-    offset,
-    M,
-    N,
-    K,
-    stride_xm,
-    stride_xk,
-    BLOCKSIZE: tl.constexpr,
-    NESTED_BLOCKSIZE: tl.constexpr,
-    DOUBLE_QUANT: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    BF16_BITS: tl.constexpr,
-    ALIGNED: tl.constexpr,
-    MASKED: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    W_FIRST: tl.constexpr,
-    PRECISION: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
-):
-    """One program per BLOCK_N features and all (<= BLOCK_M) rows of x: the weight tile is
-    decoded once and multiplied on tensor cores (fp32 operands, PRECISION)."""
-    n0 = tl.program_id(0) * BLOCK_N
-    m = tl.arange(0, BLOCK_M)
-    m_ok = m < M
-    x_rows = x_ptr + m.to(tl.int64)[:, None] * stride_xm
-    if W_FIRST:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    code = tl.load(code_ptr + tl.arange(0, 16))
-    if DOUBLE_QUANT:
-        nested_code = tl.load(nested_code_ptr + tl.arange(0, 256))
-    else:
-        nested_code = nested_code_ptr  # never read
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
-        w = load_weight_tile(
-            packed_ptr, absmax_ptr, code, nested_absmax_ptr, nested_code, offset, n0, k0, N, K,
-            BLOCKSIZE, NESTED_BLOCKSIZE, DOUBLE_QUANT, ALIGNED, MASKED, BLOCK_N, BLOCK_K, GATHER=True,
-        )
-        k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_rows + k[None, :] * stride_xk, mask=m_ok[:, None] & (k < K)[None, :], other=0.0)
-        x = x.to(tl.float32)
-        if W_FIRST:
-            acc = tl.dot(w, tl.trans(x), acc, input_precision=PRECISION)
-        else:
-            acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
-    if W_FIRST:
-        y = tl.trans(acc)  # [BM, BN]
-    else:
-        y = acc
-    n = n0 + tl.arange(0, BLOCK_N)
-    n_ok = n < N
-    if HAS_BIAS:
-        y += tl.load(bias_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    out = out_ptr + m.to(tl.int64)[:, None] * N + n[None, :]
-    store_as(out, y, m_ok[:, None] & n_ok[None, :], BF16_BITS)
-
-
 def _rows_words(K: int, items: int, multiprocessors: int) -> tuple[int, int] | None:
     """(words per step, num_warps) of the rows kernel for ``items`` work items of rows of K
     values on a device of ``multiprocessors``, or None when no step size in the table divides
@@ -694,6 +609,26 @@ def _multiprocessors(device: torch.device) -> int:
     return _multiprocessor_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def _mma_available(x2: torch.Tensor, packed_flat: torch.Tensor, K: int) -> bool:
+    """Whether the tensor-core kernel can read [M, K] ``x2`` and the weight here: on an
+    NVIDIA GPU that runs its PTX, or in the interpreter (which runs the same kernel without
+    PTX, so the CPU tests check this route)."""
+    return ((nf4_mma.mma_ptx_ok(x2.device) or interpreter_active())
+            and nf4_mma.x_readable(x2) and nf4_mma.weight_readable(packed_flat, K))
+
+
+def mma_route(x2: torch.Tensor, packed_flat: torch.Tensor, K: int) -> bool:
+    """Whether ``gemv_4bit`` sends [M, K] ``x2`` to the tensor-core kernel."""
+    return MMA_MIN_ROWS <= x2.shape[0] <= nf4_mma.MAX_ROWS and _mma_available(x2, packed_flat, K)
+
+
+def fused_rows_limit(x: torch.Tensor, packed: torch.Tensor, K: int) -> int:
+    """The most rows of ``x`` (leading dims flattened) for which ``gemv_4bit`` beats
+    dequantize + GEMM on this device: MAX_ROWS where the tensor-core kernel can read them,
+    else PER_ROW_MAX_ROWS (the per-row kernels decode the weight once per row)."""
+    return MAX_ROWS if _mma_available(x.reshape(-1, K), packed.reshape(-1), K) else PER_ROW_MAX_ROWS
+
+
 def _largest_dividing_tile(K: int, block_k: int) -> int:
     """The largest power of two <= block_k that divides K and holds whole words (>= 8), or 0."""
     while block_k >= 8:
@@ -720,8 +655,10 @@ def gemv_4bit(
     """``x @ W.T + bias`` with W (N, K) read from bitsandbytes-packed 4-bit bytes.
 
     x: [..., K] bf16/fp16/fp32, any strides, at most 16 rows once the leading dims are
-    flattened (larger batches should dequantize once and call a GEMM). Returns
-    [..., N] in x.dtype; accumulation is fp32.
+    flattened (larger batches should dequantize once and call a GEMM; ``fused_rows_limit``
+    says up to how many rows this is faster). Returns [..., N] in x.dtype; accumulation is
+    fp32. The tensor-core route (``mma_route``) rounds each fp32 weight to x's dtype before
+    its products, as dequantize-then-GEMM does; the per-row kernels keep it in fp32.
     """
     where = "kernels.gemv_4bit"
     if len(shape) != 2:
@@ -761,14 +698,18 @@ def gemv_4bit(
         absmax_flat, nested_absmax, nested_code, offset
     )
     on_gpu = x.device.type != "cpu"
+    packed_flat = packed.reshape(-1).contiguous()
+    multiprocessors = _multiprocessors(x.device) if on_gpu else 1
+    if mma_route(x2, packed_flat, K):
+        out_2d = nf4_mma.gemm_4bit_mma(
+            x2, packed_flat, absmax_flat, out, bias=bias.reshape(-1).contiguous() if bias is not None else None,
+            blocksize=blocksize, nested_absmax=nested_absmax_arg, nested_code=nested_code_arg,
+            nested_blocksize=nested_blocksize, offset=offset_value, double_quant=double_quant,
+            code=code.contiguous(), multiprocessors=multiprocessors)
+        return out_2d.reshape(*x.shape[:-1], N)
     shuffle = ptx_shuffle_ok(x.device)
     bf16_bits = x.dtype == torch.bfloat16 and interpreter_active()
-    use_dot = M >= _DOT_MIN_ROWS
-    if use_dot:
-        block_n, block_k, num_warps, num_stages, order = _GPU_DOT_TILE if on_gpu else _INTERPRETER_DOT_TILE
-    else:
-        block_n, block_k, num_warps = _GPU_TILE if on_gpu else _INTERPRETER_TILE
-        num_stages = 1
+    block_n, block_k, num_warps = _GPU_TILE if on_gpu else _INTERPRETER_TILE
     aligned = K % blocksize == 0
     if aligned:
         block_k = max(blocksize, min(block_k, triton.next_power_of_2(K)))
@@ -779,7 +720,7 @@ def gemv_4bit(
     masked = not aligned or N % block_n != 0 or K % block_k != 0
     args = (
         x2,
-        packed.reshape(-1).contiguous(),
+        packed_flat,
         absmax_flat,
         code.contiguous(),
         bias.reshape(-1).contiguous() if bias is not None else absmax_flat,
@@ -809,10 +750,9 @@ def gemv_4bit(
     words_block_k = _largest_dividing_tile(K, words_tile[1]) if aligned else 0
     words_ok = args[1].data_ptr() % 4 == 0 and args[1].numel() % 4 == 0
     row_groups = math.ceil(N / 4) * M
-    multiprocessors = _multiprocessors(x.device) if on_gpu else 1
     pairs_ok = args[1].data_ptr() % 8 == 0 and args[1].numel() % 8 == 0
     rows_words = _rows_words(K, row_groups, multiprocessors) if aligned and pairs_ok and _rows_x_ok(x2) else None
-    if not use_dot and _ROWS_KERNEL and rows_words:
+    if _ROWS_KERNEL and rows_words:
         words_per_step, num_warps = rows_words
         programs = _ROWS_PROGRAMS_PER_SM * multiprocessors if on_gpu else _INTERPRETER_ROWS_PROGRAMS
         _gemv_4bit_rows_kernel[(_balanced_grid(row_groups, programs),)](
@@ -820,7 +760,7 @@ def gemv_4bit(
             NESTED_BLOCKSIZE=nested_blocksize, DOUBLE_QUANT=double_quant, HAS_BIAS=bias is not None,
             BF16_BITS=bf16_bits, WORDS=words_per_step, SHUFFLE=shuffle, num_warps=num_warps,
         )
-    elif not use_dot and words_block_k and words_ok:
+    elif words_block_k and words_ok:
         block_n, _, num_warps, prefetch = words_tile
         while on_gpu and block_n > 4 and math.ceil(N / block_n) * M < _WORDS_MIN_PROGRAMS:
             block_n //= 2  # small N: more, smaller programs (v5's 4-row tiles won at 4096 x 4096)
@@ -834,12 +774,6 @@ def gemv_4bit(
             SHUFFLE=_WORDS_LOOKUP == "shuffle" and shuffle and prefetch,
             X_PACKED=_X_PACKED and x.dtype != torch.float32 and x2.stride(1) == 1 and x2.stride(0) % 4 == 0
             and x2.data_ptr() % 8 == 0, **meta,
-        )
-    elif use_dot:
-        grid = (math.ceil(N / block_n),)
-        _gemm_4bit_kernel[grid](
-            *args, BLOCK_M=MAX_ROWS, W_FIRST=order == "wx", NUM_STAGES=num_stages,
-            PRECISION=_DOT_PRECISION_ROCM if torch.version.hip else _DOT_PRECISION, **meta
         )
     else:
         grid = (math.ceil(N / block_n) * M,)
