@@ -36,7 +36,8 @@ def dtype_id(dtype: torch.dtype) -> str:
 
 def require_claim(backend: Backend, target: Target, spec: QuantSpec | None = None,
                   dtype: torch.dtype | None = None, *, backward: bool = False,
-                  serialize: bool = False) -> Capabilities:
+                  serialize: bool = False, out: str | None = None, explicit_absmax: bool = False,
+                  orientation: str | None = None) -> Capabilities:
     """The backend's capabilities on the target, or a ``not claimed`` skip."""
     device = torch.device(target.torch_device or "cpu")
     caps = backend.capabilities(device)
@@ -51,6 +52,10 @@ def require_claim(backend: Backend, target: Target, spec: QuantSpec | None = Non
             problems.append(f"blocksize {spec.blocksize}")
         if spec.double_quant and not caps.double_quant:
             problems.append("double quantization")
+        if spec.format == "hqq4" and spec.axis not in caps.axes:
+            problems.append(f"axis {spec.axis}")
+        if spec.quant_storage not in caps.quant_storages:
+            problems.append(f"quant_storage {spec.quant_storage}")
     if dtype is not None and dtype not in caps.dtypes:
         problems.append(f"dtype {dtype_id(dtype)}")
     if dtype is torch.bfloat16 and not target.bf16:
@@ -59,6 +64,12 @@ def require_claim(backend: Backend, target: Target, spec: QuantSpec | None = Non
         problems.append("backward")
     if serialize and not caps.serialize:
         problems.append("serialization")
+    if out is not None and out not in caps.out_arguments:
+        problems.append(f"{out} into an out= buffer")
+    if explicit_absmax and not caps.explicit_absmax:
+        problems.append("dequantize with an explicit absmax")
+    if orientation is not None and orientation not in caps.weight_orientations:
+        problems.append(f"the packed weight {orientation} in matmul")
     if problems:
         pytest.skip(f"{NOT_CLAIMED_PREFIX} {backend.name} does not claim {', '.join(problems)}")
     return caps

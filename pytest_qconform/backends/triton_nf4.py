@@ -130,7 +130,7 @@ class TritonNf4Backend(Backend):
         devices = (("cuda",) if torch.cuda.is_available() else ()) + (("cpu",) if kernels.interpreter_active() else ())
         return Capabilities(formats=_QUANT_TYPES, blocksizes=tuple(kernels.SUPPORTED_BLOCKSIZES), double_quant=True,
                             dtypes=DTYPES, devices=devices, backward=True, serialize=True,
-                            max_gemv_rows=min(FUSED_MAX_ROWS, kernels.MAX_ROWS))
+                            max_gemv_rows=min(FUSED_MAX_ROWS, kernels.MAX_ROWS), out_arguments=("dequantize",))
 
     # -- quantize / dequantize / matmul ------------------------------------------------------
     def quantize(self, weight: torch.Tensor, spec: QuantSpec) -> Quantized:
@@ -146,10 +146,17 @@ class TritonNf4Backend(Backend):
         return Quantized(self.name, spec, tuple(weight.shape), weight.device, state)
 
     def dequantize(self, q: Quantized, dtype: torch.dtype) -> torch.Tensor:
+        return self.dequantize_with(q, dtype)
+
+    def dequantize_with(self, q: Quantized, dtype: torch.dtype, *, out: torch.Tensor | None = None,
+                        absmax: torch.Tensor | None = None) -> torch.Tensor:
+        """``kernels.dequantize_4bit(..., out=out)``; the kernels take no explicit absmax form."""
         from pytest_qconform import kernels
 
+        if absmax is not None:
+            return super().dequantize_with(q, dtype, out=out, absmax=absmax)
         state: Nf4State = q.handle
-        return kernels.dequantize_4bit(state.packed, state.absmax, out_dtype=dtype, **state.kernel_args())
+        return kernels.dequantize_4bit(state.packed, state.absmax, out_dtype=dtype, out=out, **state.kernel_args())
 
     def buffered_weight(self, state: Nf4State, dtype: torch.dtype) -> torch.Tensor:
         """The weight dequantized into this backend's reusable buffer; valid until the next call."""
