@@ -56,13 +56,17 @@ def run_isolated(ref: str, backend: Backend, qcheck: Checker, *args: Any) -> Non
     child = context.Process(target=_child, args=(send, ref, backend.name, args), daemon=True)
     child.start()
     send.close()
-    outcome = receive.recv() if receive.poll(CHILD_TIMEOUT_S) else None
+    try:
+        outcome = receive.recv() if receive.poll(CHILD_TIMEOUT_S) else None
+    except EOFError:  # the child exited without a word (a library that calls exit() on a device error)
+        outcome = None
     child.join(60)
     if outcome is None:
         if child.is_alive():
             child.kill()
-        raise AssertionError(f"the check ran in a child process that died (exit code {child.exitcode}; a "
-                             f"negative code is the signal) or sent nothing in {CHILD_TIMEOUT_S:g} s; "
+        raise AssertionError(f"the check ran in a child process that exited with code {child.exitcode} (negative: "
+                             f"killed by that signal; None: still running after {CHILD_TIMEOUT_S:g} s) before "
+                             "reporting a result: a crash (its stderr is in the captured output); "
                              + qcheck._where())
     status, message, multiple = outcome
     if multiple is not None:

@@ -77,6 +77,19 @@ def test_rounding_bound_by_hand():
     assert got[:4] == [16.0, math.inf, math.inf, 2.0 ** -25] and math.isnan(got[4])
 
 
+def test_bf16_subnormals_may_flush_to_zero():
+    # x86's bf16 conversions flush subnormals (VCVTNEPS2BF16): below the smallest normal
+    # the bf16 bound is the smallest normal itself, so a flushed 0 passes; fp16 and fp32
+    # keep gradual underflow (half the subnormal spacing).
+    tiny = float(torch.finfo(torch.bfloat16).tiny)
+    below = torch.tensor([tiny * 0.99, tiny / 8, 0.0], dtype=torch.float64)
+    assert bounds.rounding_bound(below, torch.bfloat16).tolist() == [tiny] * 3
+    assert bounds.rounding_bound(torch.tensor([tiny], dtype=torch.float64), torch.bfloat16).item() == tiny * 2.0 ** -8
+    assert bounds.underflow_error(torch.bfloat16) == tiny
+    assert bounds.underflow_error(torch.float16) == 2.0 ** -25
+    assert bounds.rounding_bound(torch.tensor([2.0 ** -20]), torch.float16).item() == 2.0 ** -25
+
+
 @pytest.mark.parametrize("dtype", LOW, ids=str)
 def test_rounding_bound_holds_and_is_attained(dtype):
     gen = torch.Generator().manual_seed(2)

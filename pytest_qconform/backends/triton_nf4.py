@@ -73,7 +73,7 @@ def _encode(weight: torch.Tensor, quant_type: str, blocksize: int) -> tuple[torc
         from pytest_qconform.reference.bnb4 import encode
     except ImportError:
         return _torch_util.quantize_bnb4(weight, quant_type, blocksize)
-    packed = encode(weight.detach().cpu(), quant_type, blocksize)
+    packed = encode(weight.detach(), quant_type, blocksize)  # on the weight's device: layer shapes on a GPU
     device = weight.device
     return (torch.as_tensor(np.asarray(packed.packed, dtype=np.uint8)).reshape(-1).to(device),
             torch.as_tensor(np.asarray(packed.absmax, dtype=np.float32)).reshape(-1).to(device),
