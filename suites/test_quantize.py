@@ -4,12 +4,13 @@ bitsandbytes-layout formats quantize each element to the nearest code after scal
 its block's absmax. Elements that sit on a tie (within fp32 rounding of the midpoint of
 two codes) may go either way and are excluded from the code comparison; everything else
 must match exactly. The round trip ``|w - decode(quantize(w))|`` must stay within half
-the code gap the element fell into, times its block's absmax.
+the code gap the element fell into, times its block's absmax. Checked at every claimed
+blocksize, both formats, with and without double quantization; HQQ at every group size
+and axis, against the nearest levels of its own scale and zero (``_quantizer``).
 """
 from __future__ import annotations
 
 import pytest
-import torch
 from hypothesis import given
 
 from pytest_qconform.backends.base import QuantSpec
