@@ -20,8 +20,10 @@ def target_device(target: "Target") -> torch.device:
 
 
 def unclaimed(caps: Capabilities, target: "Target", spec: QuantSpec | None = None, dtype: torch.dtype | None = None,
-              *, backward: bool = False, serialize: bool = False) -> list[str]:
-    """What of (device, spec, dtype, backward, serialize) ``caps`` does not claim; empty when all."""
+              *, backward: bool = False, serialize: bool = False, out: str | None = None,
+              explicit_absmax: bool = False, orientation: str | None = None) -> list[str]:
+    """What of (device, spec, dtype, backward, serialize, an ``out=`` buffer for operation
+    ``out``, an explicit absmax, a weight ``orientation``) ``caps`` does not claim; empty when all."""
     device = target_device(target)
     device_kind = "cuda" if device.type == "cuda" else device.type
     problems = []
@@ -34,6 +36,10 @@ def unclaimed(caps: Capabilities, target: "Target", spec: QuantSpec | None = Non
             problems.append(f"blocksize {spec.blocksize}")
         if spec.double_quant and not caps.double_quant:
             problems.append("double quantization")
+        if spec.format == "hqq4" and spec.axis not in caps.axes:
+            problems.append(f"axis {spec.axis}")
+        if spec.quant_storage not in caps.quant_storages:
+            problems.append(f"quant_storage {spec.quant_storage}")
     if dtype is not None and dtype not in caps.dtypes:
         problems.append(f"dtype {DTYPE_LABELS.get(dtype, str(dtype))}")
     if dtype is torch.bfloat16 and not target.bf16:
@@ -42,4 +48,10 @@ def unclaimed(caps: Capabilities, target: "Target", spec: QuantSpec | None = Non
         problems.append("backward")
     if serialize and not caps.serialize:
         problems.append("serialization")
+    if out is not None and out not in caps.out_arguments:
+        problems.append(f"{out} into an out= buffer")
+    if explicit_absmax and not caps.explicit_absmax:
+        problems.append("dequantize with an explicit absmax")
+    if orientation is not None and orientation not in caps.weight_orientations:
+        problems.append(f"the packed weight {orientation} in matmul")
     return problems

@@ -42,6 +42,13 @@ def qbackend(request: pytest.FixtureRequest) -> Backend:
     return backend
 
 
+@pytest.fixture(scope="session")
+def qprofile(request: pytest.FixtureRequest) -> str:
+    """The run's hypothesis profile name ("ci" or "thorough"): suites size their fixed
+    (non-hypothesis) cases by it, keeping the heavy ones for ``thorough``."""
+    return request.config.getoption("qconform_profile") or request.config.getini("qconform_profile")
+
+
 @pytest.fixture
 def qbench(request: pytest.FixtureRequest, qtarget: Target):
     """The benchmark harness (``pytest_qconform.bench.Harness``) for this case; skipped

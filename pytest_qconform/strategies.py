@@ -23,6 +23,14 @@ PROFILE_SETTINGS = {
 }
 
 
+def fewer_examples(divisor: int = 3) -> settings:
+    """The loaded profile with ``1 / divisor`` of its examples (at least one): for checks
+    whose every example costs a second or more on a 2-core CPU runner, so that ``ci``
+    draws 2 where it draws 6 elsewhere and ``thorough`` 20. Call it inside the test, after
+    the profile is loaded."""
+    return settings(settings.default, max_examples=max(1, settings.default.max_examples // divisor))
+
+
 def load_profile(name: str) -> None:
     """Register every profile under ``qconform-<name>`` and load the chosen one."""
     if name not in PROFILE_SETTINGS:

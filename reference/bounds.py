@@ -23,7 +23,7 @@ from pytest_qconform.reference import bnb4, hqq4
 from pytest_qconform.reference.linear import linear
 from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 
-__all__ = ["BOUND_MULTIPLE", "bnb4_dequantize_bound", "bnb4_matmul_weight_bound", "dequantize_bound", "error_multiple", "gamma",
+__all__ = ["BOUND_MULTIPLE", "FLUSHES_SUBNORMALS", "underflow_error", "bnb4_dequantize_bound", "bnb4_matmul_weight_bound", "dequantize_bound", "error_multiple", "gamma",
            "grad_bound", "hqq4_dequantize_bound", "matmul_bound", "rounding_bound", "unit_roundoff"]
 
 # A result passes when its worst error is at most this multiple of its derived bound.
@@ -59,15 +59,31 @@ def _half_subnormal(dtype: torch.dtype) -> float:
     return float(fi.tiny) * float(fi.eps) / 2
 
 
+# bf16 arithmetic may flush subnormals to zero: x86's AVX512-BF16 conversion and
+# dot-product instructions (VCVTNEPS2BF16, VDPBF16PS) treat subnormal inputs and results
+# as zero whatever the MXCSR flags say (Intel SDM vol. 2), and the bf16 GEMMs and
+# conversions built on them (oneDNN under torch, bitsandbytes' CPU kernels) inherit it.
+# Seen on this project's CPU runner: a bf16 value of 1e-38 comes back 0. For these dtypes
+# an underflowing result may be off by the smallest normal, not half a subnormal spacing.
+FLUSHES_SUBNORMALS: frozenset[torch.dtype] = frozenset({torch.bfloat16})
+
+
+def underflow_error(dtype: torch.dtype) -> float:
+    """The worst absolute error of one rounding whose result lies below the smallest
+    normal ``tiny``: ``eta`` under IEEE gradual underflow, ``tiny`` itself for a dtype in
+    ``FLUSHES_SUBNORMALS`` (a flushed result loses all of a value smaller than ``tiny``)."""
+    return float(_finfo(dtype).tiny) if dtype in FLUSHES_SUBNORMALS else _half_subnormal(dtype)
+
+
 def rounding_bound(exact: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Half an ulp of ``dtype`` at ``|exact|``: the worst error of rounding ``exact`` to
     ``dtype`` (round to nearest).
 
     For ``2**e <= |x| < 2**(e+1)`` the spacing of ``dtype`` is ``2**(e + 1 - p)``, so half
     an ulp is ``u * 2**e``; below the smallest normal ``2**emin`` the spacing stays that of
-    the subnormals, ``2 * eta`` (so 0 gets ``eta``). A value at or beyond the overflow
-    threshold ``max + u * 2**emax`` rounds to infinity: its bound is ``inf``.
-    NaN gives NaN.
+    the subnormals, ``2 * eta`` (so 0 gets ``eta``); for a dtype in ``FLUSHES_SUBNORMALS``
+    it is ``tiny`` there (flush to zero). A value at or beyond the overflow threshold
+    ``max + u * 2**emax`` rounds to infinity: its bound is ``inf``. NaN gives NaN.
     """
     fi = _finfo(dtype)
     u = float(fi.eps) / 2
@@ -82,6 +98,9 @@ def rounding_bound(exact: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     binade = torch.clamp(exponent.to(torch.int64) - 1, min=emin)
     binade = torch.where(mag == 0, torch.full_like(binade, emin), binade)  # frexp(0) has exponent 0
     bound = torch.ldexp(torch.full_like(mag, u), binade)
+    if dtype in FLUSHES_SUBNORMALS:
+        tiny = float(fi.tiny)
+        bound = torch.where(mag < tiny, torch.full_like(mag, tiny), bound)
     bound = torch.where(mag >= overflow, torch.full_like(mag, math.inf), bound)
     return torch.where(torch.isnan(mag), mag, bound)
 
@@ -177,7 +196,7 @@ def bnb4_matmul_weight_bound(p: PackedBnb4, compute_dtype: torch.dtype,
     if compute_dtype == torch.float32 or unit_roundoff(compute_dtype) <= unit_roundoff(torch.float32):
         return e32
     mag = bnb4.decode(p, device=device).abs()
-    return e32 + gamma(3, unit_roundoff(compute_dtype)) * (mag + e32) + 3 * _half_subnormal(compute_dtype)
+    return e32 + gamma(3, unit_roundoff(compute_dtype)) * (mag + e32) + 3 * underflow_error(compute_dtype)
 
 
 def _stored_dtype(name: object) -> torch.dtype:
@@ -223,7 +242,7 @@ def hqq4_dequantize_bound(p: PackedHqq4, out_dtype: torch.dtype, compute_dtype: 
     diff = (q - zero).abs()
     s_abs = scale.abs()
     e = (s_abs * e_z + diff * e_s + e_z * e_s + gamma(2, u) * (diff + e_z) * (s_abs + e_s)
-         + 2 * _half_subnormal(compute))
+         + 2 * underflow_error(compute))
     if out_dtype == compute:
         return e
     return e + rounding_bound(diff * s_abs + e, out_dtype)
@@ -258,6 +277,13 @@ def matmul_bound(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, compu
     K = 256 on (and about 1 at K = 128), a bound that can never fail; pass the compute
     dtype for a kernel that really accumulates in 16 bits.
 
+    Underflow (inputs near a dtype's smallest normal) adds absolute terms: an input
+    rounded to the compute dtype may be off by ``eta`` instead (``eta (sum_k (|W| + E)_nk
+    + beta)``), and each of the ``n`` products by ``eta_a``; a sum whose result is
+    subnormal is exact (Higham, sec. 2.1), so the additions add none. A compute dtype
+    that may flush subnormals (``FLUSHES_SUBNORMALS``: bf16) counts ``tiny`` for both
+    (bf16 dot products flush their fp32 products too).
+
     Rounding the result to ``out_dtype`` adds ``rounding_bound(|y| + e_c, out_dtype)``
     (counted even when the last addition already rounded to it: one ulp of slack).
     ``k`` overrides the reduction length ``n`` (e.g. split-K partial sums added
@@ -278,7 +304,12 @@ def matmul_bound(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, compu
     if b is not None:
         mag = mag + b.detach().to(device=dev, dtype=torch.float64).abs()
     relative = u + (1 + u) * gamma(n + (b is not None), u_acc)
-    e_c = x_abs @ e_w.T + relative * mag
+    acc_dtype = _accumulate_default(compute_dtype) if accumulate_dtype is None else accumulate_dtype
+    product_underflow = (float(_finfo(acc_dtype).tiny) if compute_dtype in FLUSHES_SUBNORMALS
+                         else _half_subnormal(acc_dtype))
+    underflow = (underflow_error(compute_dtype) * ((w_abs + e_w).sum(dim=1) + (b is not None))
+                 + n * product_underflow)
+    e_c = x_abs @ e_w.T + relative * mag + underflow
     y = linear(x, w, b)
     return e_c + rounding_bound(y.abs() + e_c, out_dtype)
 

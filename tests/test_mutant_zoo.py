@@ -1,9 +1,12 @@
 """Proof that every conformance check can fail: the suites against the mutant zoo.
 
-One pytester run of the real suites, with the correct plain-PyTorch backend and every
-mutant registered through the ``pytest_qconform_backends`` hook; the run report then
-says, per backend and operation, what the suites concluded. Each mutant must fail the
-operation whose check targets its bug class, and the correct backend must pass all.
+Two runs of the real suites, with the correct plain-PyTorch backend and the mutants
+registered through the ``pytest_qconform_backends`` hook: the original suites against
+the mutants of their classes, and the suites of issue 18 (inputs users have: every
+blocksize, layouts, storage, parameters, value ranges, layer shapes) against the mutants
+whose ``suites`` name them. The run reports say, per backend and operation, what the
+suites concluded. Each mutant must fail the operation whose check targets its bug
+class, and the correct backend must pass all of both runs.
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import textwrap
 
 import pytest
 
-from zoo import MUTANTS
+from zoo import MUTANTS, USER_INPUT_SUITES
 
 CONFTEST = textwrap.dedent("""
     from qconform_example_nf4.backend import TorchNF4Backend
@@ -25,26 +28,39 @@ CONFTEST = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(scope="module")
-def zoo_report(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """Run the suites once against the zoo (module scope: the run is the expensive part)."""
+def _run_zoo(root, names: list[str], keyword: str) -> dict:
+    import os
     import subprocess
     import sys
     from pathlib import Path
 
-    root = tmp_path_factory.mktemp("zoo")
-    (root / "conftest.py").write_text(CONFTEST)
     tests_dir = Path(__file__).parent
     example = tests_dir.parent / "examples" / "downstream" / "src"
-    names = ["torch-nf4-correct"] + [m.name for m in MUTANTS]
+    out = root / "out"
     args = [sys.executable, "-m", "pytest", "--qconform", "-p", "no:cacheprovider", "-q", "--tb=no",
-            f"--qconform-report-dir={root / 'out'}", "-o", "addopts=",
-            *[f"--qconform-backend={n}" for n in names]]
-    env = {**__import__("os").environ, "PYTHONPATH": f"{tests_dir}:{example}"}
+            f"--qconform-report-dir={out}", "-o", "addopts=", *[f"--qconform-backend={n}" for n in names],
+            "-k", keyword]
+    env = {**os.environ, "PYTHONPATH": f"{tests_dir}:{example}"}
     proc = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True, timeout=1500)
-    reports = list((root / "out").glob("*.json"))
+    reports = list(out.glob("*.json"))
     assert len(reports) == 1, f"no report written:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     return json.loads(reports[0].read_text())
+
+
+@pytest.fixture(scope="module")
+def zoo_report(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Run the suites against the zoo (module scope: the runs are the expensive part),
+    the two runs' cells in one report."""
+    user_input = " or ".join(USER_INPUT_SUITES)
+    original = [m.name for m in MUTANTS if getattr(m, "suites", None) is None]
+    newer = [m.name for m in MUTANTS if getattr(m, "suites", None) is not None]
+    cells = []
+    for label, names, keyword in (("original", original, f"not ({user_input})"),
+                                  ("user-input", newer, user_input)):
+        root = tmp_path_factory.mktemp(f"zoo-{label}")
+        (root / "conftest.py").write_text(CONFTEST)
+        cells += _run_zoo(root, ["torch-nf4-correct"] + names, keyword)["cells"]
+    return {"cells": cells}
 
 
 def _verdicts(report: dict, backend: str) -> dict[str, set[str]]:
@@ -60,7 +76,8 @@ def test_correct_backend_passes_every_check(zoo_report: dict) -> None:
     assert verdicts, "the correct backend produced no cells"
     failing = {op: v for op, v in verdicts.items() if v - {"pass"}}
     assert not failing, f"the correct backend did not pass: {failing}"
-    expected = {"quantize", "dequantize", "matmul", "matmul-fp32-input", "backward", "sequencing", "interop"}
+    expected = {"quantize", "dequantize", "matmul", "matmul-fp32-input", "backward", "sequencing", "interop",
+                "quantize-layout", "storage", "parameters", "value-range", "real-shapes"}
     assert expected <= set(verdicts)
 
 

@@ -77,6 +77,19 @@ def test_rounding_bound_by_hand():
     assert got[:4] == [16.0, math.inf, math.inf, 2.0 ** -25] and math.isnan(got[4])
 
 
+def test_bf16_subnormals_may_flush_to_zero():
+    # x86's bf16 conversions flush subnormals (VCVTNEPS2BF16): below the smallest normal
+    # the bf16 bound is the smallest normal itself, so a flushed 0 passes; fp16 and fp32
+    # keep gradual underflow (half the subnormal spacing).
+    tiny = float(torch.finfo(torch.bfloat16).tiny)
+    below = torch.tensor([tiny * 0.99, tiny / 8, 0.0], dtype=torch.float64)
+    assert bounds.rounding_bound(below, torch.bfloat16).tolist() == [tiny] * 3
+    assert bounds.rounding_bound(torch.tensor([tiny], dtype=torch.float64), torch.bfloat16).item() == tiny * 2.0 ** -8
+    assert bounds.underflow_error(torch.bfloat16) == tiny
+    assert bounds.underflow_error(torch.float16) == 2.0 ** -25
+    assert bounds.rounding_bound(torch.tensor([2.0 ** -20]), torch.float16).item() == 2.0 ** -25
+
+
 @pytest.mark.parametrize("dtype", LOW, ids=str)
 def test_rounding_bound_holds_and_is_attained(dtype):
     gen = torch.Generator().manual_seed(2)
@@ -140,17 +153,30 @@ def test_matmul_bound_by_hand_with_exact_cancellation():
     w = torch.tensor([[3.0, 3.0]], dtype=torch.float64)
     u16, u32 = bounds.unit_roundoff(torch.float16), bounds.unit_roundoff(torch.float32)
     magnitude = 6.0 * (1 + u16)  # |x| (|W| + u |W|)^T
+    eta = {torch.float16: 2.0 ** -25, torch.float32: 2.0 ** -150}  # half the subnormal spacing
     for accumulate, u_acc in ((None, u32), (torch.float16, u16)):
-        e_c = 6.0 * u16 + (u16 + (1 + u16) * bounds.gamma(2, u_acc)) * magnitude
+        underflow = eta[torch.float16] * magnitude + 2 * eta[accumulate or torch.float32]
+        e_c = 6.0 * u16 + (u16 + (1 + u16) * bounds.gamma(2, u_acc)) * magnitude + underflow
         bound = bounds.matmul_bound(x, w, None, torch.float16, torch.float16, accumulate_dtype=accumulate)
         expected = e_c + bounds.rounding_bound(torch.tensor(e_c), torch.float16).item()
         assert bound.item() == pytest.approx(expected, rel=1e-12)
-    # Accumulating in the compute dtype is the textbook gamma_{K+2} or less.
-    textbook = bounds.gamma(4, u16) * 6.0
+    # Accumulating in the compute dtype is the textbook gamma_{K+2} or less (plus underflow terms).
+    textbook = bounds.gamma(4, u16) * 6.0 + 8 * eta[torch.float16] * (1 + u16)
     in_fp16 = bounds.matmul_bound(x, w, None, torch.float16, torch.float64, accumulate_dtype=torch.float16)
     assert in_fp16.item() <= textbook * (1 + 1e-9)
     default = bounds.matmul_bound(x, w, None, torch.float16, torch.float16)
     assert bounds.matmul_bound(x, w, None, torch.float16, torch.float16, k=1000).item() > default.item()
+
+
+def test_matmul_bound_covers_underflowing_products():
+    # Products of fp32 subnormal size: each may lose up to eta_32 absolutely, which no
+    # relative term covers (the relative part is ~1e-45 here).
+    x = torch.full((1, 64), 1e-20, dtype=torch.float64)
+    w = torch.full((3, 64), 1e-25, dtype=torch.float64)
+    bound = bounds.matmul_bound(x, w, None, torch.float32, torch.float32)
+    assert (bound >= 64 * 2.0 ** -150).all()
+    rounded_products = (x.float() * w.float()).double()  # each product rounded once, to a subnormal
+    assert (rounded_products.sum(1) - linear.linear(x, w)).abs().max() <= bound.max()
 
 
 def test_matmul_bound_in_bf16_accumulation_is_vacuous_from_k_256():

@@ -261,6 +261,177 @@ class ScaledMatmul(TorchNF4Backend):
         return (y.double() * (1 + scaled_matmul_eps(compute_dtype, self.eps))).to(y.dtype)
 
 
+# -- issue 18: bugs that only the inputs users have reach ------------------------------------
+# The checks these mutants' classes need (suite modules or test functions, as ``-k``
+# names). The zoo runs them against these mutants and the correct backend only (every
+# other mutant's class is caught by the original suites), which keeps the zoo's run time
+# from growing with the product of both lists.
+USER_INPUT_SUITES: tuple[str, ...] = (
+    "test_quantize_every_claimed_blocksize", "test_weight_layouts", "test_storage", "test_parameters",
+    "test_value_ranges", "test_real_shapes")
+
+
+class IndexWrapsPast2To17(TorchNF4Backend):
+    """Block indices wrap past 2^17 elements (a 17-bit index in a kernel): every weight
+    beyond the first 131072 elements is scaled by another block's absmax. No drawn weight
+    is that large; the CPU layer shapes are (136 x 1000)."""
+
+    name = "mutant-index-wraps-2-17"
+    catches = "real-shapes"
+    suites = USER_INPUT_SUITES
+    WRAP = 1 << 17
+
+    def dequantize_with(self, q, dtype, *, out=None, absmax=None):
+        h = q.handle
+        numel = math.prod(q.shape)
+        if numel <= self.WRAP or absmax is not None:
+            return super().dequantize_with(q, dtype, out=out, absmax=absmax)
+        codes = self.unpack(h["packed"].view(torch.uint8), numel)
+        block = (torch.arange(numel, device=codes.device) % self.WRAP) // h["blocksize"]
+        values = (h["code"][codes.long()] * self.decode_absmax(h)[block]).to(dtype).reshape(q.shape)
+        return values if out is None else out.copy_(values)
+
+
+class AbsmaxOverOneTile(TorchNF4Backend):
+    """Quantize takes each block's absmax over its first 1024 elements only (one thread
+    block's tile): right up to blocksize 1024, wrong at 2048 and 4096, yet the bytes decode
+    consistently with the absmax stored, so only the comparison with the reference
+    quantizer at every claimed blocksize sees it."""
+
+    name = "mutant-absmax-one-tile"
+    catches = "quantize"
+    suites = USER_INPUT_SUITES
+    TILE = 1024
+
+    def quantize(self, weight, spec):
+        if spec.blocksize <= self.TILE:
+            return super().quantize(weight, spec)
+        flat = weight.detach().reshape(-1).float()
+        padded = F.pad(flat, (0, (-flat.numel()) % spec.blocksize))
+        absmax = padded.reshape(-1, spec.blocksize)[:, :self.TILE].abs().amax(dim=1)
+        table = self.table(spec.format, flat.device)
+        handle = {"packed": self.pack(self.quantize_codes(flat, absmax, spec.blocksize, table)), "code": table,
+                  "absmax": absmax, "blocksize": spec.blocksize, "quant_type": spec.format}
+        if spec.double_quant:
+            handle.update(self.nest(absmax))
+        return Quantized(self.name, spec, tuple(weight.shape), weight.device, handle)
+
+
+class ReadsStorageInMemoryOrder(TorchNF4Backend):
+    """Quantize reads the weight's storage in memory order from its first element (a raw
+    data pointer handed to a kernel), ignoring strides: right for contiguous weights,
+    silently wrong for a transposed or sliced one."""
+
+    name = "mutant-memory-order"
+    catches = "quantize-layout"
+    suites = USER_INPUT_SUITES
+
+    def quantize(self, weight, spec):
+        if not weight.is_contiguous():
+            weight = torch.as_strided(weight, tuple(weight.shape), torch.empty(weight.shape).stride(),
+                                      weight.storage_offset())
+        return super().quantize(weight, spec)
+
+
+class StorageCastByValueOnLoad(TorchNF4Backend):
+    """Loading a checkpoint whose packed weight is stored as bf16/fp16/fp32 converts the
+    values to uint8 instead of viewing the bytes (``.to(torch.uint8)``)."""
+
+    name = "mutant-storage-cast-on-load"
+    catches = "storage"
+    suites = USER_INPUT_SUITES
+
+    def load(self, state, device):
+        packed = state["packed"]
+        if packed.dtype != torch.uint8:
+            state = {**state, "packed": packed.to(torch.uint8)}
+        return super().load(state, device)
+
+
+class OutBufferKeepsFirstDtype(TorchNF4Backend):
+    """dequantize(out=) decodes into a staging buffer made at the first call and resized
+    on a new shape but never retyped, then copies it into out: the global-buffer class of
+    unsloth PR 4026 behind the caller's own out= buffer."""
+
+    name = "mutant-out-buffer-first-dtype"
+    catches = "parameters"
+    suites = USER_INPUT_SUITES
+
+    def __init__(self) -> None:
+        self.staging: torch.Tensor | None = None
+
+    def dequantize_with(self, q, dtype, *, out=None, absmax=None):
+        fresh = super().dequantize_with(q, dtype, absmax=absmax)
+        if out is None:
+            return fresh
+        if self.staging is None:
+            self.staging = torch.empty_like(fresh)
+        elif self.staging.shape != fresh.shape:
+            self.staging = torch.empty(fresh.shape, dtype=self.staging.dtype, device=fresh.device)
+        self.staging.copy_(fresh)
+        return out.copy_(self.staging)
+
+
+class ExplicitAbsmaxAssumesBlocksize64(TorchNF4Backend):
+    """The stateless dequantize (bytes plus an absmax= tensor) ignores the blocksize it
+    is given and uses the CUDA default, 64."""
+
+    name = "mutant-explicit-absmax-b64"
+    catches = "parameters"
+    suites = USER_INPUT_SUITES
+
+    def dequantize_with(self, q, dtype, *, out=None, absmax=None):
+        if absmax is None or q.handle["blocksize"] == 64:
+            return super().dequantize_with(q, dtype, out=out, absmax=absmax)
+        h = q.handle
+        numel = math.prod(q.shape)
+        codes = self.unpack(h["packed"].view(torch.uint8), numel)
+        scales = absmax.repeat_interleave(64)[:numel]
+        scales = F.pad(scales, (0, numel - scales.numel()), value=float(absmax[-1]))
+        values = (h["code"][codes.long()] * scales).to(dtype).reshape(q.shape)
+        return values if out is None else out.copy_(values)
+
+
+class BiasKeepsItsDtype(TorchNF4Backend):
+    """Adds the bias in its own dtype after the product (``y + bias``), so a bias of
+    another dtype promotes the result: an fp32 bias turns a bf16 layer's output fp32."""
+
+    name = "mutant-bias-keeps-dtype"
+    catches = "parameters"
+    suites = USER_INPUT_SUITES
+
+    def matmul_with(self, x, q, bias, compute_dtype, *, out=None, orientation="default"):
+        y = super().matmul_with(x, q, None, compute_dtype, out=out, orientation=orientation)
+        return y if bias is None else y + bias
+
+
+class HalfPrecisionBackwardForBf16(TorchNF4Backend):
+    """The backward of a bf16 layer computes ``dx = dy W`` in fp16 (a kernel that has
+    only a half-precision path): fine for ordinary gradients, inf beyond fp16's range."""
+
+    name = "mutant-fp16-backward-for-bf16"
+    catches = "value-range"
+    suites = USER_INPUT_SUITES
+
+    def matmul(self, x, q, bias, compute_dtype):
+        if compute_dtype != torch.bfloat16:
+            return super().matmul(x, q, bias, compute_dtype)
+        w = self.dequantize(q, compute_dtype)
+
+        class Linear(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, inp, b):
+                return F.linear(inp, w, b)
+
+            @staticmethod
+            def backward(ctx, dy):
+                dx = (dy.to(torch.float16) @ w.to(torch.float16)).to(dy.dtype)
+                return dx, dy.reshape(-1, dy.shape[-1]).sum(0) if ctx.needs_input_grad[1] else None
+
+        b = bias.to(compute_dtype) if bias is not None else None
+        return Linear.apply(x.to(compute_dtype), b).to(x.dtype)
+
+
 def scaled_matmul_eps(dtype: torch.dtype, default: float) -> float:
     """``QCONFORM_MUTANT_EPS``: one eps for every dtype ("0.01") or a JSON object per
     dtype ('{"bf16": 0.0078}'), so a sensitivity sweep needs no code change."""
@@ -277,4 +448,6 @@ MUTANTS: tuple[type[TorchNF4Backend], ...] = (
     KeepsFirstDtypeBuffer, SwappedNibbles, WrongBlockAbsmax, RowwiseAbsmax, DroppedNestedOffset, IgnoredBias,
     WrongGemvTail, NaNGradients, Fp16Accumulation, ForgetsBlocksize, OffThresholds, WrongOutputDtype, NaNForZeroBlocks,
     HidesNonFinite, CrashesOnFp32Input, ScaledMatmul, LastRowAtTheFusedLimit,
+    IndexWrapsPast2To17, AbsmaxOverOneTile, ReadsStorageInMemoryOrder, StorageCastByValueOnLoad,
+    OutBufferKeepsFirstDtype, ExplicitAbsmaxAssumesBlocksize64, BiasKeepsItsDtype, HalfPrecisionBackwardForBf16,
 )

@@ -56,6 +56,12 @@ def to_numpy(tensor: torch.Tensor) -> np.ndarray:
     return tensor.numpy()
 
 
+def packed_bytes(tensor: torch.Tensor) -> np.ndarray:
+    """The bytes of a packed tensor as flat uint8, whatever dtype stores them (bitsandbytes'
+    ``quant_storage``): a bit-exact view, never a value conversion."""
+    return to_numpy(tensor.detach().reshape(-1).view(torch.uint8))
+
+
 def code_table(quant_type: str, device: torch.device | str = "cpu") -> torch.Tensor:
     """The float32[16] code table of ``quant_type`` ("nf4" or "fp4")."""
     if quant_type not in ("nf4", "fp4"):

@@ -24,6 +24,9 @@ class Availability:
     reason: str = ""
 
 
+_STORAGE_LABELS = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.uint8: "u8"}
+
+
 @dataclass(frozen=True)
 class QuantSpec:
     """What to quantize to. ``blocksize`` is the bnb block or the HQQ group size."""
@@ -32,10 +35,14 @@ class QuantSpec:
     blocksize: int = 64
     double_quant: bool = False
     axis: int = 1  # HQQ only
+    # The dtype the packed bytes are stored as (bitsandbytes' ``quant_storage``: the same
+    # bytes viewed as bf16/fp16/fp32, so FSDP can shard them with the other parameters).
+    quant_storage: torch.dtype = torch.uint8
 
     def label(self) -> str:
         dq = "-dq" if self.double_quant else ""
-        return f"{self.format}-b{self.blocksize}{dq}"
+        storage = "" if self.quant_storage == torch.uint8 else f"-s{_STORAGE_LABELS[self.quant_storage]}"
+        return f"{self.format}-b{self.blocksize}{dq}{storage}"
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,13 @@ class Capabilities:
     backward: bool = True
     serialize: bool = True
     max_gemv_rows: int | None = None  # for fused small-batch kernels
+    # The rest of the parameters users pass (issue 18). Defaults claim nothing beyond the
+    # plain calls, so an adapter written before them stays correct; each claim is checked.
+    axes: tuple[int, ...] = (1,)  # HQQ grouping axes (QuantSpec.axis)
+    quant_storages: tuple[torch.dtype, ...] = (torch.uint8,)  # dtypes the packed bytes may be stored as
+    out_arguments: tuple[str, ...] = ()  # operations taking an output buffer: "dequantize", "matmul"
+    explicit_absmax: bool = False  # dequantize from the bytes and an absmax tensor, without the state object
+    weight_orientations: tuple[str, ...] = ("default",)  # how matmul may be handed the packed weight
 
 
 @dataclass
@@ -93,6 +107,27 @@ class Backend(ABC):
     @abstractmethod
     def export_packed(self, q: Quantized) -> PackedBnb4 | PackedHqq4:
         """The backend's own stored bytes, in the record the reference decodes."""
+
+    def dequantize_with(self, q: Quantized, dtype: torch.dtype, *, out: torch.Tensor | None = None,
+                        absmax: torch.Tensor | None = None) -> torch.Tensor:
+        """``dequantize`` with the library's optional parameters: ``out`` (a buffer of
+        ``dtype`` and the logical shape to write into; claimed by ``"dequantize" in
+        Capabilities.out_arguments``) and ``absmax`` (fp32 per-block scales passed in place
+        of the state object, with blocksize and format given by hand; claimed by
+        ``Capabilities.explicit_absmax``). Returns the result (``out`` itself when given)."""
+        if out is None and absmax is None:
+            return self.dequantize(q, dtype)
+        raise NotImplementedError(f"{self.name}: dequantize with out=/absmax= is not claimed")
+
+    def matmul_with(self, x: torch.Tensor, q: Quantized, bias: torch.Tensor | None, compute_dtype: torch.dtype,
+                    *, out: torch.Tensor | None = None, orientation: str = "default") -> torch.Tensor:
+        """``matmul`` with an output buffer (``"matmul" in Capabilities.out_arguments``,
+        in the compute dtype: the result is written there and returned) or the packed
+        weight handed over in another documented orientation (one of
+        ``Capabilities.weight_orientations``; "default" is what ``matmul`` does)."""
+        if out is None and orientation == "default":
+            return self.matmul(x, q, bias, compute_dtype)
+        raise NotImplementedError(f"{self.name}: matmul with out=/orientation={orientation!r} is not claimed")
 
     def serialize(self, q: Quantized) -> dict[str, torch.Tensor]:
         """A state dict as the backend writes it to a checkpoint."""

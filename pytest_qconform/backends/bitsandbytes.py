@@ -20,12 +20,15 @@ from typing import Any
 
 import torch
 
-from pytest_qconform.backends._torch_util import dtype_name, import_failure, to_numpy
+import numpy as np
+
+from pytest_qconform.backends._torch_util import dtype_from_name, dtype_name, import_failure, packed_bytes, to_numpy
 from pytest_qconform.backends.base import Availability, Backend, Capabilities, Quantized, QuantSpec
-from pytest_qconform.reference.packed import PackedBnb4
+from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 
 BLOCKSIZES: tuple[int, ...] = (32, 64, 128, 256, 512, 1024, 2048, 4096)  # quantize_4bit's check, 0.50.2
 DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
+QUANT_STORAGES: tuple[torch.dtype, ...] = (torch.uint8, torch.bfloat16, torch.float16, torch.float32)  # quantize_4bit's docs
 FALLBACK_DEFAULT_BLOCKSIZE = 64
 
 
@@ -84,7 +87,9 @@ class BitsandbytesBackend(Backend):
     def capabilities(self, device: torch.device) -> Capabilities:
         devices = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
         return Capabilities(formats=("nf4", "fp4"), blocksizes=BLOCKSIZES, double_quant=True, dtypes=DTYPES,
-                            devices=devices, backward=True, serialize=True)
+                            devices=devices, backward=True, serialize=True, quant_storages=QUANT_STORAGES,
+                            out_arguments=("dequantize", "matmul"), explicit_absmax=True,
+                            weight_orientations=("default", "as-quantized"))
 
     def default_blocksize(self) -> int:
         """The blocksize a user gets without asking: what a fresh ``Params4bit`` holds
@@ -99,35 +104,59 @@ class BitsandbytesBackend(Backend):
 
     # -- quantize / dequantize / matmul ------------------------------------------------------
     def quantize(self, weight: torch.Tensor, spec: QuantSpec) -> Quantized:
+        """``quantize_4bit`` on the weight exactly as passed (any strides: no copy made
+        contiguous in front of the library)."""
         import bitsandbytes.functional as bnb_f
 
         if spec.format not in ("nf4", "fp4"):
             raise ValueError(f"{self.name}: format {spec.format!r} is not a bitsandbytes 4-bit format (nf4, fp4)")
-        packed, state = bnb_f.quantize_4bit(weight.detach().contiguous(), blocksize=spec.blocksize,
-                                            quant_type=spec.format, compress_statistics=spec.double_quant,
-                                            quant_storage=torch.uint8)
+        packed, state = bnb_f.quantize_4bit(weight.detach(), blocksize=spec.blocksize, quant_type=spec.format,
+                                            compress_statistics=spec.double_quant, quant_storage=spec.quant_storage)
         return Quantized(self.name, spec, tuple(weight.shape), weight.device, BnbHandle(packed, state))
 
     def dequantize(self, q: Quantized, dtype: torch.dtype) -> torch.Tensor:
+        return self.dequantize_with(q, dtype)
+
+    def dequantize_with(self, q: Quantized, dtype: torch.dtype, *, out: torch.Tensor | None = None,
+                        absmax: torch.Tensor | None = None) -> torch.Tensor:
+        """``dequantize_4bit(packed, state, out=out)``; with ``absmax``, the stateless form
+        ``dequantize_4bit(packed, absmax=absmax, out=out, blocksize=..., quant_type=...)``,
+        which takes shape and dtype from ``out`` (bitsandbytes requires it there)."""
         import bitsandbytes.functional as bnb_f
 
         handle: BnbHandle = q.handle
-        return bnb_f.dequantize_4bit(handle.packed, _state_as(handle.state, dtype))
+        if absmax is not None:
+            if out is None:
+                out = torch.empty(q.shape, dtype=dtype, device=q.device)
+            return bnb_f.dequantize_4bit(handle.packed, absmax=absmax, out=out, blocksize=handle.state.blocksize,
+                                         quant_type=handle.state.quant_type)
+        return bnb_f.dequantize_4bit(handle.packed, _state_as(handle.state, dtype), out=out)
 
     def matmul(self, x: torch.Tensor, q: Quantized, bias: torch.Tensor | None,
                compute_dtype: torch.dtype) -> torch.Tensor:
+        return self.matmul_with(x, q, bias, compute_dtype)
+
+    def matmul_with(self, x: torch.Tensor, q: Quantized, bias: torch.Tensor | None, compute_dtype: torch.dtype,
+                    *, out: torch.Tensor | None = None, orientation: str = "default") -> torch.Tensor:
         """``Linear4bit.forward`` with ``compute_dtype`` set: x and bias cast to it, the
-        result cast back to x's dtype. The packed weight goes in transposed, as
-        ``Linear4bit`` passed it up to 0.49 (0.50 accepts both orientations)."""
+        result cast back to x's dtype. ``orientation`` "default" hands ``matmul_4bit`` the
+        packed weight transposed, as ``Linear4bit`` passed it up to 0.49; "as-quantized"
+        hands it over as ``quantize_4bit`` returned it (0.50 accepts both: matmul_4bit
+        normalizes B). ``out`` goes to ``matmul_4bit(out=...)``; it must have the compute
+        dtype (no cast afterwards)."""
         import bitsandbytes
 
+        if orientation not in ("default", "as-quantized"):
+            raise ValueError(f"{self.name}: orientation must be 'default' or 'as-quantized', got {orientation!r}")
         handle: BnbHandle = q.handle
         inp_dtype = x.dtype
         x = x.to(compute_dtype)
         if bias is not None:
             bias = bias.to(compute_dtype)
         state = _state_as(handle.state, compute_dtype)
-        return bitsandbytes.matmul_4bit(x, handle.packed.t(), bias=bias, quant_state=state).to(inp_dtype)
+        weight = handle.packed.t() if orientation == "default" else handle.packed
+        y = bitsandbytes.matmul_4bit(x, weight, bias=bias, quant_state=state, out=out)
+        return y if out is not None else y.to(inp_dtype)
 
     # -- packed state, serialization -------------------------------------------------------------
     def export_packed(self, q: Quantized) -> PackedBnb4:
@@ -136,13 +165,38 @@ class BitsandbytesBackend(Backend):
         nested = state.state2 if state.nested else None
         return PackedBnb4(
             quant_type=state.quant_type, blocksize=int(state.blocksize), shape=tuple(int(n) for n in state.shape),
-            packed=to_numpy(handle.packed).reshape(-1), absmax=to_numpy(state.absmax), code=to_numpy(state.code),
+            packed=packed_bytes(handle.packed), absmax=to_numpy(state.absmax), code=to_numpy(state.code),
             nested_absmax=to_numpy(nested.absmax) if nested is not None else None,
             nested_code=to_numpy(nested.code) if nested is not None else None,
             nested_blocksize=int(nested.blocksize) if nested is not None else None,
             offset=float(state.offset) if nested is not None else None,
             dtype=dtype_name(state.dtype),
         )
+
+    def from_packed(self, packed: PackedBnb4 | PackedHqq4, device: torch.device) -> Quantized:
+        """A ``QuantState`` around bytes produced elsewhere (bitsandbytes' own layout), as a
+        loader holding the raw tensors would build it; uint8 storage."""
+        from bitsandbytes.functional import QuantState
+
+        if not isinstance(packed, PackedBnb4):
+            raise NotImplementedError(f"{self.name} reads its own 4-bit layout only, not {type(packed).__name__}")
+
+        def tensor(array: np.ndarray, dtype: type) -> torch.Tensor:
+            return torch.as_tensor(np.ascontiguousarray(array, dtype=dtype)).reshape(-1).to(device)
+
+        state2, offset = None, None
+        if packed.double_quant:
+            state2 = QuantState(absmax=tensor(packed.nested_absmax, np.float32),
+                                code=tensor(packed.nested_code, np.float32),
+                                blocksize=int(packed.nested_blocksize or 256), dtype=torch.float32)
+            offset = torch.tensor(float(packed.offset or 0.0), dtype=torch.float32, device=device)
+        absmax = tensor(packed.absmax, np.uint8 if packed.double_quant else np.float32)
+        state = QuantState(absmax=absmax, shape=torch.Size(packed.shape), code=tensor(packed.code, np.float32),
+                           blocksize=int(packed.blocksize), quant_type=packed.quant_type,
+                           dtype=dtype_from_name(packed.dtype), offset=offset, state2=state2)
+        spec = QuantSpec(packed.quant_type, int(packed.blocksize), packed.double_quant)
+        handle = BnbHandle(tensor(packed.packed, np.uint8).reshape(-1, 1), state)
+        return Quantized(self.name, spec, tuple(int(n) for n in packed.shape), torch.device(device), handle)
 
     def serialize(self, q: Quantized) -> dict[str, torch.Tensor]:
         """``Linear4bit.state_dict()`` of a layer holding this weight (no bias): ``weight``
@@ -154,11 +208,12 @@ class BitsandbytesBackend(Backend):
             raise ValueError(f"{self.name}: serialize needs a 2-D (out, in) weight for Linear4bit, got shape {q.shape}")
         handle: BnbHandle = q.handle
         out_features, in_features = q.shape
+        storage = handle.packed.dtype
         layer = Linear4bit(in_features, out_features, bias=False, compress_statistics=q.spec.double_quant,
-                           quant_type=q.spec.format, quant_storage=torch.uint8, device="meta")
+                           quant_type=q.spec.format, quant_storage=storage, device="meta")
         layer.weight = Params4bit(handle.packed, requires_grad=False, quant_state=handle.state,
                                   blocksize=handle.state.blocksize, compress_statistics=handle.state.nested,
-                                  quant_type=handle.state.quant_type, quant_storage=torch.uint8, module=layer,
+                                  quant_type=handle.state.quant_type, quant_storage=storage, module=layer,
                                   bnb_quantized=True)
         layer.quant_state = handle.state
         return {key: value.detach().as_subclass(torch.Tensor) for key, value in layer.state_dict().items()}
@@ -179,7 +234,7 @@ class BitsandbytesBackend(Backend):
         param = Params4bit.from_prequantized(data=state["weight"], quantized_stats=stats, requires_grad=False,
                                              device=device)
         qstate = param.quant_state
-        spec = QuantSpec(qstate.quant_type, int(qstate.blocksize), bool(qstate.nested))
         packed = param.data.as_subclass(torch.Tensor)
+        spec = QuantSpec(qstate.quant_type, int(qstate.blocksize), bool(qstate.nested), quant_storage=packed.dtype)
         return Quantized(self.name, spec, tuple(int(n) for n in qstate.shape), torch.device(device),
                          BnbHandle(packed, qstate))

@@ -80,7 +80,7 @@ class HqqBackend(Backend):
     def capabilities(self, device: torch.device) -> Capabilities:
         devices = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
         return Capabilities(formats=("hqq4",), blocksizes=GROUP_SIZES, double_quant=False, dtypes=DTYPES,
-                            devices=devices, backward=True, serialize=True)
+                            devices=devices, backward=True, serialize=True, axes=(0, 1))
 
     # -- quantize / dequantize / matmul ------------------------------------------------------
     def quantize(self, weight: torch.Tensor, spec: QuantSpec) -> Quantized:
@@ -99,7 +99,8 @@ class HqqBackend(Backend):
             raise ValueError(f"{where}: weight dtype {weight.dtype} is not a compute dtype HQQ supports {DTYPES}")
         out_features, in_features = weight.shape
         linear = torch.nn.Linear(in_features, out_features, bias=False, device="meta")
-        linear.weight = torch.nn.Parameter(weight.detach().clone(), requires_grad=False)
+        # The user's tensor as passed, strides and all (HQQ reads it without writing to it).
+        linear.weight = torch.nn.Parameter(weight.detach(), requires_grad=False)
         config = BaseQuantizeConfig(nbits=4, group_size=spec.blocksize, axis=spec.axis)
         with _pytorch_backend() as hqq_linear:
             layer = hqq_linear(linear, config, compute_dtype=weight.dtype, device=str(weight.device))

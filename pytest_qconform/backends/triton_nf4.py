@@ -76,7 +76,7 @@ def _encode(weight: torch.Tensor, quant_type: str, blocksize: int) -> tuple[torc
         from pytest_qconform.reference.bnb4 import encode
     except ImportError:
         return _torch_util.quantize_bnb4(weight, quant_type, blocksize)
-    packed = encode(weight.detach().cpu(), quant_type, blocksize)
+    packed = encode(weight.detach(), quant_type, blocksize)  # on the weight's device: layer shapes on a GPU
     device = weight.device
     return (torch.as_tensor(np.asarray(packed.packed, dtype=np.uint8)).reshape(-1).to(device),
             torch.as_tensor(np.asarray(packed.absmax, dtype=np.float32)).reshape(-1).to(device),
@@ -153,7 +153,7 @@ class TritonNf4Backend(Backend):
         devices = (("cuda",) if torch.cuda.is_available() else ()) + (("cpu",) if kernels.interpreter_active() else ())
         return Capabilities(formats=_QUANT_TYPES, blocksizes=tuple(kernels.SUPPORTED_BLOCKSIZES), double_quant=True,
                             dtypes=DTYPES, devices=devices, backward=True, serialize=True,
-                            max_gemv_rows=min(FUSED_MAX_ROWS, kernels.MAX_ROWS))
+                            max_gemv_rows=min(FUSED_MAX_ROWS, kernels.MAX_ROWS), out_arguments=("dequantize",))
 
     # -- quantize / dequantize / matmul ------------------------------------------------------
     def quantize(self, weight: torch.Tensor, spec: QuantSpec) -> Quantized:
@@ -169,10 +169,17 @@ class TritonNf4Backend(Backend):
         return Quantized(self.name, spec, tuple(weight.shape), weight.device, state)
 
     def dequantize(self, q: Quantized, dtype: torch.dtype) -> torch.Tensor:
+        return self.dequantize_with(q, dtype)
+
+    def dequantize_with(self, q: Quantized, dtype: torch.dtype, *, out: torch.Tensor | None = None,
+                        absmax: torch.Tensor | None = None) -> torch.Tensor:
+        """``kernels.dequantize_4bit(..., out=out)``; the kernels take no explicit absmax form."""
         from pytest_qconform import kernels
 
+        if absmax is not None:
+            return super().dequantize_with(q, dtype, out=out, absmax=absmax)
         state: Nf4State = q.handle
-        return kernels.dequantize_4bit(state.packed, state.absmax, out_dtype=dtype, **state.kernel_args())
+        return kernels.dequantize_4bit(state.packed, state.absmax, out_dtype=dtype, out=out, **state.kernel_args())
 
     def buffered_weight(self, state: Nf4State, dtype: torch.dtype) -> torch.Tensor:
         """The weight dequantized into this backend's reusable buffer; valid until the next call."""

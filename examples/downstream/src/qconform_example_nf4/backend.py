@@ -19,6 +19,7 @@ from pytest_qconform.reference import formats
 from pytest_qconform.reference.packed import PackedBnb4
 
 NESTED_BLOCKSIZE = 256
+STORAGES = (torch.uint8, torch.bfloat16, torch.float16, torch.float32)
 
 
 def _nearest(values: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
@@ -41,7 +42,8 @@ class TorchNF4Backend(Backend):
     def capabilities(self, device: torch.device) -> Capabilities:
         return Capabilities(formats=("nf4", "fp4"), blocksizes=(32, 64, 128, 256, 512, 1024, 2048, 4096),
                             double_quant=True, dtypes=(torch.bfloat16, torch.float16, torch.float32),
-                            devices=("cpu", "cuda"), backward=True, serialize=True)
+                            devices=("cpu", "cuda"), backward=True, serialize=True, quant_storages=STORAGES,
+                            out_arguments=("dequantize", "matmul"), explicit_absmax=True)
 
     # -- quantize -----------------------------------------------------------------------
     def table(self, quant_type: str, device: torch.device) -> torch.Tensor:
@@ -76,7 +78,8 @@ class TorchNF4Backend(Backend):
         flat = weight.detach().reshape(-1).float()
         absmax = _blockwise_absmax(flat, spec.blocksize)
         table = self.table(spec.format, flat.device)
-        handle = {"packed": self.pack(self.quantize_codes(flat, absmax, spec.blocksize, table)),
+        packed = self.pack(self.quantize_codes(flat, absmax, spec.blocksize, table))
+        handle = {"packed": packed.view(spec.quant_storage),  # the same bytes, stored as quant_storage
                   "code": table, "absmax": absmax, "blocksize": spec.blocksize, "quant_type": spec.format}
         if spec.double_quant:
             handle.update(self.nest(absmax))
@@ -93,17 +96,32 @@ class TorchNF4Backend(Backend):
         return torch.stack([packed >> 4, packed & 0xF], dim=1).reshape(-1)[:numel]
 
     def dequantize(self, q: Quantized, dtype: torch.dtype) -> torch.Tensor:
+        return self.dequantize_with(q, dtype)
+
+    def dequantize_with(self, q: Quantized, dtype: torch.dtype, *, out: torch.Tensor | None = None,
+                        absmax: torch.Tensor | None = None) -> torch.Tensor:
+        """With ``absmax``: fp32 scales given by the caller instead of the stored state."""
         h = q.handle
         numel = math.prod(q.shape)
-        codes = self.unpack(h["packed"], numel)
-        absmax = self.decode_absmax(h).repeat_interleave(h["blocksize"])[:numel]
-        return (h["code"][codes.long()] * absmax).to(dtype).reshape(q.shape)
+        codes = self.unpack(h["packed"].view(torch.uint8), numel)
+        scales = self.decode_absmax(h) if absmax is None else absmax
+        values = (h["code"][codes.long()] * scales.repeat_interleave(h["blocksize"])[:numel]).to(dtype)
+        if out is None:
+            return values.reshape(q.shape)
+        return out.copy_(values.reshape(q.shape))
 
     def matmul(self, x: torch.Tensor, q: Quantized, bias: torch.Tensor | None,
                compute_dtype: torch.dtype) -> torch.Tensor:
+        return self.matmul_with(x, q, bias, compute_dtype)
+
+    def matmul_with(self, x: torch.Tensor, q: Quantized, bias: torch.Tensor | None, compute_dtype: torch.dtype,
+                    *, out: torch.Tensor | None = None, orientation: str = "default") -> torch.Tensor:
+        if orientation != "default":
+            return super().matmul_with(x, q, bias, compute_dtype, out=out, orientation=orientation)
         w = self.dequantize(q, compute_dtype)
         b = bias.to(compute_dtype) if bias is not None else None
-        return F.linear(x.to(compute_dtype), w, b).to(x.dtype)
+        y = F.linear(x.to(compute_dtype), w, b)
+        return out.copy_(y) if out is not None else y.to(x.dtype)
 
     # -- packed state, serialization --------------------------------------------------------
     def export_packed(self, q: Quantized) -> PackedBnb4:
@@ -111,7 +129,7 @@ class TorchNF4Backend(Backend):
         np_ = lambda t: t.detach().cpu().numpy()  # noqa: E731
         nested = "nested_absmax" in h
         return PackedBnb4(quant_type=h["quant_type"], blocksize=h["blocksize"], shape=q.shape,
-                          packed=np_(h["packed"]), absmax=np_(h["absmax"]), code=np_(h["code"]),
+                          packed=np_(h["packed"].view(torch.uint8)), absmax=np_(h["absmax"]), code=np_(h["code"]),
                           nested_absmax=np_(h["nested_absmax"]) if nested else None,
                           nested_code=np_(h["nested_code"]) if nested else None,
                           nested_blocksize=NESTED_BLOCKSIZE if nested else None,
@@ -145,5 +163,6 @@ class TorchNF4Backend(Backend):
         if "offset" in state:
             handle["offset"] = float(state["offset"])
         shape = tuple(int(n) for n in state["shape"])
-        spec = QuantSpec(handle["quant_type"], handle["blocksize"], "nested_absmax" in handle)
+        spec = QuantSpec(handle["quant_type"], handle["blocksize"], "nested_absmax" in handle,
+                         quant_storage=handle["packed"].dtype)
         return Quantized(self.name, spec, shape, torch.device(device), handle)

@@ -1,0 +1,103 @@
+"""Quantizer checks shared by the quantize and weight-layout suites.
+
+bitsandbytes-layout formats quantize each element to the nearest code after scaling by
+its block's absmax: codes and absmax are compared with the reference quantizer's
+(elements within fp32 rounding of a midpoint may go either way and are excluded), and
+the round trip ``|w - decode(quantize(w))|`` must stay within half the code gap the
+element fell into, times its block's absmax. HQQ optimizes its zero point, so there is
+no reference for its scale and zero; given the stored ones, every code must be the
+nearest level.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from pytest_qconform.backends.base import QuantSpec
+from pytest_qconform.reference import bnb4, bounds, hqq4
+
+from ._cases import reference_decode
+
+U32 = bounds.unit_roundoff(torch.float32)
+
+
+def _half_gaps(table: torch.Tensor, scaled: torch.Tensor) -> torch.Tensor:
+    """Half the width of the code interval each scaled value falls into."""
+    codes = torch.sort(table).values
+    gaps = torch.diff(codes)
+    idx = torch.searchsorted(codes, scaled.clamp(codes[0], codes[-1]).contiguous()).clamp(1, len(codes) - 1)
+    return gaps[idx - 1] / 2
+
+
+def _tie_mask(table: torch.Tensor, scaled: torch.Tensor) -> torch.Tensor:
+    codes = torch.sort(table).values
+    midpoints = (codes[1:] + codes[:-1]) / 2
+    dist = (scaled.unsqueeze(-1) - midpoints).abs().min(dim=-1).values
+    return dist <= 8 * U32 * (1 + scaled.abs())
+
+
+def check_codes_and_absmax(qbackend, qcheck, spec: QuantSpec, weight: torch.Tensor, quantized=None):
+    """The backend's codes and absmax for ``weight`` against the reference quantizer's
+    (ties excluded), and the round trip within half a code gap. ``quantized``: the
+    backend's state for ``weight`` if already made. Returns the packed state."""
+    packed = qbackend.export_packed(quantized or qbackend.quantize(weight, spec))
+    ref_codes, ref_absmax = bnb4.quantize(weight.cpu(), spec.format, spec.blocksize)
+    got_codes = bnb4.unpack_codes(packed.packed, case_numel := weight.numel())
+    table = torch.tensor(bnb4.code_table(spec.format), dtype=torch.float64)
+    flat = weight.detach().cpu().double().reshape(-1)
+    block_absmax = ref_absmax.cpu().repeat_interleave(spec.blocksize)[:case_numel]
+    scaled = torch.where(block_absmax > 0, flat / block_absmax.clamp_min(1e-300), torch.zeros_like(flat))
+    comparable = ~_tie_mask(table, scaled)
+    # Codes that decode to the same value (FP4's +0 and -0) are the same quantization.
+    same_value = table[torch.as_tensor(np.asarray(got_codes, dtype=np.int64))] == \
+        table[torch.as_tensor(np.asarray(ref_codes, dtype=np.int64))]
+    mismatched = np.flatnonzero((~same_value & comparable).numpy())
+    if mismatched.size:
+        i = int(mismatched[0])
+        qcheck.equal(int(got_codes[i]), int(ref_codes[i]),
+                     f"quantize code of element {i} (w={flat[i].item()!r}, scaled={scaled[i].item()!r}; "
+                     f"{mismatched.size} non-tie mismatches)")
+    got_absmax = bnb4.decode_absmax(packed, device="cpu")
+    if packed.double_quant:
+        # absmax went through the 8-bit dynamic map: its code is one of the two codes
+        # around the normalized value (bitsandbytes' search need not pick the nearest),
+        # so the error is within the full gap of that interval.
+        nested = torch.as_tensor(np.asarray(packed.nested_absmax), dtype=torch.float64)
+        nested = nested.repeat_interleave(packed.nested_blocksize)[: len(ref_absmax)]
+        nested_map = torch.as_tensor(np.asarray(packed.nested_code), dtype=torch.float64)
+        normalized = (ref_absmax.cpu() - float(packed.offset)) / nested
+        bound = nested * 2 * _half_gaps(nested_map, normalized) + 4 * U32 * ref_absmax.cpu().abs()
+    else:
+        bound = bounds.rounding_bound(ref_absmax.cpu(), torch.float32)
+    qcheck.within(got_absmax, ref_absmax.cpu(), bound, "blockwise absmax")
+    # Round trip: within half the code interval, times the stored absmax.
+    decoded = reference_decode(packed, torch.device("cpu")).reshape(-1)
+    stored_absmax = got_absmax.repeat_interleave(spec.blocksize)[:case_numel]
+    trip_bound = (_half_gaps(table, scaled) * block_absmax + table.abs().max() * (stored_absmax - block_absmax).abs()
+                  + 4 * U32 * flat.abs() + 1e-300)
+    qcheck.within(decoded, flat, trip_bound, "round trip |w - decode(quantize(w))|")
+    return packed
+
+
+def check_hqq_nearest_levels(qbackend, qcheck, spec: QuantSpec, weight: torch.Tensor, device: torch.device,
+                             quantized=None):
+    """HQQ's codes for ``weight`` against the nearest level of its own stored scale and
+    zero, ``clamp(round(w / scale + zero), 0, 15)``, outside a band around the rounding
+    ties as wide as the stored scale's and zero's rounding to the compute dtype (and to
+    fp16, in which HQQ optimizes on a GPU) can move a level. Returns the packed state."""
+    dtype = weight.dtype
+    packed = qbackend.export_packed(quantized or qbackend.quantize(weight, spec))
+    codes, zero, scale = hqq4.decode_parts(packed)
+    levels = weight.cpu().double() / scale + zero
+    u = max(bounds.unit_roundoff(dtype), bounds.unit_roundoff(torch.float16 if device.type == "cuda"
+                                                              else torch.float32))
+    band = 4 * u * (levels.abs() + zero.abs()) + 2 ** -18
+    nearest = levels.round().clamp(0, 15)
+    tie = (levels - levels.floor() - 0.5).abs() <= band
+    wrong = ((codes != nearest) & ~tie).nonzero()
+    if wrong.numel():
+        i = tuple(int(v) for v in wrong[0])
+        qcheck.equal(int(codes[i]), int(nearest[i]), f"HQQ code of element {i} (w={weight[i].item()!r}, "
+                     f"level w/scale+zero={levels[i].item()!r}; {wrong.shape[0]} non-tie mismatches)")
+    qcheck.record_multiple(0.0)
+    return packed

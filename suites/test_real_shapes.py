@@ -1,0 +1,130 @@
+"""Layer shapes of real models, and tensors of 2^31 elements or more.
+
+The drawn weights of the other suites are at most 64 x 128: every threshold a kernel
+has (K at least its tile, K not a multiple of the blocksize, N not a multiple of its
+row group, more blocks than one double-quantization group of 256 holds, element
+indices past 2^16 or 2^31) lies beyond them. Here every operation runs on layer shapes
+at batch 1, a few rows and a prefill-sized batch.
+
+On a GPU these are the projections of a 7-8B model (4096 x 4096 attention, 14336 x 4096
+MLP up/gate, 4096 x 14336 down, 32000 and 128256 x 4096 vocabularies) and a K that is
+not a multiple of any blocksize (4096 x 4104); the default ``ci`` profile takes the first
+of these a backend claims, so the H100 run stays within its minute, and ``thorough`` all
+of them in every dtype. On the CPU, where bitsandbytes compiles per shape and Triton
+interprets, two shapes cross the same thresholds at a fraction of the size. ``thorough``
+adds, on a GPU, the 2^31-element case (the int32 index-overflow class), run in a child
+process so that a crash there ends in a verdict; it is skipped with the reason where the
+GPU lacks the memory.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from pytest_qconform.backends.base import QuantSpec
+from pytest_qconform.outcomes import NOT_CLAIMED_PREFIX, OOM_PREFIX
+from pytest_qconform.reference import bounds, linear
+from pytest_qconform.strategies import WeightCase
+
+from ._cases import dtype_id, reference_decode, require_claim, spec_id, weight_error
+from ._isolated import run_isolated
+from ._large import check_in_chunks
+
+# GPU, ci: the first shape a backend claims (a K of 4104 is no multiple of any blocksize,
+# nor of HQQ's groups, so HQQ takes 4096 x 4096): about 2 s a case on the H100, where the
+# whole list took 15-24 s (the float64 reference of a 32000 x 4096 weight is 1 GiB).
+GPU_SHAPES = {"ci": ((4096, 4104), (4096, 4096)),
+              "thorough": ((4096, 4104), (4096, 4096), (14336, 4096), (4096, 14336), (32000, 4096),
+                           (128256, 4096))}
+# CPU: K a multiple of 256 (the fused rows kernel's) with N not a multiple of its 4-row
+# group and 2 nested groups (18 x 1024, small: the interpreter runs the rows kernel at
+# ~1 s per 10^5 weights); K not a multiple of any blocksize, 9 nested groups, more than
+# 2^17 elements (136 x 1000). thorough adds 19 nested groups at K = 2304.
+CPU_SHAPES = {"ci": ((18, 1024), (136, 1000)), "thorough": ((18, 1024), (136, 1000), (130, 2304))}
+REAL_SPECS = (QuantSpec("nf4", 64, True), QuantSpec("fp4", 128), QuantSpec("hqq4", 64))
+GPU_CI_SPECS = (QuantSpec("nf4", 64, True), QuantSpec("hqq4", 64))  # one per layout: the H100's minute
+ROWS = {"cuda": (1, 3, 512), "cpu": (1, 3, 64)}  # batch 1, a few rows, a prefill
+DTYPES_BY_PROFILE = {"ci": (torch.bfloat16,), "thorough": (torch.bfloat16, torch.float16, torch.float32)}
+
+
+def _claimed_shape(spec: QuantSpec, shape: tuple[int, int]) -> bool:
+    """HQQ groups run along rows of the flattened weight: K must divide by the group."""
+    return spec.format != "hqq4" or shape[1] % spec.blocksize == 0
+
+
+def layer_shapes(spec: QuantSpec, qprofile: str, device: torch.device) -> list[tuple[int, int]]:
+    """The shapes a spec is checked on: every claimed one, except on a GPU in ``ci``
+    (the first claimed one: the default H100 run stays within its minute)."""
+    claimed = [s for s in (GPU_SHAPES if device.type == "cuda" else CPU_SHAPES)[qprofile] if _claimed_shape(spec, s)]
+    return claimed[:1] if device.type == "cuda" and qprofile == "ci" else claimed
+
+
+@pytest.mark.qconform_operation("real-shapes")
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16, torch.float32), ids=dtype_id)
+@pytest.mark.parametrize("spec", REAL_SPECS, ids=spec_id)
+def test_layer_shapes(qtarget, qbackend, qdevice, qcheck, qprofile, spec, dtype):
+    """Per shape: quantize, dequantize into ``dtype`` (against the reference decoding of
+    the backend's own bytes, in slices), matmul at batch 1, a few rows and a prefill, and
+    the backward of the prefill. ``ci`` checks bf16 (the other dtypes: ``thorough``)."""
+    if dtype not in DTYPES_BY_PROFILE[qprofile] or (qdevice.type == "cuda" and qprofile == "ci"
+                                                    and spec not in GPU_CI_SPECS):
+        pytest.skip(f"{NOT_CLAIMED_PREFIX} in the ci profile: {spec_id(spec)} {dtype_id(dtype)} layer shapes "
+                    "run in the thorough profile")
+    require_claim(qbackend, qtarget, spec, dtype, backward=True)
+    for shape in layer_shapes(spec, qprofile, qdevice):
+        case = WeightCase(shape, "normal", 2024)
+        qcheck.describe(**case.describe())
+        quantized = qbackend.quantize(case.make(qdevice), spec)
+        packed = qbackend.export_packed(quantized)
+        check_in_chunks(qcheck, qbackend.dequantize(quantized, dtype), packed, dtype, f"dequantize {shape}")
+        w = reference_decode(packed, qdevice)
+        w_errors = {}  # the gemv's weight error model (1 row) and the others' (bounds.weight_error)
+        for rows in ROWS[qdevice.type]:
+            qcheck.describe(rows=rows)
+            x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(rows)).to(dtype).to(qdevice)
+            x.requires_grad_(rows == ROWS[qdevice.type][-1])
+            bias = torch.randn(shape[0], generator=torch.Generator().manual_seed(7)).to(dtype).to(qdevice)
+            y = qbackend.matmul(x, quantized, bias, dtype)
+            if min(rows, 2) not in w_errors:
+                w_errors[min(rows, 2)] = weight_error(packed, w, dtype, rows=rows)
+            w_error = w_errors[min(rows, 2)]
+            qcheck.within(y, linear.linear(x.double(), w, bias.double()),
+                          bounds.matmul_bound(x.double(), w, bias.double(), dtype, dtype, w_error=w_error),
+                          f"matmul {shape} with {rows} rows")
+            if x.requires_grad:
+                dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(9)).to(dtype).to(qdevice)
+                y.backward(dy)
+                qcheck.within(x.grad, dy.double() @ w,
+                              bounds.grad_bound(dy.double(), w, dtype, dtype, w_error=w_error),
+                              f"backward {shape} with {rows} rows")
+            del x, y
+        del w, w_errors
+
+
+# 2^31 + 2^25 elements: past the int32 index range by more than one program's tile.
+LARGE_SHAPE = (65537, 32768)
+LARGE_SPECS = (QuantSpec("nf4", 64, True),)  # the nested index too; each case takes about a minute
+
+
+@pytest.mark.qconform_operation("large-tensor")
+@pytest.mark.qconform_dtype("bf16")
+@pytest.mark.parametrize("spec", LARGE_SPECS, ids=spec_id)
+def test_more_than_2_31_elements(qtarget, qbackend, qdevice, qcheck, qprofile, spec):
+    """Dequantize and batch-1 matmul of a 65537 x 32768 weight (2^31 + 2^25 elements)
+    adopted from random bytes in bitsandbytes' layout (``from_packed``), compared with
+    the reference in slices. ``thorough`` on a GPU only."""
+    if qdevice.type != "cuda":
+        pytest.skip(f"{NOT_CLAIMED_PREFIX} 2^31-element tensors are checked on a GPU")
+    if qprofile != "thorough":
+        pytest.skip(f"{NOT_CLAIMED_PREFIX} 2^31-element tensors run in the thorough profile")
+    require_claim(qbackend, qtarget, spec, torch.bfloat16)
+    numel = math.prod(LARGE_SHAPE)
+    needed = numel // 2 + numel * 2 + (4 << 30)  # packed bytes, the bf16 output, slices and workspace
+    free, _ = torch.cuda.mem_get_info(qdevice)
+    if free < needed:
+        pytest.skip(f"{OOM_PREFIX} needs about {needed / 2**30:.1f} GiB of GPU memory, {free / 2**30:.1f} GiB free")
+    torch.cuda.empty_cache()
+    run_isolated("pytest_qconform.suites._large:check_large_tensor", qbackend, qcheck, spec, LARGE_SHAPE,
+                 str(qdevice))

@@ -1,0 +1,82 @@
+"""Weight layouts: transposed, sliced and offset views passed to quantize as users pass them.
+
+A weight is not always a fresh contiguous tensor: a tied embedding used as an output
+projection is a transpose, a fused QKV weight is cut into row and column slices, a
+shard starts at an offset in a larger storage. Adapters hand the view over unchanged
+(no ``.contiguous()`` in front of the library), and the backend must either quantize the
+logical values (as the quantize suite checks them) or refuse with an error that names
+the layout. Reading the storage in memory order, silently, fails.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pytest_qconform.backends.base import QuantSpec
+from pytest_qconform.strategies import WeightCase, weight_cases
+
+from ._cases import DTYPES, dequantize_bound, dtype_id, reference_decode, require_claim, shapes_for, spec_id
+from ._quantizer import check_codes_and_absmax, check_hqq_nearest_levels
+
+pytestmark = pytest.mark.qconform_operation("quantize-layout")
+
+LAYOUT_SPECS = (QuantSpec("nf4", 64), QuantSpec("nf4", 64, True), QuantSpec("fp4", 128),
+                QuantSpec("hqq4", 64, axis=1), QuantSpec("hqq4", 64, axis=0))
+LAYOUTS = ("transposed", "column-strided", "offset-rows")
+# Words an error must contain to count as a clear refusal of the layout.
+LAYOUT_WORDS = ("contiguous", "stride", "layout", "transpos")
+
+
+def strided_view(values: torch.Tensor, layout: str) -> torch.Tensor:
+    """``values`` (2-D) as a non-contiguous view holding the same logical values."""
+    n, k = values.shape
+    if layout == "transposed":  # storage holds W^T: W[i, j] at j * n + i
+        return values.t().contiguous().t()
+    if layout == "column-strided":  # every other column of a wider tensor
+        wide = torch.zeros(n, 2 * k, dtype=values.dtype, device=values.device)
+        wide[:, ::2] = values
+        return wide[:, ::2]
+    if layout == "offset-rows":  # rows of a wider tensor, starting at an offset (a shard of a fused weight)
+        wide = torch.zeros(n + 1, k + 3, dtype=values.dtype, device=values.device)
+        wide[1:, 3:] = values
+        return wide[1:, 3:]
+    raise ValueError(f"unknown layout {layout!r}; known: {LAYOUTS}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("spec", LAYOUT_SPECS, ids=spec_id)
+def test_strided_weight_quantizes_like_its_contiguous_copy(qtarget, qbackend, qdevice, qcheck, spec, dtype):
+    """Each layout: the state quantized from the view passes the quantize suite's checks
+    of the logical values (bitsandbytes layout: codes and absmax against the reference
+    quantizer; HQQ: codes the nearest levels of its scale and zero; a floating-point
+    reduction may legitimately run in another order over a strided tensor, so HQQ's scale
+    need not be bit-identical to the contiguous copy's), and its dequantize is within
+    bound of the reference decoding. ``dtype`` is the weight's."""
+    require_claim(qbackend, qtarget, spec, dtype)
+
+    @given(case=weight_cases(shapes_for(spec), ("normal", "outliers")), layout=st.sampled_from(LAYOUTS))
+    def check(case: WeightCase, layout: str):
+        qcheck.describe(**case.describe(), layout=layout, weight_dtype=dtype_id(dtype))
+        weight = case.make(qdevice).to(dtype)
+        view = strided_view(weight, layout)
+        assert torch.equal(view, weight)  # (a 1-row weight's transpose is still contiguous)
+        try:
+            quantized = qbackend.quantize(view, spec)
+        except Exception as exc:  # noqa: BLE001 - a clear refusal passes, anything else is reported
+            if not any(word in str(exc).lower() for word in LAYOUT_WORDS):
+                raise AssertionError(f"quantize of a {layout} weight raised an error that does not name the "
+                                     f"layout: {type(exc).__name__}: {exc}; " + qcheck._where()) from exc
+            qcheck.record_multiple(0.0)
+            return
+        if spec.format == "hqq4":
+            packed = check_hqq_nearest_levels(qbackend, qcheck, spec, view, qdevice, quantized=quantized)
+        else:
+            packed = check_codes_and_absmax(qbackend, qcheck, spec, view, quantized=quantized)
+        exact = reference_decode(packed, qdevice)
+        out = qbackend.dequantize(quantized, dtype)
+        qcheck.within(out, exact, dequantize_bound(packed, exact, dtype),
+                      f"dequantize of the state quantized from a {layout} view")
+
+    check()
