@@ -158,3 +158,9 @@ class BitsandbytesBackend(Backend):
         packed = param.data.as_subclass(torch.Tensor)
         return Quantized(self.name, spec, tuple(int(n) for n in qstate.shape), torch.device(device),
                          BnbHandle(packed, qstate))
+
+    def layers(self) -> Any:
+        """``Linear4bit`` (``bitsandbytes_layer.BitsandbytesLayers``)."""
+        from pytest_qconform.backends.bitsandbytes_layer import BitsandbytesLayers
+
+        return BitsandbytesLayers(self)

@@ -147,3 +147,11 @@ class TorchNF4Backend(Backend):
         shape = tuple(int(n) for n in state["shape"])
         spec = QuantSpec(handle["quant_type"], handle["blocksize"], "nested_absmax" in handle)
         return Quantized(self.name, spec, shape, torch.device(device), handle)
+
+    # -- layer facet -------------------------------------------------------------------------
+    def layers(self):
+        """The layer facet: this backend's weight as an ``nn.Module`` (``FunctionalLinear``,
+        the plugin's layer for a backend with a functional API only), checked by the layer suites."""
+        from pytest_qconform.backends.functional_layer import FunctionalLayers
+
+        return FunctionalLayers(self)
