@@ -13,11 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from pytest_qconform.reference import bounds
-
 from ._cases import DTYPES, dtype_id, reference_decode
 from ._layers import (LAYER_SHAPE, LAYER_SPECS, activation, bias_of, check_forward, layer_inputs, layer_spec_id,
-                      layer_weight_error, require_layer_claim, snapshot, snapshot_differences)
+                      layer_weight_error, lora_gradients, require_layer_claim, snapshot, snapshot_differences)
 
 # (training, grad): the four ways a layer is called; x shapes: one row (gemv), a batch, batch x sequence.
 MODES = ((True, True), (True, False), (False, True), (False, False))
@@ -90,9 +88,9 @@ def test_layer_forward_other_input_dtypes(qtarget, qbackend, qdevice, qcheck, sp
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("spec", LAYER_SPECS[:1] + LAYER_SPECS[-1:], ids=layer_spec_id)
 def test_lora_branch_on_the_layer_backward(qtarget, qbackend, qdevice, qcheck, spec, dtype):
-    """LoRA as PEFT adds it, beside the frozen layer: ``y = layer(x) + s (x A^T) B^T``.
-    Gradients of x, A and B against float64, each bound composed from the layer's
-    backward bound and the adapter's own matmul roundings (adapter in the same dtype)."""
+    """LoRA as PEFT adds it, beside the frozen layer: ``y = layer(x) + s (x A^T) B^T``, the
+    adapter in the layer's dtype. Gradients of x, A and B against float64
+    (``_layers.lora_gradients``)."""
     facet, _ = require_layer_claim(qbackend, qtarget, spec, dtype, backward=True)
     weight, bias = layer_inputs(47, dtype)
     layer = facet.quantize(weight, bias, spec, dtype, qdevice).train()
@@ -107,25 +105,12 @@ def test_lora_branch_on_the_layer_backward(qtarget, qbackend, qdevice, qcheck, s
     dy = torch.randn(y.shape, generator=gen).to(dtype).to(qdevice)
     y.backward(dy)
     w = reference_decode(packed, qdevice)
-    x2, dy2 = x.detach().double().reshape(-1, k), dy.double().reshape(-1, n)
-    a64, b64 = a.detach().double(), b.detach().double()
-
-    def mm(p, q):  # bound of fl(p @ q) in dtype, exact float64 operands
-        return bounds.matmul_bound(p, q.T, None, dtype, dtype)
-
-    u = x2 @ a64.T  # (M, r)
-    g = dy2 @ b64  # (M, r): dy B
-    e_u, e_g = mm(x2, a64.T), mm(dy2, b64)
-    dx_base_bound = bounds.grad_bound(dy2, w, dtype, dtype, w_error=layer_weight_error(packed, w, dtype))
-    dx_exact = dy2 @ w + LORA_SCALE * g @ a64
-    e_dx = dx_base_bound + LORA_SCALE * (mm(g, a64) + e_g @ a64.abs()) + bounds.rounding_bound(dx_exact, dtype) * 2
-    da_exact = LORA_SCALE * g.T @ x2
-    e_da = LORA_SCALE * (mm(g.T, x2) + e_g.T @ x2.abs()) + bounds.rounding_bound(da_exact, dtype)
-    db_exact = LORA_SCALE * dy2.T @ u
-    e_db = LORA_SCALE * (mm(dy2.T, u) + dy2.abs().T @ e_u) + bounds.rounding_bound(db_exact, dtype)
-    qcheck.within(x.grad.reshape(-1, k), dx_exact, e_dx, "dx through the layer and the LoRA branch")
-    qcheck.within(a.grad, da_exact, e_da, "d lora_A")
-    qcheck.within(b.grad, db_exact, e_db, "d lora_B")
+    grads = lora_gradients(x.detach().double().reshape(-1, k), dy.double().reshape(-1, n), w,
+                           layer_weight_error(packed, w, dtype), a.detach().double(), b.detach().double(), LORA_SCALE,
+                           dtype, dtype, dtype)
+    for name, got in (("dx", x.grad.reshape(-1, k)), ("lora_A", a.grad), ("lora_B", b.grad)):
+        exact, bound = grads[name]
+        qcheck.within(got, exact, bound, f"d {name} (through the layer and the LoRA branch)")
 
 
 @pytest.mark.qconform_operation("layer-state")
