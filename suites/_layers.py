@@ -29,6 +29,15 @@ LAYER_SPECS: tuple[QuantSpec, ...] = (QuantSpec("nf4", 64), QuantSpec("nf4", 64,
 LAYER_SHAPE = (64, 128)  # (out, in): whole blocks per row at 64 and 128, as LLM layers have
 
 
+OPTIONAL = {"transformers": "transformers", "peft": "PEFT", "safetensors.torch": "safetensors"}
+
+
+def needs(module: str):
+    """The optional dependency ``module`` (the ``layers`` extra), or a skip naming it."""
+    return pytest.importorskip(module, reason=f"needs {OPTIONAL[module]}, which is not installed: "
+                                              "pip install 'pytest-qconform[layers]'")
+
+
 def layer_spec_id(spec: QuantSpec) -> str:
     return spec.label()
 
@@ -145,8 +154,7 @@ def check_forward(qcheck, packed: PackedBnb4 | PackedHqq4, layer: torch.nn.Modul
 
 def tiny_llama(dtype: torch.dtype, seed: int):
     """A one-layer Llama from a config, random weights: no download."""
-    transformers = pytest.importorskip("transformers", reason="not claimed: transformers is not installed "
-                                       "(pip install 'pytest-qconform[layers]')")
+    transformers = needs("transformers")
     config = transformers.LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=1,
                                       num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32)
     torch.manual_seed(seed)

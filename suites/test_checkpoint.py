@@ -20,7 +20,7 @@ from pytest_qconform.backends.base import QuantSpec
 
 from ._cases import DTYPES, dtype_id
 from ._layers import (LAYER_SHAPE, LAYER_SPECS, activation, layer_inputs, layer_spec_id, require_layer_claim, snapshot,
-                      snapshot_differences, tiny_llama)
+                      needs, snapshot_differences, tiny_llama)
 
 pytestmark = pytest.mark.qconform_operation("checkpoint")
 PLATFORM_BLOCKSIZES = (64, 128)  # CUDA/CPU, ROCm
@@ -28,8 +28,7 @@ CHECKPOINT_SPECS = LAYER_SPECS + (QuantSpec("nf4", 128),)  # saved at 64 and at 
 
 
 def _through_safetensors(state: dict[str, torch.Tensor], tmp_path, name: str) -> dict[str, torch.Tensor]:
-    safetensors_torch = pytest.importorskip("safetensors.torch", reason="not claimed: safetensors is not installed "
-                                            "(pip install 'pytest-qconform[layers]')")
+    safetensors_torch = needs("safetensors.torch")
     path = tmp_path / f"{name}.safetensors"
     safetensors_torch.save_file({k: v.detach().contiguous() for k, v in state.items()}, str(path))
     return safetensors_torch.load_file(str(path))
@@ -107,7 +106,7 @@ def test_pre_quantized_model_through_transformers(qtarget, qbackend, qdevice, qc
     quantization config, saved pre-quantized with ``save_pretrained`` and loaded back:
     every 4-bit layer holds the same quantization, bit for bit, and the logits agree."""
     facet, _ = require_layer_claim(qbackend, qtarget, spec, dtype, transformers=True)
-    transformers = pytest.importorskip("transformers")
+    transformers = needs("transformers")
     model = tiny_llama(dtype, 79)
     model.save_pretrained(tmp_path / "float")
     qcheck.describe(model="tiny Llama, 1 layer, hidden 128", seed=79)

@@ -38,12 +38,12 @@ def test_gpu_to_cpu_and_back(qtarget, qbackend, qdevice, qcheck, spec, move):
     """Quantized on the GPU, to the CPU and back (``.to("cpu")``/``.to(device)``, or
     ``.cpu()``/``.cuda()``): the same stored quantization on each device, and forwards
     that are right on each (on the CPU where the layer claims the CPU)."""
-    if qdevice.type != "cuda":
-        pytest.skip("needs a GPU: the move is GPU -> CPU -> GPU")
     dtype = _model_dtype(qtarget)
     facet, _ = require_layer_claim(qbackend, qtarget, spec, dtype)
     for name in MOVE_CLAIMS[move]:
         require_layer_claim(qbackend, qtarget, spec, dtype, move=name)
+    if qdevice.type != "cuda":
+        pytest.skip("needs a GPU: the move is GPU -> CPU -> GPU")
     weight, bias = layer_inputs(83, dtype)
     layer = facet.quantize(weight, bias, spec, dtype, qdevice)
     before = snapshot(facet, layer)

@@ -28,7 +28,8 @@ from pytest_qconform.reference import bounds, requantize
 from pytest_qconform.reference.packed import PackedBnb4
 
 from ._cases import dequantize_bound, dtype_id, reference_decode
-from ._layers import layer_spec_id, layer_weight_error, lora_gradients, quantized_tiny_llama, require_layer_claim
+from ._layers import (layer_spec_id, layer_weight_error, lora_gradients, needs, quantized_tiny_llama,
+                      require_layer_claim)
 
 PEFT_SPECS = (QuantSpec("nf4", 64), QuantSpec("hqq4", 64))  # double quantization: see reference.requantize
 TARGETS = ("q_proj", "v_proj", "down_proj")
@@ -37,7 +38,7 @@ U32 = bounds.unit_roundoff(torch.float32)
 
 
 def _peft_model(qcheck, facet, caps, spec, dtype, device, tmp_path):
-    peft = pytest.importorskip("peft", reason="not claimed: PEFT is not installed (pip install 'pytest-qconform[layers]')")
+    peft = needs("peft")
     model = quantized_tiny_llama(qcheck, facet, caps, spec, dtype, device, tmp_path, seed=101)
     model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     torch.manual_seed(103)

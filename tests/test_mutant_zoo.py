@@ -60,7 +60,8 @@ def test_correct_backend_passes_every_check(zoo_report: dict) -> None:
     assert verdicts, "the correct backend produced no cells"
     failing = {op: v for op, v in verdicts.items() if v - {"pass"}}
     assert not failing, f"the correct backend did not pass: {failing}"
-    expected = {"quantize", "dequantize", "matmul", "matmul-fp32-input", "backward", "sequencing", "interop"}
+    expected = {"quantize", "dequantize", "matmul", "matmul-fp32-input", "backward", "sequencing", "interop",
+                "layer-quantize", "layer-forward", "layer-state", "checkpoint", "device-move", "layer-sequencing"}
     assert expected <= set(verdicts)
 
 
