@@ -9,6 +9,7 @@ the compute dtype first (bitsandbytes' gemv).
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -20,7 +21,7 @@ from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 from pytest_qconform.strategies import WeightCase
 from pytest_qconform.targets import Target
 
-from ._cases import dtype_id, reference_decode, weight_error
+from ._cases import reference_decode, require_claim, weight_error
 
 # NF4 at the CUDA/CPU default blocksize, with and without double quantization, and HQQ.
 # (The ROCm default, 128, is what the checkpoint suite loads into; the functional suites
@@ -45,28 +46,14 @@ def layer_spec_id(spec: QuantSpec) -> str:
 def require_layer_claim(backend: Backend, target: Target, spec: QuantSpec | None = None,
                         dtype: torch.dtype | None = None, *, backward: bool = False, move: str | None = None,
                         peft: bool = False, transformers: bool = False) -> tuple[LayerFacet, LayerCapabilities]:
-    """The backend's layer facet and its claims on the target, or a ``not claimed`` skip."""
+    """The backend's layer facet and its claims on the target, or a ``not claimed`` skip:
+    the layer claims what the backend claims (``require_claim``) plus its own flags."""
     facet = backend.layers()
     if facet is None:
         pytest.skip(f"{NOT_CLAIMED_PREFIX} {backend.name} offers no layer (Backend.layers() is None)")
-    device = torch.device(target.torch_device or "cpu")
-    caps = facet.capabilities(device)
+    require_claim(backend, target, spec, dtype, backward=backward)
+    caps = facet.capabilities(torch.device(target.torch_device or "cpu"))
     problems = []
-    if ("cuda" if device.type == "cuda" else device.type) not in caps.devices:
-        problems.append(f"device {device.type}")
-    if spec is not None:
-        if spec.format not in caps.formats:
-            problems.append(f"format {spec.format}")
-        if spec.blocksize not in caps.blocksizes:
-            problems.append(f"blocksize {spec.blocksize}")
-        if spec.double_quant and not caps.double_quant:
-            problems.append("double quantization")
-    if dtype is not None and dtype not in caps.dtypes:
-        problems.append(f"dtype {dtype_id(dtype)}")
-    if dtype is torch.bfloat16 and not target.bf16:
-        problems.append(f"bf16 on {target.arch} (the arch has no bf16)")
-    if backward and not caps.backward:
-        problems.append("backward")
     if move is not None and move not in caps.moves:
         problems.append(f"the .{move}() move")
     if peft and not caps.peft:
@@ -108,9 +95,12 @@ def snapshot(facet: LayerFacet, layer: torch.nn.Module) -> dict[str, object]:
     return {key: (value.copy() if hasattr(value, "copy") else value) for key, value in fields.items()}
 
 
-def snapshot_differences(before: dict[str, object], after: dict[str, object]) -> list[str]:
-    import numpy as np
+def _describe(value: object) -> str:
+    return f"{value.dtype}{list(value.shape)}" if isinstance(value, np.ndarray) else repr(value)
 
+
+def snapshot_differences(before: dict[str, object], after: dict[str, object]) -> list[str]:
+    """``"field: before -> after"`` for every field that differs (arrays: dtype, shape or values)."""
     changed = []
     for key in sorted(set(before) | set(after)):
         a, b = before.get(key), after.get(key)
@@ -118,9 +108,8 @@ def snapshot_differences(before: dict[str, object], after: dict[str, object]) ->
             same = (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype
                     and a.shape == b.shape and np.array_equal(a, b))
             if not same:
-                describe = lambda v: f"{v.dtype}{list(v.shape)}" if isinstance(v, np.ndarray) else repr(v)  # noqa: E731
-                changed.append(f"{key}: {describe(a)} -> {describe(b)}"
-                               + ("" if describe(a) != describe(b) else " (values)"))
+                values_only = _describe(a) == _describe(b)
+                changed.append(f"{key}: {_describe(a)} -> {_describe(b)}" + (" (values)" if values_only else ""))
         elif a != b:
             changed.append(f"{key}: {a!r} -> {b!r}")
     return changed

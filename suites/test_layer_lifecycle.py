@@ -22,7 +22,7 @@ from ._layers import (LAYER_SHAPE, LAYER_SPECS, activation, check_forward, layer
 
 # A move there and a move back, each as users write it.
 ROUND_TRIPS = {"to": (lambda m: m.to("cpu"), lambda m, d: m.to(d)),
-               "cuda": (lambda m: m.cpu(), lambda m, d: m.cuda(d.index))}
+               "cuda": (lambda m: m.cpu(), lambda m, d: m.cuda())}  # the current device: the target's
 MOVE_CLAIMS = {"to": ("to",), "cuda": ("cpu", "cuda")}
 
 
@@ -50,7 +50,7 @@ def test_gpu_to_cpu_and_back(qtarget, qbackend, qdevice, qcheck, spec, move):
     to_cpu, back = ROUND_TRIPS[move]
     qcheck.describe(shape=LAYER_SHAPE, seed=83, move=move)
     layer = to_cpu(layer)
-    cpu_claimed = "cpu" in facet.capabilities(torch.device("cpu")).devices
+    cpu_claimed = "cpu" in qbackend.capabilities(torch.device("cpu")).devices
     if cpu_claimed:
         check_forward(qcheck, facet.packed(layer), layer, activation((3,), LAYER_SHAPE[1], 1, dtype, "cpu"), dtype,
                       "forward on the CPU after the move", grad=False)

@@ -71,11 +71,11 @@ def test_layer_forward_other_input_dtypes(qtarget, qbackend, qdevice, qcheck, sp
     """Activations of every other dtype into a layer of compute dtype ``dtype``: what
     PEFT's k-bit preparation (fp32) and mixed-precision models feed a layer. The layer
     computes in its compute dtype and returns the input's dtype."""
-    facet, caps = require_layer_claim(qbackend, qtarget, spec, dtype, backward=True)
+    facet, _ = require_layer_claim(qbackend, qtarget, spec, dtype, backward=True)
     weight, bias = layer_inputs(43, dtype)
     layer = facet.quantize(weight, bias, spec, dtype, qdevice)
     packed = facet.packed(layer)
-    for x_dtype in (d for d in caps.dtypes if d != dtype and (d is not torch.bfloat16 or qtarget.bf16)):
+    for x_dtype in (d for d in qbackend.capabilities(qdevice).dtypes if d != dtype and (d is not torch.bfloat16 or qtarget.bf16)):
         for training, grad in ((True, True), (False, False)):
             layer.train(training)
             qcheck.describe(shape=LAYER_SHAPE, seed=43, mode=_mode_id(training, grad), x_dtype=dtype_id(x_dtype))
@@ -120,11 +120,11 @@ def test_forwards_leave_the_quantization_state_unchanged(qtarget, qbackend, qdev
     """After forwards in every mode and input dtype, the layer's stored quantization
     (bytes, absmax or scale/zero, tables, blocksize, shape, dtypes) is bit for bit what
     it was, and a forward after them is still right."""
-    facet, caps = require_layer_claim(qbackend, qtarget, spec, dtype)
+    facet, _ = require_layer_claim(qbackend, qtarget, spec, dtype)
     weight, bias = layer_inputs(53, dtype)
     layer = facet.quantize(weight, bias, spec, dtype, qdevice)
     before = snapshot(facet, layer)
-    x_dtypes = [d for d in caps.dtypes if d is not torch.bfloat16 or qtarget.bf16]
+    x_dtypes = [d for d in qbackend.capabilities(qdevice).dtypes if d is not torch.bfloat16 or qtarget.bf16]
     for training, grad in MODES:
         layer.train(training)
         for x_dtype in x_dtypes:
@@ -145,12 +145,13 @@ def test_forwards_leave_the_quantization_state_unchanged(qtarget, qbackend, qdev
 
 
 @pytest.mark.qconform_operation("layer-state")
-@pytest.mark.parametrize("dtype", (torch.float32,), ids=dtype_id)
+@pytest.mark.qconform_dtype("fp32")
 @pytest.mark.parametrize("spec", LAYER_SPECS[:1] + LAYER_SPECS[-1:], ids=layer_spec_id)
-def test_forwards_leave_the_bias_unchanged(qtarget, qbackend, qdevice, qcheck, spec, dtype):
-    """A layer holding an fp32 bias and computing in bf16/fp16 keeps its bias: a forward
-    must not round a parameter the optimizer and the checkpoint own. (The compute dtype
-    here is the one of ``dtype``'s low-precision sibling, the weight stays ``dtype``.)"""
+def test_forwards_leave_the_bias_unchanged(qtarget, qbackend, qdevice, qcheck, spec):
+    """A bf16 (fp16 without bf16) layer given an fp32 bias keeps it fp32 and unchanged
+    through forwards in every mode: a forward must not round a parameter that the
+    optimizer and the next checkpoint own. (The cell's dtype is the bias's.)"""
+    dtype = torch.float32
     compute = torch.bfloat16 if qtarget.bf16 else torch.float16
     facet, _ = require_layer_claim(qbackend, qtarget, spec, compute)
     weight, bias = layer_inputs(59, dtype)

@@ -28,10 +28,7 @@ class BitsandbytesLayers(LayerFacet):
         self._backend = backend  # BitsandbytesBackend: its export_packed/load read the bytes
 
     def capabilities(self, device: torch.device) -> LayerCapabilities:
-        caps = self._backend.capabilities(device)
-        return LayerCapabilities(formats=caps.formats, blocksizes=caps.blocksizes, double_quant=True,
-                                 dtypes=caps.dtypes, devices=caps.devices, moves=MOVES, peft=True,
-                                 transformers=True)
+        return LayerCapabilities(moves=MOVES, peft=True, transformers=True)
 
     def layer_types(self) -> tuple[type, ...]:
         from bitsandbytes.nn import Linear4bit

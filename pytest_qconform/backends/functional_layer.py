@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from pytest_qconform.backends.base import Backend, Quantized, QuantSpec
-from pytest_qconform.backends.layers import MOVES, LayerCapabilities, LayerFacet
+from pytest_qconform.backends.layers import LayerFacet
 from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 
 PREFIX = "quant_"  # buffer name = PREFIX + the key of the backend's serialize() dict
@@ -95,17 +95,13 @@ class FunctionalLinear(torch.nn.Module):
 
 
 class FunctionalLayers(LayerFacet):
-    """The layer facet of a functional backend, through ``FunctionalLinear`` (or a subclass)."""
+    """The layer facet of a functional backend, through ``FunctionalLinear`` (or a subclass):
+    it claims what the backend claims, and every move; PEFT and transformers do not know it."""
 
     layer_class: type[FunctionalLinear] = FunctionalLinear
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
-
-    def capabilities(self, device: torch.device) -> LayerCapabilities:
-        caps = self.backend.capabilities(device)
-        return LayerCapabilities(formats=caps.formats, blocksizes=caps.blocksizes, double_quant=caps.double_quant,
-                                 dtypes=caps.dtypes, devices=caps.devices, backward=caps.backward, moves=MOVES)
 
     def layer_types(self) -> tuple[type, ...]:
         return (self.layer_class,)

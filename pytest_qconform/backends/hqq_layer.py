@@ -23,10 +23,7 @@ class HqqLayers(LayerFacet):
         self._backend = backend  # HqqBackend: its export_packed reads the bytes
 
     def capabilities(self, device: torch.device) -> LayerCapabilities:
-        caps = self._backend.capabilities(device)
-        return LayerCapabilities(formats=caps.formats, blocksizes=caps.blocksizes, double_quant=False,
-                                 dtypes=caps.dtypes, devices=caps.devices, moves=MOVES, peft=True,
-                                 transformers=True)
+        return LayerCapabilities(moves=MOVES, peft=True, transformers=True)
 
     def layer_types(self) -> tuple[type, ...]:
         from hqq.core.quantize import HQQLinear

@@ -29,7 +29,8 @@ MOVES: tuple[str, ...] = ("to", "cuda", "cpu")  # the device-move methods a laye
 
 @dataclass(frozen=True)
 class LayerCapabilities:
-    """What a backend's layer claims on a device; the layer suites test every claim.
+    """What a backend's layer claims beyond the backend's own ``Capabilities`` (formats,
+    blocksizes, dtypes, devices and backward are those; the layer suites test every claim).
 
     ``moves`` names the ``nn.Module`` methods that move a quantized layer between
     devices and keep it working (``"to"``, ``"cuda"``, ``"cpu"``). ``peft``: PEFT's LoRA
@@ -38,12 +39,6 @@ class LayerCapabilities:
     config of ``LayerFacet.transformers_config``.
     """
 
-    formats: tuple[str, ...]
-    blocksizes: tuple[int, ...]
-    double_quant: bool
-    dtypes: tuple[torch.dtype, ...]  # compute dtypes the layer is built with
-    devices: tuple[str, ...]  # "cpu", "cuda"
-    backward: bool = True
     moves: tuple[str, ...] = MOVES
     peft: bool = False
     transformers: bool = False
@@ -52,9 +47,10 @@ class LayerCapabilities:
 class LayerFacet(ABC):
     """How a backend builds, inspects and reloads its layer class."""
 
-    @abstractmethod
     def capabilities(self, device: torch.device) -> LayerCapabilities:
-        """What the layer supports on ``device``."""
+        """What the layer claims on ``device`` beyond the backend's capabilities (default:
+        every move; neither PEFT nor transformers)."""
+        return LayerCapabilities()
 
     @abstractmethod
     def quantize(self, weight: torch.Tensor, bias: torch.Tensor | None, spec: QuantSpec,
