@@ -19,12 +19,17 @@ import torch
 from pytest_qconform.backends.base import QuantSpec
 
 from ._cases import DTYPES, dtype_id
-from ._layers import (LAYER_SHAPE, LAYER_SPECS, activation, layer_inputs, layer_spec_id, require_layer_claim, snapshot,
-                      needs, snapshot_differences, tiny_llama)
+from ._layers import (LAYER_SHAPE, activation, layer_inputs, layer_spec_id, needs, parametrize_layer_specs,
+                      require_layer_claim, snapshot, snapshot_differences, tiny_llama)
 
 pytestmark = pytest.mark.qconform_operation("checkpoint")
 PLATFORM_BLOCKSIZES = (64, 128)  # CUDA/CPU, ROCm
-CHECKPOINT_SPECS = LAYER_SPECS + (QuantSpec("nf4", 128),)  # saved at 64 and at 128, each loaded at both
+SAVED_AT_128 = (QuantSpec("nf4", 128),)  # besides 64: checkpoints saved at both, each loaded at both
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    extra = SAVED_AT_128 if metafunc.function is test_state_dict_file_into_a_fresh_layer else ()
+    parametrize_layer_specs(metafunc, extra)
 
 
 def _through_safetensors(state: dict[str, torch.Tensor], tmp_path, name: str) -> dict[str, torch.Tensor]:
@@ -40,7 +45,6 @@ def _same_decode(qcheck, before: dict, facet, layer, what: str) -> None:
 
 @pytest.mark.qconform_dtype("bf16")
 @pytest.mark.parametrize("loading_default", PLATFORM_BLOCKSIZES, ids=lambda b: f"loader-b{b}")
-@pytest.mark.parametrize("spec", CHECKPOINT_SPECS, ids=layer_spec_id)
 def test_state_dict_file_into_a_fresh_layer(qtarget, qbackend, qdevice, qcheck, tmp_path, spec, loading_default):
     """state_dict -> safetensors file -> a fresh layer built with the loading platform's
     default blocksize -> the library's loader: the same stored quantization, bit for bit."""
@@ -60,7 +64,6 @@ def test_state_dict_file_into_a_fresh_layer(qtarget, qbackend, qdevice, qcheck, 
 
 @pytest.mark.qconform_dtype("bf16")
 @pytest.mark.parametrize("strict", (True, False), ids=("strict", "nonstrict"))
-@pytest.mark.parametrize("spec", LAYER_SPECS, ids=layer_spec_id)
 def test_load_state_dict_into_a_quantized_layer(qtarget, qbackend, qdevice, qcheck, tmp_path, spec, strict):
     """``load_state_dict`` into a layer already quantized from another weight: it raises,
     or the layer then holds the checkpoint's quantization exactly (never the checkpoint's
@@ -82,7 +85,6 @@ def test_load_state_dict_into_a_quantized_layer(qtarget, qbackend, qdevice, qche
 
 
 @pytest.mark.qconform_dtype("bf16")
-@pytest.mark.parametrize("spec", LAYER_SPECS, ids=layer_spec_id)
 def test_checkpoint_saved_after_inference(qtarget, qbackend, qdevice, qcheck, tmp_path, spec):
     """A checkpoint written after the layer ran in eval mode without grad (what saving a
     model after evaluating it does) reloads to the quantization the layer was built with."""

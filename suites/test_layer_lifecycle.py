@@ -17,7 +17,7 @@ import torch
 from pytest_qconform.backends.base import QuantSpec
 
 from ._cases import dtype_id
-from ._layers import (LAYER_SHAPE, LAYER_SPECS, activation, check_forward, layer_inputs, layer_spec_id,
+from ._layers import (LAYER_SHAPE, activation, check_forward, layer_inputs, layer_spec_id, parametrize_layer_specs,
                       require_layer_claim, snapshot, snapshot_differences)
 
 # A move there and a move back, each as users write it.
@@ -30,10 +30,13 @@ def _model_dtype(target) -> torch.dtype:
     return torch.bfloat16 if target.bf16 else torch.float16
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    parametrize_layer_specs(metafunc)  # the profile's layer specs
+
+
 @pytest.mark.qconform_operation("device-move")
 @pytest.mark.qconform_dtype("bf16")
 @pytest.mark.parametrize("move", tuple(ROUND_TRIPS), ids=lambda m: {"to": "to", "cuda": "cpu-cuda"}[m])
-@pytest.mark.parametrize("spec", LAYER_SPECS, ids=layer_spec_id)
 def test_gpu_to_cpu_and_back(qtarget, qbackend, qdevice, qcheck, spec, move):
     """Quantized on the GPU, to the CPU and back (``.to("cpu")``/``.to(device)``, or
     ``.cpu()``/``.cuda()``): the same stored quantization on each device, and forwards
@@ -63,7 +66,6 @@ def test_gpu_to_cpu_and_back(qtarget, qbackend, qdevice, qcheck, spec, move):
 
 @pytest.mark.qconform_operation("device-move")
 @pytest.mark.qconform_dtype("bf16")
-@pytest.mark.parametrize("spec", LAYER_SPECS, ids=layer_spec_id)
 def test_dtype_cast_of_a_quantized_layer_keeps_its_quantization(qtarget, qbackend, qdevice, qcheck, spec):
     """``model.half()``, ``.to(torch.bfloat16)``, ``.float()`` on a quantized layer cast
     what is float (the bias) and leave the quantization bit for bit; it still computes."""

@@ -15,7 +15,8 @@ import torch
 
 from ._cases import DTYPES, dtype_id, reference_decode
 from ._layers import (LAYER_SHAPE, LAYER_SPECS, activation, bias_of, check_forward, layer_inputs, layer_spec_id,
-                      layer_weight_error, lora_gradients, require_layer_claim, snapshot, snapshot_differences)
+                      layer_weight_error, lora_gradients, parametrize_layer_specs, require_layer_claim, snapshot,
+                      snapshot_differences)
 
 # (training, grad): the four ways a layer is called; x shapes: one row (gemv), a batch, batch x sequence.
 MODES = ((True, True), (True, False), (False, True), (False, False))
@@ -27,9 +28,12 @@ def _mode_id(training: bool, grad: bool) -> str:
     return f"{'train' if training else 'eval'}-{'grad' if grad else 'nograd'}"
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    parametrize_layer_specs(metafunc)  # the profile's layer specs
+
+
 @pytest.mark.qconform_operation("layer-quantize")
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("spec", LAYER_SPECS, ids=layer_spec_id)
 def test_layer_quantized_by_moving_holds_the_reference_quantization(qtarget, qbackend, qdevice, qcheck, spec, dtype):
     """A layer built from a float weight and moved to the device holds exactly the bytes
     the backend's quantizer gives that weight (which the quantize suite checks against
@@ -48,7 +52,6 @@ def test_layer_quantized_by_moving_holds_the_reference_quantization(qtarget, qba
 
 @pytest.mark.qconform_operation("layer-forward")
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("spec", LAYER_SPECS, ids=layer_spec_id)
 def test_layer_forward_in_every_mode(qtarget, qbackend, qdevice, qcheck, spec, dtype):
     """Train and eval, with and without grad, one row, a batch and batch x sequence, in
     the layer's compute dtype; dx through the layer wherever grad is on."""
@@ -115,7 +118,6 @@ def test_lora_branch_on_the_layer_backward(qtarget, qbackend, qdevice, qcheck, s
 
 @pytest.mark.qconform_operation("layer-state")
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("spec", LAYER_SPECS, ids=layer_spec_id)
 def test_forwards_leave_the_quantization_state_unchanged(qtarget, qbackend, qdevice, qcheck, spec, dtype):
     """After forwards in every mode and input dtype, the layer's stored quantization
     (bytes, absmax or scale/zero, tables, blocksize, shape, dtypes) is bit for bit what
