@@ -91,7 +91,8 @@ class FunctionalLinear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"backend={self.backend.name}, format={self.quantized.spec.label()}, compute_dtype={self.compute_dtype}")
+                f"backend={self.backend.name}, format={self.quantized.spec.label()}, "
+                f"compute_dtype={self.compute_dtype}")
 
 
 class FunctionalLayers(LayerFacet):

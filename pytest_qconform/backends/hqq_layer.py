@@ -53,6 +53,7 @@ class HqqLayers(LayerFacet):
                                                      layer.W_q.device, HqqHandle(layer)))
 
     def empty(self, spec: QuantSpec, shape: tuple[int, int], bias: bool, compute_dtype: torch.dtype) -> torch.nn.Module:
+        """An uninitialized ``HQQLinear``: group size, axis, shape and bias all come from the checkpoint."""
         from hqq.core.quantize import HQQLinear
 
         return HQQLinear(None, None, compute_dtype=compute_dtype, device="cpu", initialize=False)
