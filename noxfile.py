@@ -99,7 +99,7 @@ def downstream(session: nox.Session) -> None:
     started = time.monotonic()
     root = Path(__file__).resolve().parent
     session.install("-c", "constraints/cpu.txt", "torch==2.13.0")
-    session.install("-c", "constraints/cpu.txt", "-e", ".")
+    session.install("-c", "constraints/cpu.txt", "-e", ".", "safetensors")  # safetensors: the checkpoint suite
     with tempfile.TemporaryDirectory(prefix="qconform-downstream-") as scratch_dir:
         scratch = Path(scratch_dir)
         # Build the examples from a copy: an in-tree build leaves src/*.egg-info behind, which

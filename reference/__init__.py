@@ -13,6 +13,8 @@ Public, stable API (downstream conformance tests call it directly):
   ``decode``, ``quantize``, ``encode``
 - ``hqq4``: ``unpack_4bit_u8``, ``grouped_shape``, ``decode``
 - ``linear``: ``linear``, ``linear_backward``
+- ``requantize``: ``grid_values``, ``nearest_distance``, ``requantize_bound`` (a weight
+  quantized again from a float target, as PEFT's LoRA merge does)
 - ``bounds``: ``BOUND_MULTIPLE``, ``unit_roundoff``, ``gamma``, ``rounding_bound``,
   ``dequantize_bound``, ``bnb4_dequantize_bound``, ``matmul_bound``, ``grad_bound``,
   ``error_multiple``
@@ -26,7 +28,7 @@ Usage::
 """
 from __future__ import annotations
 
-from pytest_qconform.reference import bnb4, bounds, formats, hqq4, linear
+from pytest_qconform.reference import bnb4, bounds, formats, hqq4, linear, requantize
 from pytest_qconform.reference.bounds import (BOUND_MULTIPLE, bnb4_dequantize_bound, dequantize_bound,
                                               error_multiple, gamma, grad_bound, matmul_bound, rounding_bound,
                                               unit_roundoff)
@@ -37,5 +39,5 @@ from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 __all__ = [
     "BOUND_MULTIPLE", "FP4_CODE", "NF4_CODE", "PackedBnb4", "PackedHqq4", "bnb4", "bnb4_dequantize_bound",
     "bounds", "code_table", "dequantize_bound", "dynamic_map_signed", "error_multiple", "formats", "gamma",
-    "grad_bound", "hqq4", "linear", "linear_backward", "matmul_bound", "rounding_bound", "unit_roundoff",
+    "grad_bound", "hqq4", "linear", "linear_backward", "matmul_bound", "requantize", "rounding_bound", "unit_roundoff",
 ]

@@ -1,10 +1,11 @@
 """Proof that every conformance check can fail: the suites against the mutant zoo.
 
-Two runs of the real suites, with the correct plain-PyTorch backend and the mutants
+Three runs of the real suites, with the correct plain-PyTorch backend and the mutants
 registered through the ``pytest_qconform_backends`` hook: the original suites against
-the mutants of their classes, and the suites of issue 18 (inputs users have: every
-blocksize, layouts, storage, parameters, value ranges, layer shapes) against the mutants
-whose ``suites`` name them. The run reports say, per backend and operation, what the
+the mutants of their classes, the suites of issue 18 (inputs users have: every
+blocksize, layouts, storage, parameters, value ranges, layer shapes) and the layer
+suites of issue 19 (forward modes, state, checkpoints, moves, models in sequence)
+against the mutants whose ``suites`` name them. The run reports say, per backend and operation, what the
 suites concluded. Each mutant must fail the operation whose check targets its bug
 class, and the correct backend must pass all of both runs.
 """
@@ -15,7 +16,7 @@ import textwrap
 
 import pytest
 
-from zoo import MUTANTS, USER_INPUT_SUITES
+from zoo import LAYER_SUITES, MUTANTS, USER_INPUT_SUITES
 
 CONFTEST = textwrap.dedent("""
     from qconform_example_nf4.backend import TorchNF4Backend
@@ -50,13 +51,14 @@ def _run_zoo(root, names: list[str], keyword: str) -> dict:
 @pytest.fixture(scope="module")
 def zoo_report(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Run the suites against the zoo (module scope: the runs are the expensive part),
-    the two runs' cells in one report."""
-    user_input = " or ".join(USER_INPUT_SUITES)
-    original = [m.name for m in MUTANTS if getattr(m, "suites", None) is None]
-    newer = [m.name for m in MUTANTS if getattr(m, "suites", None) is not None]
+    the three runs' cells in one report."""
+    groups = {"user-input": USER_INPUT_SUITES, "layers": LAYER_SUITES}
+    newer = " or ".join(name for suites in groups.values() for name in suites)
+    runs = [("original", [m.name for m in MUTANTS if getattr(m, "suites", None) is None], f"not ({newer})")]
+    runs += [(label, [m.name for m in MUTANTS if getattr(m, "suites", None) == suites], " or ".join(suites))
+             for label, suites in groups.items()]
     cells = []
-    for label, names, keyword in (("original", original, f"not ({user_input})"),
-                                  ("user-input", newer, user_input)):
+    for label, names, keyword in runs:
         root = tmp_path_factory.mktemp(f"zoo-{label}")
         (root / "conftest.py").write_text(CONFTEST)
         cells += _run_zoo(root, ["torch-nf4-correct"] + names, keyword)["cells"]
@@ -77,7 +79,8 @@ def test_correct_backend_passes_every_check(zoo_report: dict) -> None:
     failing = {op: v for op, v in verdicts.items() if v - {"pass"}}
     assert not failing, f"the correct backend did not pass: {failing}"
     expected = {"quantize", "dequantize", "matmul", "matmul-fp32-input", "backward", "sequencing", "interop",
-                "quantize-layout", "storage", "parameters", "value-range", "real-shapes"}
+                "quantize-layout", "storage", "parameters", "value-range", "real-shapes",
+                "layer-quantize", "layer-forward", "layer-state", "checkpoint", "device-move", "layer-sequencing"}
     assert expected <= set(verdicts)
 
 

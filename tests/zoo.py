@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from qconform_example_nf4.backend import TorchNF4Backend
 
 from pytest_qconform.backends.base import Quantized, QuantSpec
+from pytest_qconform.backends.functional_layer import FunctionalLayers, FunctionalLinear
 
 
 class KeepsFirstDtypeBuffer(TorchNF4Backend):
@@ -444,10 +445,121 @@ def scaled_matmul_eps(dtype: torch.dtype, default: float) -> float:
     return float(raw)
 
 
+# -- layer mutants (issue 19): each plants its bug in the example backend's layer ------------------------
+
+
+# The layer suites (as ``-k`` names): the zoo runs them against the layer mutants and the
+# correct backend only, as it does the issue-18 suites.
+LAYER_SUITES: tuple[str, ...] = ("test_layers", "test_layer_lifecycle", "test_checkpoint", "test_peft")
+
+
+class _LayerMutant(TorchNF4Backend):
+    """Base of the layer mutants: the correct backend whose layer facet builds ``layer_class``."""
+
+    layer_class: type = FunctionalLinear
+    suites = LAYER_SUITES
+
+    def layers(self):
+        return type("MutantLayers", (FunctionalLayers,), {"layer_class": self.layer_class})(self)
+
+
+class _EvalTransposedAbsmaxLinear(FunctionalLinear):
+    def forward(self, x):
+        if self.training or torch.is_grad_enabled():
+            return super().forward(x)
+        handle = dict(self.quantized.handle)
+        rows = self.out_features
+        handle["absmax"] = handle["absmax"].reshape(rows, -1).T.reshape(-1)
+        return self.backend.matmul(x, dataclasses.replace(self.quantized, handle=handle), self.bias, self.compute_dtype)
+
+
+class EvalPathTransposedAbsmax(_LayerMutant):
+    """bitsandbytes' CPU class: an eval-mode, no-grad fast path that reads absmax in a
+    transposed [K/blocksize, N] order; train mode and grad are right."""
+
+    name = "mutant-layer-eval-absmax"
+    catches = "layer-forward"
+    layer_class = _EvalTransposedAbsmaxLinear
+
+
+class _RoundsCodeTableLinear(FunctionalLinear):
+    def forward(self, x):
+        with torch.no_grad():
+            self.quant_code.copy_(self.quant_code.to(self.compute_dtype))
+        self._rebuild()
+        return super().forward(x)
+
+
+class ForwardRoundsStoredState(_LayerMutant):
+    """A forward that rounds the stored code table to the compute dtype in place (the
+    stored state follows the last forward's dtype)."""
+
+    name = "mutant-layer-rounds-state"
+    catches = "layer-state"
+    layer_class = _RoundsCodeTableLinear
+
+
+class _KeepsOwnBlocksizeLinear(FunctionalLinear):
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        own = self.quant_blocksize.clone()
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self.quant_blocksize.copy_(own)
+        self._rebuild()
+
+
+class LoadKeepsPlatformBlocksize(_LayerMutant):
+    """unsloth's AMD class at layer level: loading a checkpoint keeps the loading layer's
+    own (platform default) blocksize instead of the checkpoint's."""
+
+    name = "mutant-layer-load-blocksize"
+    catches = "checkpoint"
+    layer_class = _KeepsOwnBlocksizeLinear
+
+
+class _CastsStateLinear(FunctionalLinear):
+    def _apply(self, fn, recurse=True):
+        torch.nn.Module._apply(self, fn, recurse)
+        self._rebuild()
+        return self
+
+
+class HalfCastsQuantState(_LayerMutant):
+    """A layer whose quantization state is plain float buffers: ``model.half()`` rounds
+    absmax and the code table to fp16."""
+
+    name = "mutant-layer-half-casts-state"
+    catches = "device-move"
+    layer_class = _CastsStateLinear
+
+
+class _SharedBufferLinear(FunctionalLinear):
+    def forward(self, x):
+        weight = self.backend.dequantize(self.quantized, self.compute_dtype).reshape(-1)
+        buffer = getattr(self.backend, "shared_buffer", None)
+        if buffer is None or buffer.numel() < weight.numel():
+            buffer = torch.empty(weight.numel(), dtype=self.compute_dtype, device=weight.device)
+            self.backend.shared_buffer = buffer
+        buffer[: weight.numel()].copy_(weight)
+        w = buffer[: weight.numel()].reshape(self.out_features, self.in_features)
+        bias = self.bias.to(self.compute_dtype) if self.bias is not None else None
+        return F.linear(x.to(self.compute_dtype), w, bias).to(x.dtype)
+
+
+class SharedBufferKeepsFirstDtype(_LayerMutant):
+    """unsloth PR 4026 at layer level: every layer of every model dequantizes into one
+    buffer held by the backend, allocated in the first model's dtype and only ever grown."""
+
+    name = "mutant-layer-shared-buffer"
+    catches = "layer-sequencing"
+    layer_class = _SharedBufferLinear
+
+
 MUTANTS: tuple[type[TorchNF4Backend], ...] = (
     KeepsFirstDtypeBuffer, SwappedNibbles, WrongBlockAbsmax, RowwiseAbsmax, DroppedNestedOffset, IgnoredBias,
     WrongGemvTail, NaNGradients, Fp16Accumulation, ForgetsBlocksize, OffThresholds, WrongOutputDtype, NaNForZeroBlocks,
     HidesNonFinite, CrashesOnFp32Input, ScaledMatmul, LastRowAtTheFusedLimit,
     IndexWrapsPast2To17, AbsmaxOverOneTile, ReadsStorageInMemoryOrder, StorageCastByValueOnLoad,
     OutBufferKeepsFirstDtype, ExplicitAbsmaxAssumesBlocksize64, BiasKeepsItsDtype, HalfPrecisionBackwardForBf16,
+    EvalPathTransposedAbsmax, ForwardRoundsStoredState, LoadKeepsPlatformBlocksize, HalfCastsQuantState,
+    SharedBufferKeepsFirstDtype,
 )

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
+
+if TYPE_CHECKING:
+    from pytest_qconform.backends.layers import LayerFacet
 
 
 @dataclass(frozen=True)
@@ -141,3 +144,9 @@ class Backend(ABC):
         """Adopt bytes another backend produced (interop: bitsandbytes bytes through our
         kernels). Raise NotImplementedError when the backend cannot read that layout."""
         raise NotImplementedError(f"{self.name} does not read packed state from other backends")
+
+    def layers(self) -> LayerFacet | None:
+        """The layer facet (``pytest_qconform.backends.layers.LayerFacet``): the backend's
+        quantized ``nn.Module`` as models use it, checked by the layer suites. ``None``
+        (the default): the backend offers no layer, and every layer cell is not claimed."""
+        return None

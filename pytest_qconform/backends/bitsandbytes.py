@@ -238,3 +238,9 @@ class BitsandbytesBackend(Backend):
         spec = QuantSpec(qstate.quant_type, int(qstate.blocksize), bool(qstate.nested), quant_storage=packed.dtype)
         return Quantized(self.name, spec, tuple(int(n) for n in qstate.shape), torch.device(device),
                          BnbHandle(packed, qstate))
+
+    def layers(self) -> Any:
+        """``Linear4bit`` (``bitsandbytes_layer.BitsandbytesLayers``)."""
+        from pytest_qconform.backends.bitsandbytes_layer import BitsandbytesLayers
+
+        return BitsandbytesLayers(self)

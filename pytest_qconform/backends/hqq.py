@@ -177,3 +177,9 @@ class HqqBackend(Backend):
         spec = QuantSpec("hqq4", int(meta["group_size"]), False, axis=int(meta["axis"]))
         return Quantized(self.name, spec, tuple(int(n) for n in meta["shape"]), torch.device(device),
                          HqqHandle(layer))
+
+    def layers(self) -> Any:
+        """``HQQLinear`` (``hqq_layer.HqqLayers``)."""
+        from pytest_qconform.backends.hqq_layer import HqqLayers
+
+        return HqqLayers(self)

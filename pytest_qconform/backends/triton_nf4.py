@@ -275,3 +275,10 @@ class TritonNf4Backend(Backend):
                           state["code"].to(device), **nested)
         spec = QuantSpec(quant_type, blocksize, loaded.double_quant)
         return Quantized(self.name, spec, shape, torch.device(device), loaded)
+
+    def layers(self) -> Any:
+        """Our layer: ``functional_layer.FunctionalLinear`` on this adapter (kernels and its
+        one ``WeightBuffer``, shared by every layer built from it)."""
+        from pytest_qconform.backends.functional_layer import FunctionalLayers
+
+        return FunctionalLayers(self)

@@ -166,3 +166,11 @@ class TorchNF4Backend(Backend):
         spec = QuantSpec(handle["quant_type"], handle["blocksize"], "nested_absmax" in handle,
                          quant_storage=handle["packed"].dtype)
         return Quantized(self.name, spec, shape, torch.device(device), handle)
+
+    # -- layer facet -------------------------------------------------------------------------
+    def layers(self):
+        """The layer facet: this backend's weight as an ``nn.Module`` (``FunctionalLinear``,
+        the plugin's layer for a backend with a functional API only), checked by the layer suites."""
+        from pytest_qconform.backends.functional_layer import FunctionalLayers
+
+        return FunctionalLayers(self)

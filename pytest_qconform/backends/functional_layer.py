@@ -1,0 +1,121 @@
+"""A layer for a backend that has only the functional facet: ``FunctionalLinear``.
+
+Our Triton backend (and the example downstream backend) have no layer class of their
+own, so this module gives them one built on their public adapter methods: the
+quantization state is the backend's ``serialize()`` dict, held as buffers (so
+``state_dict``, ``load_state_dict``, ``.to`` and ``.cuda`` carry it), and the forward
+is the backend's ``matmul`` in the layer's compute dtype. For triton-nf4 that means our
+kernels and the adapter's one reusable ``WeightBuffer``, shared by every layer of every
+model built from that backend instance, which is what the layer-sequencing suite checks.
+
+Two rules a quantized layer must follow and ``nn.Module`` does not give for free:
+``model.half()`` / ``.to(dtype)`` cast floating buffers, which would round absmax and the
+code table, so a dtype cast moves the state's device only (``_apply``); and a checkpoint
+may hold another blocksize than the layer it is loaded into (64 from CUDA into a ROCm
+default of 128), so loading replaces the state's tensors, sizes included, after the
+backend's ``load`` has accepted them.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from pytest_qconform.backends.base import Backend, Quantized, QuantSpec
+from pytest_qconform.backends.layers import LayerFacet
+from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
+
+PREFIX = "quant_"  # buffer name = PREFIX + the key of the backend's serialize() dict
+
+
+class FunctionalLinear(torch.nn.Module):
+    """``y = x W^T + b`` through ``backend.matmul``, the weight held as ``backend.serialize`` buffers."""
+
+    def __init__(self, backend: Backend, quantized: Quantized, bias: torch.Tensor | None,
+                 compute_dtype: torch.dtype) -> None:
+        super().__init__()
+        self.backend = backend
+        self.compute_dtype = compute_dtype
+        self.out_features, self.in_features = quantized.shape
+        for key, value in backend.serialize(quantized).items():
+            self.register_buffer(PREFIX + key, value)
+        self.bias = torch.nn.Parameter(bias.detach().clone(), requires_grad=bias.requires_grad) if bias is not None \
+            else None
+        self._rebuild()
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """The backend's serialize() dict, as the layer holds it now."""
+        return {name.removeprefix(PREFIX): buf for name, buf in self._buffers.items() if name.startswith(PREFIX)}
+
+    def _rebuild(self) -> None:
+        """The backend's ``Quantized`` view of the buffers (after init, moves and loads)."""
+        state = self.state()
+        self.quantized = self.backend.load(state, state["packed"].device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.backend.matmul(x, self.quantized, self.bias, self.compute_dtype)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> FunctionalLinear:
+        """Moves apply to everything; dtype casts (``.half()``, ``.to(dtype)``) to the bias only."""
+        before = {name: buf for name, buf in self._buffers.items() if name.startswith(PREFIX)}
+        super()._apply(fn, recurse)
+        for name, old in before.items():
+            new = self._buffers[name]
+            if new is not None and new.dtype != old.dtype:
+                self._buffers[name] = old.to(new.device)
+        self._rebuild()
+        return self
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, local_metadata: dict, strict: bool,
+                              missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str]) -> None:
+        """The checkpoint's quantization state replaces the layer's (its blocksize and sizes
+        included) once the backend's ``load`` accepts it; a partial or refused state is an
+        error, never a mix of the checkpoint's bytes with this layer's scales."""
+        names = [name for name in self._buffers if name.startswith(PREFIX)]
+        given = {name.removeprefix(prefix + PREFIX): value for name, value in state_dict.items()
+                 if name.startswith(prefix + PREFIX)}
+        if given:
+            device = self._buffers[names[0]].device
+            try:
+                self.backend.load(given, device)
+            except Exception as exc:  # noqa: BLE001 - reported through load_state_dict's error list
+                error_msgs.append(f"{prefix}: the backend refused the checkpoint's quantization state: {exc}")
+                return
+            for name in names:
+                self._buffers.pop(name)
+            for key, value in given.items():
+                self.register_buffer(PREFIX + key, torch.empty_like(value, device=device))
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        self._rebuild()
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"backend={self.backend.name}, format={self.quantized.spec.label()}, "
+                f"compute_dtype={self.compute_dtype}")
+
+
+class FunctionalLayers(LayerFacet):
+    """The layer facet of a functional backend, through ``FunctionalLinear`` (or a subclass):
+    it claims what the backend claims, and every move; PEFT and transformers do not know it."""
+
+    layer_class: type[FunctionalLinear] = FunctionalLinear
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+
+    def layer_types(self) -> tuple[type, ...]:
+        return (self.layer_class,)
+
+    def quantize(self, weight: torch.Tensor, bias: torch.Tensor | None, spec: QuantSpec,
+                 compute_dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+        quantized = self.backend.quantize(weight.detach().to(device), spec)
+        return self.layer_class(self.backend, quantized, bias.to(device) if bias is not None else None, compute_dtype)
+
+    def packed(self, layer: torch.nn.Module) -> PackedBnb4 | PackedHqq4:
+        return self.backend.export_packed(layer.quantized)
+
+    def empty(self, spec: QuantSpec, shape: tuple[int, int], bias: bool, compute_dtype: torch.dtype) -> torch.nn.Module:
+        """A layer holding the quantization of zeros with ``spec`` (the loading side's defaults)."""
+        return self.quantize(torch.zeros(shape), torch.zeros(shape[0]) if bias else None, spec, compute_dtype,
+                             torch.device("cpu"))

@@ -1,0 +1,227 @@
+"""What the layer suites share: the claim check of the layer facet, the layers they build,
+and the float64 judgement of a layer's forward from its own stored bytes.
+
+A layer picks its kernel by itself (bitsandbytes: a fused gemv for one row, dequantize
+then GEMM otherwise, a CPU-packed gemv in eval mode without grad on AVX512-BF16 CPUs),
+so a layer's weight error ``E`` is the larger of the two models ``weight_error`` knows:
+the weight dequantized once into the compute dtype, or code table and scales rounded to
+the compute dtype first (bitsandbytes' gemv).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pytest_qconform.backends.base import Backend, QuantSpec
+from pytest_qconform.backends.layers import LayerCapabilities, LayerFacet
+from pytest_qconform.outcomes import NOT_CLAIMED_PREFIX
+from pytest_qconform.reference import bounds, linear
+from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
+from pytest_qconform.strategies import WeightCase
+from pytest_qconform.targets import Target
+
+from ._cases import reference_decode, require_claim, spec_id, weight_error
+
+# NF4 at the CUDA/CPU default blocksize, with and without double quantization, and HQQ.
+# (The ROCm default, 128, is what the checkpoint suite loads into; the functional suites
+# cover FP4 and the other blocksizes.)
+LAYER_SPECS: tuple[QuantSpec, ...] = (QuantSpec("nf4", 64), QuantSpec("nf4", 64, True), QuantSpec("hqq4", 64))
+# The thorough profile adds the ROCm default, FP4, double quantization at 128, and HQQ at
+# group size 128 and along axis 0.
+THOROUGH_LAYER_SPECS: tuple[QuantSpec, ...] = LAYER_SPECS + (
+    QuantSpec("nf4", 128), QuantSpec("nf4", 128, True), QuantSpec("fp4", 64), QuantSpec("hqq4", 128),
+    QuantSpec("hqq4", 64, axis=0))
+LAYER_SHAPE = (64, 128)  # (out, in): whole blocks per row at 64 and 128, as LLM layers have
+
+
+OPTIONAL = {"transformers": "transformers", "peft": "PEFT", "safetensors.torch": "safetensors"}
+
+
+def needs(module: str):
+    """The optional dependency ``module`` (the ``layers`` extra), or a skip naming it."""
+    return pytest.importorskip(module, reason=f"needs {OPTIONAL[module]}, which is not installed: "
+                                              "pip install 'pytest-qconform[layers]'")
+
+
+def layer_spec_id(spec: QuantSpec) -> str:
+    return spec_id(spec)
+
+
+def parametrize_layer_specs(metafunc: pytest.Metafunc, extra: tuple[QuantSpec, ...] = ()) -> None:
+    """``spec`` of a layer test that does not parametrize it itself: ``LAYER_SPECS`` in the
+    ``ci`` profile, ``THOROUGH_LAYER_SPECS`` in ``thorough``, plus ``extra`` in both. Call
+    it from a suite module's ``pytest_generate_tests``."""
+    if "spec" not in metafunc.fixturenames:
+        return
+    if any(marker.args and marker.args[0] == "spec" for marker in metafunc.definition.iter_markers("parametrize")):
+        return
+    config = metafunc.config
+    profile = config.getoption("qconform_profile", default=None) or config.getini("qconform_profile")
+    specs = THOROUGH_LAYER_SPECS if profile == "thorough" else LAYER_SPECS
+    metafunc.parametrize("spec", specs + tuple(s for s in extra if s not in specs), ids=layer_spec_id)
+
+
+def require_layer_claim(backend: Backend, target: Target, spec: QuantSpec | None = None,
+                        dtype: torch.dtype | None = None, *, backward: bool = False, move: str | None = None,
+                        peft: bool = False, transformers: bool = False) -> tuple[LayerFacet, LayerCapabilities]:
+    """The backend's layer facet and its claims on the target, or a ``not claimed`` skip:
+    the layer claims what the backend claims (``require_claim``) plus its own flags."""
+    facet = backend.layers()
+    if facet is None:
+        pytest.skip(f"{NOT_CLAIMED_PREFIX} {backend.name} offers no layer (Backend.layers() is None)")
+    require_claim(backend, target, spec, dtype, backward=backward)
+    caps = facet.capabilities(torch.device(target.torch_device or "cpu"))
+    problems = []
+    if move is not None and move not in caps.moves:
+        problems.append(f"the .{move}() move")
+    if peft and not caps.peft:
+        problems.append("PEFT LoRA on its layer")
+    if transformers and not caps.transformers:
+        problems.append("transformers quantization")
+    if problems:
+        pytest.skip(f"{NOT_CLAIMED_PREFIX} {backend.name}'s layer does not claim {', '.join(problems)}")
+    return facet, caps
+
+
+def layer_inputs(seed: int, dtype: torch.dtype, shape: tuple[int, int] = LAYER_SHAPE,
+                 with_bias: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A float weight and bias on the CPU, in ``dtype`` (a model loaded in its compute dtype)."""
+    weight = WeightCase(shape, "normal", seed).make("cpu").to(dtype)
+    bias = torch.randn(shape[0], generator=torch.Generator().manual_seed(seed + 1)).to(dtype) if with_bias else None
+    return weight, bias
+
+
+def activation(leading: tuple[int, ...], k: int, seed: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.randn(*leading, k, generator=torch.Generator().manual_seed(seed)).to(dtype).to(device)
+
+
+def layer_weight_error(packed: PackedBnb4 | PackedHqq4, w: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
+    """``E`` for a layer's forward: either kernel model (see the module docstring)."""
+    return torch.maximum(weight_error(packed, w, compute_dtype), weight_error(packed, w, compute_dtype, rows=1))
+
+
+def bias_of(layer: torch.nn.Module) -> torch.Tensor | None:
+    bias = getattr(layer, "bias", None)
+    return bias.detach() if isinstance(bias, torch.Tensor) else None
+
+
+def snapshot(facet: LayerFacet, layer: torch.nn.Module) -> dict[str, object]:
+    """Everything the layer stores about its quantization, as host copies (bytes, scales,
+    tables, blocksize, shape, dtypes), to compare bit for bit."""
+    packed = facet.packed(layer)
+    fields = dict(vars(packed))
+    return {key: (value.copy() if hasattr(value, "copy") else value) for key, value in fields.items()}
+
+
+def _describe(value: object) -> str:
+    return f"{value.dtype}{list(value.shape)}" if isinstance(value, np.ndarray) else repr(value)
+
+
+def snapshot_differences(before: dict[str, object], after: dict[str, object]) -> list[str]:
+    """``"field: before -> after"`` for every field that differs (arrays: dtype, shape or values)."""
+    changed = []
+    for key in sorted(set(before) | set(after)):
+        a, b = before.get(key), after.get(key)
+        if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+            same = (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype
+                    and a.shape == b.shape and np.array_equal(a, b))
+            if not same:
+                values_only = _describe(a) == _describe(b)
+                changed.append(f"{key}: {_describe(a)} -> {_describe(b)}" + (" (values)" if values_only else ""))
+        elif a != b:
+            changed.append(f"{key}: {a!r} -> {b!r}")
+    return changed
+
+
+def check_forward(qcheck, packed: PackedBnb4 | PackedHqq4, layer: torch.nn.Module, x: torch.Tensor,
+                  compute_dtype: torch.dtype, what: str, *, grad: bool = True) -> torch.Tensor:
+    """Run ``layer(x)`` (with or without grad) and judge it against float64 from ``packed``,
+    the layer's bytes as read when it was built (its weight, whatever a forward later
+    does to how it is stored: that is layer-state's business), and its bias; with
+    ``grad`` and a differentiable x, also ``dx`` for dy = 1."""
+    if grad:
+        y = layer(x)
+    else:
+        with torch.no_grad():
+            y = layer(x)
+    qcheck.equal(y.dtype, x.dtype, f"{what}: output dtype (the input's)")
+    w = reference_decode(packed, x.device)
+    b = bias_of(layer)
+    b64 = b.double() if b is not None else None
+    e_w = layer_weight_error(packed, w, compute_dtype)
+    qcheck.within(y, linear.linear(x.double(), w, b64),
+                  bounds.matmul_bound(x.double(), w, b64, compute_dtype, x.dtype, w_error=e_w), f"{what}: forward")
+    if grad and x.requires_grad:
+        dy = torch.ones_like(y)
+        y.backward(dy)
+        qcheck.within(x.grad, dy.double() @ w, bounds.grad_bound(dy.double(), w, compute_dtype, x.dtype, w_error=e_w),
+                      f"{what}: dx")
+    return y
+
+
+def tiny_llama(dtype: torch.dtype, seed: int):
+    """A one-layer Llama from a config, random weights: no download."""
+    transformers = needs("transformers")
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32)
+    torch.manual_seed(seed)
+    return transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+
+def quantized_tiny_llama(qcheck, facet: LayerFacet, caps: LayerCapabilities, spec: QuantSpec, dtype: torch.dtype,
+                         device: torch.device, tmp_path, seed: int):
+    """``tiny_llama`` with its decoder's linear layers quantized by the backend: through
+    transformers' ``from_pretrained`` where the layer claims it (PEFT recognizes a
+    bitsandbytes model only when transformers loaded it), else, or when transformers
+    refuses the config, by replacing each ``nn.Linear`` with ``facet.quantize`` of its
+    weight (how HQQ models are built by hand). ``lm_head`` stays in ``dtype``."""
+    model = tiny_llama(dtype, seed)
+    if caps.transformers:
+        import transformers
+
+        model.save_pretrained(tmp_path / "float")
+        try:
+            return transformers.AutoModelForCausalLM.from_pretrained(
+                tmp_path / "float", quantization_config=facet.transformers_config(spec, dtype), device_map=str(device),
+                dtype=dtype)
+        except NotImplementedError as exc:
+            qcheck.describe(built_by="replacing nn.Linear", transformers_refused=str(exc).splitlines()[0])
+    model = model.to(device)
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is torch.nn.Linear and name != "lm_head":
+                setattr(module, name, facet.quantize(child.weight.detach().cpu(), child.bias, spec, dtype, device))
+    return model
+
+
+def lora_gradients(x: torch.Tensor, dy: torch.Tensor, w: torch.Tensor, w_error: torch.Tensor, lora_a: torch.Tensor,
+                   lora_b: torch.Tensor, scale: float, compute_dtype: torch.dtype, adapter_dtype: torch.dtype,
+                   x_dtype: torch.dtype) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """``{name: (exact, bound)}`` for the gradients of ``y = layer(x) + s (x A^T) B^T``
+    (LoRA as PEFT adds it beside a frozen layer) given the upstream ``dy``; all inputs
+    exact float64, x ``(M, K)``, dy ``(M, N)``, A ``(r, K)``, B ``(N, r)``, ``s`` a power of 2.
+
+    The layer's ``dy W`` runs in ``compute_dtype`` (``grad_bound`` with the layer's weight
+    error), the adapter's matmuls in ``adapter_dtype`` (``u = x A^T``, ``g = s dy B``,
+    each ``matmul_bound``, errors of an operand propagated through the next product), and
+    dx's two parts are each rounded to ``x_dtype`` and added there:
+
+        dx = dy W + g A        dA = g^T x        dB = s dy^T u
+    """
+    def mm(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:  # bound of fl(p @ q) in the adapter dtype
+        return bounds.matmul_bound(p, q.T, None, adapter_dtype, adapter_dtype)
+
+    u, g = x @ lora_a.T, scale * dy @ lora_b
+    e_u, e_g = mm(x, lora_a.T), scale * mm(dy, lora_b)
+    dx_lora = g @ lora_a
+    e_dx_lora = mm(g, lora_a) + e_g @ lora_a.abs()
+    dx = dy @ w + dx_lora
+    e_dx = (bounds.grad_bound(dy, w, compute_dtype, x_dtype, w_error=w_error)
+            + e_dx_lora + bounds.rounding_bound(dx_lora.abs() + e_dx_lora, x_dtype)
+            + bounds.rounding_bound(dx.abs() + e_dx_lora, x_dtype))
+    da = g.T @ x
+    db = scale * dy.T @ u
+    return {"dx": (dx, e_dx),
+            "lora_A": (da, mm(g.T, x) + e_g.T @ x.abs()),
+            "lora_B": (db, scale * (mm(dy.T, u) + dy.abs().T @ e_u))}
