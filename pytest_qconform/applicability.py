@@ -54,6 +54,9 @@ class NotHere:
         return f"qconform: {self.total} instances not applying here were deselected: {'; '.join(parts)}"
 
 
+NOT_HERE = pytest.StashKey[NotHere]()  # what collection left out, read by the recorder for its summary
+
+
 def _requested(target: Target, markexpr: str) -> bool:
     asked = set(requested_hardware(markexpr))
     return any(name in asked for name in target.marker_names)
@@ -94,7 +97,7 @@ def deselect(config: pytest.Config, items: list[pytest.Item]) -> None:
         drop.append(item)
         kind, what = found
         (summary.other_device if kind == "other-device" else summary.not_claimed)[what] += 1
-    config.stash[state.NOT_HERE] = summary
+    config.stash[NOT_HERE] = summary
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

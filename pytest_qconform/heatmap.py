@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 
 from pytest_qconform.figures import write_figure_png
-from pytest_qconform.matrix import Matrix
+from pytest_qconform.matrix_model import Matrix
 from pytest_qconform.matrix_summary import DISAGREE, SummaryEntry, summarize
 from pytest_qconform.report import VERDICTS
 from pytest_qconform.tables import format_multiple

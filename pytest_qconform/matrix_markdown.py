@@ -11,7 +11,7 @@ from typing import Any, Iterable, Sequence
 
 from pytest_qconform.atomic import write_text_atomically
 from pytest_qconform.compile_report import CompileCheck, matrix_lines
-from pytest_qconform.matrix import Entry, Matrix, MatrixError, known_archs, natural_key
+from pytest_qconform.matrix_model import Entry, Matrix, MatrixError, known_archs, natural_key
 from pytest_qconform.matrix_summary import DISAGREE, Summary, SummaryEntry, summarize
 from pytest_qconform.report import VERDICTS
 from pytest_qconform.tables import format_multiple

@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable
 
-from pytest_qconform.matrix import Entry, Matrix, RowKey, natural_key
+from pytest_qconform.matrix_model import Entry, Matrix, RowKey, natural_key
 from pytest_qconform.report import VERDICTS
 
 DISAGREE = "disagree"  # runs on the same arch gave different verdicts for one cell

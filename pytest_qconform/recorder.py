@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from pytest_qconform import outcomes, state
+from pytest_qconform.applicability import NOT_HERE
 
 # pytest-benchmark's skip of every non-benchmark test under --benchmark-only: it says
 # nothing about conformance, so a benchmark run's report holds no cells.
@@ -150,7 +151,7 @@ class RunRecorder:
     def pytest_terminal_summary(self, terminalreporter) -> None:
         tr = terminalreporter
         tr.section("qconform matrix")
-        not_here = self.config.stash.get(state.NOT_HERE, None)
+        not_here = self.config.stash.get(NOT_HERE, None)
         if not_here is not None and not_here.total:
             tr.write_line(not_here.line())
         if self.nothing_checked:

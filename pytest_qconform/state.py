@@ -2,7 +2,7 @@
 in-process runs each get their own)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import pytest
 
@@ -10,9 +10,6 @@ from pytest_qconform.backends.base import Backend
 from pytest_qconform.outcomes import Case
 from pytest_qconform.probe import Probe
 from pytest_qconform.targets import Target
-
-if TYPE_CHECKING:
-    from pytest_qconform.applicability import NotHere
 
 PROBE = pytest.StashKey[Probe]()
 TARGETS = pytest.StashKey["tuple[Target, ...]"]()
@@ -23,7 +20,6 @@ REGISTERED_FACTORIES = pytest.StashKey["dict[str, Callable[[], Backend]]"]()
 BACKENDS = pytest.StashKey["dict[str, Backend]"]()
 CASES = pytest.StashKey["dict[str, Case]"]()
 REPORT_PATH = pytest.StashKey["str | None"]()
-NOT_HERE = pytest.StashKey["NotHere"]()  # what collection left out as not applying (applicability.py)
 
 
 def probe(config: pytest.Config) -> Probe:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_qconform import matrix as matrix_mod
+from pytest_qconform import matrix_model as matrix_mod
 from pytest_qconform.heatmap import render_heatmap
 from pytest_qconform.matrix import MatrixError, main, merge
 from pytest_qconform.matrix_markdown import MARKER_END, MARKER_START, readme_markdown, to_markdown, update_readme

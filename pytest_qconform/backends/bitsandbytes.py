@@ -15,7 +15,6 @@ which is exactly the state a user gets by loading the model in that dtype.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,6 +23,7 @@ import numpy as np
 
 from pytest_qconform.backends._torch_util import dtype_from_name, dtype_name, import_failure, packed_bytes, to_numpy
 from pytest_qconform.backends.base import Availability, Backend, Capabilities, Quantized, QuantSpec
+from pytest_qconform.backends.handles import BnbHandle
 from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 
 BLOCKSIZES: tuple[int, ...] = (32, 64, 128, 256, 512, 1024, 2048, 4096)  # quantize_4bit's check, 0.50.2
@@ -32,12 +32,6 @@ QUANT_STORAGES: tuple[torch.dtype, ...] = (torch.uint8, torch.bfloat16, torch.fl
 FALLBACK_DEFAULT_BLOCKSIZE = 64
 
 
-@dataclass(frozen=True)
-class BnbHandle:
-    """What ``quantize_4bit`` returned: the packed uint8 tensor and its ``QuantState``."""
-
-    packed: torch.Tensor
-    state: Any  # bitsandbytes.functional.QuantState
 
 
 def _state_as(state: Any, dtype: torch.dtype) -> Any:

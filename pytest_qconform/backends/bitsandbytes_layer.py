@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from pytest_qconform.backends.base import Quantized, QuantSpec
+from pytest_qconform.backends.handles import BnbHandle
 from pytest_qconform.backends.layers import MOVES, LayerCapabilities, LayerFacet
 from pytest_qconform.reference.packed import PackedBnb4
 
@@ -58,8 +59,6 @@ class BitsandbytesLayers(LayerFacet):
         return layer.to(device)  # Params4bit.to quantizes
 
     def packed(self, layer: torch.nn.Module) -> PackedBnb4:
-        from pytest_qconform.backends.bitsandbytes import BnbHandle
-
         state = layer.weight.quant_state
         if getattr(state, "packing_format_for_cpu", False):
             saved = copy.deepcopy(layer).state_dict()

@@ -20,25 +20,18 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from pytest_qconform.backends._torch_util import dtype_name, import_failure, to_numpy
 from pytest_qconform.backends.base import Availability, Backend, Capabilities, Quantized, QuantSpec
+from pytest_qconform.backends.handles import HqqHandle
 from pytest_qconform.reference.packed import PackedHqq4
 
 GROUP_SIZES: tuple[int, ...] = (32, 64, 128)
 DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
 _DTYPES_BY_NAME = {dtype_name(d): d for d in DTYPES}
-
-
-@dataclass(frozen=True)
-class HqqHandle:
-    """The quantized ``HQQLinear`` (its ``compute_dtype`` is the weight's dtype)."""
-
-    layer: Any  # hqq.core.quantize.HQQLinear
 
 
 @contextlib.contextmanager

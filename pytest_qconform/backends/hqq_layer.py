@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from pytest_qconform.backends.base import Quantized, QuantSpec
+from pytest_qconform.backends.handles import HqqHandle
 from pytest_qconform.backends.layers import MOVES, LayerCapabilities, LayerFacet
 from pytest_qconform.reference.packed import PackedHqq4
 
@@ -45,8 +46,6 @@ class HqqLayers(LayerFacet):
         return HQQLinear(linear, config, compute_dtype=compute_dtype, device=str(device))
 
     def packed(self, layer: torch.nn.Module) -> PackedHqq4:
-        from pytest_qconform.backends.hqq import HqqHandle
-
         meta = layer.meta
         spec = QuantSpec("hqq4", int(meta["group_size"]), axis=int(meta["axis"]))
         return self._backend.export_packed(Quantized(self._backend.name, spec, tuple(int(n) for n in meta["shape"]),

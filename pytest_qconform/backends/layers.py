@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from pytest_qconform.backends.base import QuantSpec
+from pytest_qconform.backends.spec import QuantSpec
 from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 
 MOVES: tuple[str, ...] = ("to", "cuda", "cpu")  # the device-move methods a layer may claim
