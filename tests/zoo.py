@@ -263,13 +263,14 @@ class ScaledMatmul(TorchNF4Backend):
 
 
 # -- issue 18: bugs that only the inputs users have reach ------------------------------------
-# The checks these mutants' classes need (suite modules or test functions, as ``-k``
-# names). The zoo runs them against these mutants and the correct backend only (every
+# The checks these mutants' classes need (suite modules, with ".py" so that a test named
+# like a module elsewhere, such as interop's test_checkpoint_decodes_exactly_after_reload,
+# is not taken along, or test functions, as ``-k`` names). The zoo runs them against these mutants and the correct backend only (every
 # other mutant's class is caught by the original suites), which keeps the zoo's run time
 # from growing with the product of both lists.
 USER_INPUT_SUITES: tuple[str, ...] = (
-    "test_quantize_every_claimed_blocksize", "test_weight_layouts", "test_storage", "test_parameters",
-    "test_value_ranges", "test_real_shapes")
+    "test_quantize_every_claimed_blocksize", "test_weight_layouts.py", "test_storage.py", "test_parameters.py",
+    "test_value_ranges.py", "test_real_shapes.py")
 
 
 class IndexWrapsPast2To17(TorchNF4Backend):
@@ -450,7 +451,7 @@ def scaled_matmul_eps(dtype: torch.dtype, default: float) -> float:
 
 # The layer suites (as ``-k`` names): the zoo runs them against the layer mutants and the
 # correct backend only, as it does the issue-18 suites.
-LAYER_SUITES: tuple[str, ...] = ("test_layers", "test_layer_lifecycle", "test_checkpoint", "test_peft")
+LAYER_SUITES: tuple[str, ...] = ("test_layers.py", "test_layer_lifecycle.py", "test_checkpoint.py", "test_peft.py")
 
 
 class _LayerMutant(TorchNF4Backend):
