@@ -105,14 +105,16 @@ def launch_sites() -> set[str]:
 
 
 def extra_calls() -> list[dict]:
-    """Entry-point calls beyond a default run's: ``gemv_4bit`` serves up to ``MAX_ROWS``
-    rows, while the adapter sends it at most ``FUSED_MAX_ROWS``; one call per x dtype."""
+    """Entry-point calls beyond a default run's: ``gemv_4bit`` with ``MAX_ROWS`` rows, one
+    call per x dtype, on a weight deep enough (8 chunks of 64 columns) that the
+    tensor-core kernel splits K, so ``_sum_splits_kernel`` is compiled too (a default
+    run's weights are at most 256 deep there)."""
     import torch
 
     from pytest_qconform.kernels import MAX_ROWS
 
     meta = torch.device("meta")
-    rows, features, depth, blocksize = MAX_ROWS, 64, 128, 64
+    rows, features, depth, blocksize = MAX_ROWS, 64, 512, 64
     weight = (torch.empty(features * depth // 2, dtype=torch.uint8, device=meta),
               torch.empty(features * depth // blocksize, dtype=torch.float32, device=meta))
     code = torch.empty(16, dtype=torch.float32, device=meta)
@@ -265,6 +267,36 @@ def _compiler_message(exc: BaseException, stderr: str) -> str:
     return "\n".join(diagnostics + raised[-MESSAGE_LINES:])
 
 
+def _silent_failure(compiled: Any, facts: archs.ArchFacts, stderr: str) -> str | None:
+    """Why a kernel Triton returned without raising did not really compile, or None.
+
+    LLVM can report errors and still emit a code object: AMDGPU answers an NVIDIA inline
+    asm constraint (``=f``) with ``error: unknown asm constraint`` on stderr and drops the
+    asm, and the code around it. So a compile that printed ``error:`` failed, and so does
+    one whose machine code lacks an instruction of the kernel's inline asm; the second rule
+    also holds for a variant taken from Triton's cache, which prints nothing."""
+    reasons = []
+    if any("error:" in line for line in stderr.splitlines()):
+        reasons.append("the compiler reported errors but returned a code object")
+    assembly = compiled.asm["amdgcn" if facts.kind == "rocm" else "ptx"]
+    missing = sorted({op for op in _inline_asm_opcodes(compiled.asm["ttgir"]) if op not in assembly})
+    if missing:
+        reasons.append(f"inline asm missing from the {facts.name} machine code (the compiler dropped it): "
+                       + ", ".join(missing))
+    return "; ".join(reasons) or None
+
+
+def _inline_asm_opcodes(ttgir: str) -> set[str]:
+    """The first instruction of every ``tt.elementwise_inline_asm`` in Triton's IR."""
+    marker = 'tt.elementwise_inline_asm "'
+    opcodes = set()
+    for line in ttgir.splitlines():
+        start = line.find(marker)
+        if start >= 0:
+            opcodes.add(line[start + len(marker):].split(None, 1)[0].rstrip(";"))
+    return opcodes
+
+
 def _resources(compiled: Any, facts: archs.ArchFacts) -> Any:
     shared = int(compiled.metadata.shared)
     if facts.kind == "rocm":
@@ -308,6 +340,9 @@ def check_arch(arch: str, calls: list[dict]) -> ArchResult:
             try:
                 with _stderr_into(stderr):
                     compiled = launch.kernel.warmup(*launch.args, grid=launch.grid, **launch.kwargs)
+                problem = _silent_failure(compiled, facts, "".join(stderr))
+                if problem is not None:
+                    raise RuntimeError(problem)
                 key = compiled.hash
                 if key not in variants:
                     variants[key] = Variant(launch.kernel_name, specialization, int(compiled.metadata.num_warps),
