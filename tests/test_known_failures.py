@@ -150,6 +150,23 @@ def test_matches_are_known_failures_and_an_unexpected_pass_is_a_fail(fake_backen
     assert cells[("missing", "dequantize")]["verdict"] == "unavailable"
 
 
+def test_a_known_failure_is_formatted_natively_and_a_new_failure_in_full(
+        fake_backend_project: pytest.Pytester) -> None:
+    """pytest's default traceback parses every frame's source file (costly through torch or
+    transformers); a known failure's traceback is read by no one, a new failure's is."""
+    fake_backend_project.makepyfile(test_suite=SUITE.replace("    pass", "    assert False, 'new failure'"))
+    fake_backend_project.makefile(".toml", runner_failures=ENTRY)
+    recorder = fake_backend_project.inline_run(
+        str(fake_backend_project.path / "test_suite.py"), "--qconform", *BACKENDS, "--qconform-no-report",
+        "--qconform-known-failures", "runner_failures.toml")
+    calls = {r.nodeid.split("::")[-1].split("[")[0]: r for r in recorder.getreports("pytest_runtest_logreport")
+             if r.when == "call" and "fake" in r.nodeid}
+    known, new = str(calls["test_dequantize"].longrepr), str(calls["test_quantize"].longrepr)
+    assert hasattr(calls["test_dequantize"], "wasxfail")
+    assert "Traceback (most recent call last)" in known and "AssertionError: wrong numbers" in known
+    assert "Traceback (most recent call last)" not in new and "E       AssertionError: new failure" in new
+
+
 def test_entries_that_do_not_match_hide_nothing(fake_backend_project: pytest.Pytester) -> None:
     # Each entry differs from the failing test in one field only.
     near_misses = [entry(versions='"<1.0"'), entry(arch='"gfx1200"'), entry(backend='"other"'),
