@@ -34,13 +34,11 @@ SAMPLES = 100
 
 def _routes(triton_backend, bnb_backend):
     """{name: (batches, make_call)}; make_call(state copies, xs) returns call(i)."""
-    def fused(config=None, min_rows=None, prefetch=None):
+    def fused(config=None, min_rows=None):
         def make(weights, xs):
             patches = [mock.patch.object(nf4_gemv, "MMA_MIN_ROWS", min_rows)] if min_rows else []
             if config:
                 patches.append(mock.patch.object(nf4_mma, "_GPU_CONFIG", {1: config, 2: config}))
-            if prefetch is not None:
-                patches.append(mock.patch.object(nf4_mma, "_PREFETCH", prefetch))
 
             def call(i):
                 for p in patches:
@@ -74,8 +72,6 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="*", default=["8192x8192", "4096x4096", "14336x4096"])
     parser.add_argument("--configs", nargs="*", default=["2,4,32"],
                         help="tensor-core kernel configs ROW_TILES,num_warps,warps-per-SM")
-    parser.add_argument("--no-prefetch", action="store_true",
-                        help="also time the tensor-core kernel without its one-chunk-ahead loads")
     args = parser.parse_args()
     device = torch.device("cuda")
     facts = bench._measure_facts(device)
@@ -94,9 +90,6 @@ def main() -> None:
             copies = bench.copies_for(n * k // 2 + n * k // 16, facts.cache_bytes)
             routes, fused = _routes(triton_backend, bnb_backend)
             routes["tensor-core default"] = (tuple(b for b in BATCHES if 2 <= b <= 16), fused(min_rows=2))
-            if args.no_prefetch:
-                routes["tensor-core no-prefetch"] = (tuple(b for b in BATCHES if 2 <= b <= 16),
-                                                     fused(min_rows=2, prefetch=False))
             for config in args.configs:
                 values = tuple(int(v) for v in config.split(","))
                 routes[f"tensor-core {config}"] = (tuple(b for b in BATCHES if 2 <= b <= 16), fused(config=values))

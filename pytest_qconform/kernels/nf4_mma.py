@@ -52,7 +52,6 @@ _CHUNK = tl.constexpr(CHUNK)  # the same, readable inside the kernels
 # the interpreter runs one warp, one tile.
 _GPU_CONFIG = {1: (1, 4, 32), 2: (2, 4, 32)}
 _INTERPRETER_CONFIG = {1: (1, 1, 1), 2: (1, 1, 1)}
-_PREFETCH = True  # load chunk i + 1 before chunk i's products (bench/notes.md v12)
 
 
 @triton.jit
@@ -270,7 +269,6 @@ def _gemm_4bit_mma_kernel(
     NUM_WARPS: tl.constexpr,
     SPLIT_SUMS: tl.constexpr,
     PTX: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):
     """Weight rows ``16 * ROW_TILES * pid0 ..`` against every row of x (at most 8 *
     X_GROUPS), over the chunks of split pid1 (chunks pid1 * NUM_WARPS + warp, then every
@@ -299,62 +297,28 @@ def _gemm_4bit_mma_kernel(
     zero = tl.zeros(lane.shape, dtype=tl.float32)
     d0, d1, d2, d3, e0, e1, e2, e3 = zero, zero, zero, zero, zero, zero, zero, zero
     f0, f1, f2, f3, h0, h1, h2, h3 = zero, zero, zero, zero, zero, zero, zero, zero
-    if PREFETCH:
-        # Chunk i + 1's loads are issued before chunk i's products, so each warp has two
-        # chunks of loads in flight instead of waiting a full memory latency per chunk.
-        c = split * NUM_WARPS + warp
+    for i in range(0, iterations):
+        c = split * NUM_WARPS + warp + i * stride
         valid = c < chunks
         c = tl.minimum(c, chunks - 1)
-        xa0, xa1, xa2, xa3 = _x_loads(x_quads, xa_row, valid & (g < M), c, t)
-        xb0, xb1, xb2, xb3 = _x_loads(x_quads, xb_row, valid & (g + 8 < M) & (X_GROUPS == 2), c, t)
-        u0, u1, s0, s1 = _tile_loads(pairs_ptr, absmax_ptr, nested_absmax_ptr, nested_code_ptr, offset, row0, row1,
-                                     c, t, valid, K, BLOCKSIZE, NESTED_BLOCKSIZE, DOUBLE_QUANT)
-        u2, u3, s2, s3 = _tile_loads(pairs_ptr, absmax_ptr, nested_absmax_ptr, nested_code_ptr, offset, row2, row3,
-                                     c, t, valid & (ROW_TILES == 2), K, BLOCKSIZE, NESTED_BLOCKSIZE, DOUBLE_QUANT)
-        for i in range(0, iterations):
-            cn = split * NUM_WARPS + warp + (i + 1) * stride
-            valid_n = cn < chunks
-            cn = tl.minimum(cn, chunks - 1)
-            na0, na1, na2, na3 = _x_loads(x_quads, xa_row, valid_n & (g < M), cn, t)
-            nb0, nb1, nb2, nb3 = _x_loads(x_quads, xb_row, valid_n & (g + 8 < M) & (X_GROUPS == 2), cn, t)
-            nu0, nu1, ns0, ns1 = _tile_loads(pairs_ptr, absmax_ptr, nested_absmax_ptr, nested_code_ptr, offset, row0,
-                                             row1, cn, t, valid_n, K, BLOCKSIZE, NESTED_BLOCKSIZE, DOUBLE_QUANT)
-            nu2, nu3, ns2, ns3 = _tile_loads(pairs_ptr, absmax_ptr, nested_absmax_ptr, nested_code_ptr, offset, row2,
-                                             row3, cn, t, valid_n & (ROW_TILES == 2), K, BLOCKSIZE, NESTED_BLOCKSIZE,
-                                             DOUBLE_QUANT)
-            d0, d1, d2, d3, e0, e1, e2, e3 = _tile_products(u0, u1, s0, s1, (xa0, xa1, xa2, xa3),
-                                                            (xb0, xb1, xb2, xb3), d0, d1, d2, d3, e0, e1, e2, e3,
-                                                            lane_code, code_ptr, NUM_WARPS, X_GROUPS, X_FP16, PTX)
-            if ROW_TILES == 2:
-                f0, f1, f2, f3, h0, h1, h2, h3 = _tile_products(u2, u3, s2, s3, (xa0, xa1, xa2, xa3),
-                                                                (xb0, xb1, xb2, xb3), f0, f1, f2, f3, h0, h1, h2,
-                                                                h3, lane_code, code_ptr, NUM_WARPS, X_GROUPS, X_FP16,
-                                                                PTX)
-            xa0, xa1, xa2, xa3, xb0, xb1, xb2, xb3 = na0, na1, na2, na3, nb0, nb1, nb2, nb3
-            u0, u1, s0, s1, u2, u3, s2, s3 = nu0, nu1, ns0, ns1, nu2, nu3, ns2, ns3
-    else:
-        for i in range(0, iterations):
-            c = split * NUM_WARPS + warp + i * stride
-            valid = c < chunks
-            c = tl.minimum(c, chunks - 1)
-            xa = _x_loads(x_quads, xa_row, valid & (g < M), c, t)
-            if X_GROUPS == 2:
-                xb = _x_loads(x_quads, xb_row, valid & (g + 8 < M), c, t)
-            else:
-                xb = xa
-            unit0, unit1, scale0, scale1 = _tile_loads(pairs_ptr, absmax_ptr, nested_absmax_ptr, nested_code_ptr, offset,
-                                                       row0, row1, c, t, valid, K, BLOCKSIZE, NESTED_BLOCKSIZE,
-                                                       DOUBLE_QUANT)
-            d0, d1, d2, d3, e0, e1, e2, e3 = _tile_products(unit0, unit1, scale0, scale1, xa, xb, d0, d1, d2, d3, e0, e1,
-                                                            e2, e3, lane_code, code_ptr, NUM_WARPS, X_GROUPS,
+        xa = _x_loads(x_quads, xa_row, valid & (g < M), c, t)
+        if X_GROUPS == 2:
+            xb = _x_loads(x_quads, xb_row, valid & (g + 8 < M), c, t)
+        else:
+            xb = xa
+        unit0, unit1, scale0, scale1 = _tile_loads(pairs_ptr, absmax_ptr, nested_absmax_ptr, nested_code_ptr, offset,
+                                                   row0, row1, c, t, valid, K, BLOCKSIZE, NESTED_BLOCKSIZE,
+                                                   DOUBLE_QUANT)
+        d0, d1, d2, d3, e0, e1, e2, e3 = _tile_products(unit0, unit1, scale0, scale1, xa, xb, d0, d1, d2, d3, e0, e1,
+                                                        e2, e3, lane_code, code_ptr, NUM_WARPS, X_GROUPS,
+                                                        X_FP16, PTX)
+        if ROW_TILES == 2:
+            unit2, unit3, scale2, scale3 = _tile_loads(pairs_ptr, absmax_ptr, nested_absmax_ptr, nested_code_ptr,
+                                                       offset, row2, row3, c, t, valid, K, BLOCKSIZE,
+                                                       NESTED_BLOCKSIZE, DOUBLE_QUANT)
+            f0, f1, f2, f3, h0, h1, h2, h3 = _tile_products(unit2, unit3, scale2, scale3, xa, xb, f0, f1, f2, f3, h0,
+                                                            h1, h2, h3, lane_code, code_ptr, NUM_WARPS, X_GROUPS,
                                                             X_FP16, PTX)
-            if ROW_TILES == 2:
-                unit2, unit3, scale2, scale3 = _tile_loads(pairs_ptr, absmax_ptr, nested_absmax_ptr, nested_code_ptr,
-                                                           offset, row2, row3, c, t, valid, K, BLOCKSIZE,
-                                                           NESTED_BLOCKSIZE, DOUBLE_QUANT)
-                f0, f1, f2, f3, h0, h1, h2, h3 = _tile_products(unit2, unit3, scale2, scale3, xa, xb, f0, f1, f2, f3, h0,
-                                                                h1, h2, h3, lane_code, code_ptr, NUM_WARPS, X_GROUPS,
-                                                                X_FP16, PTX)
     out = out_ptr + split.to(tl.int64) * M * N
     _store_tile(out, bias_ptr, d0, d1, d2, d3, first_row, 0, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS)
     if X_GROUPS == 2:
@@ -435,7 +399,6 @@ def gemm_4bit_mma(x2: torch.Tensor, packed: torch.Tensor, absmax: torch.Tensor, 
         BLOCKSIZE=blocksize, NESTED_BLOCKSIZE=nested_blocksize, DOUBLE_QUANT=double_quant,
         HAS_BIAS=bias is not None, BF16_BITS=bf16_bits, X_FP16=x2.dtype == torch.float16,
         X_GROUPS=x_groups, ROW_TILES=row_tiles, NUM_WARPS=num_warps, SPLIT_SUMS=splits > 1, PTX=ptx,
-        PREFETCH=_PREFETCH,
         num_warps=num_warps,
     )
     if splits > 1:
