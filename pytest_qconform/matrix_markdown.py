@@ -132,7 +132,7 @@ _NO_RUNS = ("No run reports merged yet: run `pytest --qconform` on a runner, com
 def _runs_and_summary(matrix: Matrix) -> list[str]:
     out = ["**Runs** (one row per counted report: the versions behind each arch column)", ""]
     out += _versions_table(matrix)
-    out += ["", "**Summary** (backend × operation × arch)", ""]
+    out += ["", "**Summary** (operation × backend · arch)", ""]
     return out + summary_markdown(summarize(matrix))
 
 
@@ -185,18 +185,26 @@ def format_summary_entry(entry: SummaryEntry | None) -> str:
 
 
 def summary_legend() -> str:
-    return ("Each entry: how many of the row's cells (one per format × dtype) ended in each verdict on that arch "
+    return ("Each entry: how many of the backend's cells of that operation (one per format × dtype) ended in each "
+            "verdict on that arch "
             f"({_symbol_words()}), then the worst error of the pass and fail cells as a multiple of its derived "
-            "bound (≤ 1 is within bound). Blank: no run on that arch covered the row.")
+            "bound (≤ 1 is within bound). Blank: the backend has no cell of that operation on that arch (not claimed, "
+            "or no run covered it).")
 
 
 def summary_markdown(summary: Summary) -> list[str]:
     """The summary table, its legend and the known failures, as Markdown lines."""
     if not summary.rows:
         return ["(the counted reports contain no cells)"]
-    rows = [[backend, operation, *(format_summary_entry(summary.entry((backend, operation), arch))
-                                   for arch in summary.columns)] for backend, operation in summary.rows]
-    out = markdown_table(["backend", "operation", *summary.columns], rows)
+    # One row per operation, one column per (backend, arch): the table grows with the
+    # number of operations, not with backends x operations, so it stays one screen tall.
+    backends = sorted({backend for backend, _ in summary.rows}, key=natural_key)
+    operations = sorted({operation for _, operation in summary.rows}, key=natural_key)
+    columns = [(backend, arch) for backend in backends for arch in summary.columns
+               if any(summary.entry((backend, op), arch) is not None for op in operations)]
+    rows = [[operation, *(format_summary_entry(summary.entry((backend, operation), arch)) for backend, arch in columns)]
+            for operation in operations]
+    out = markdown_table(["operation", *(f"{backend} · {arch}" for backend, arch in columns)], rows)
     out += ["", summary_legend()]
     if summary.known_failures:
         out += ["", "**Known failures** (listed in `known_failures.toml`; README \"What it has found\"):", ""]

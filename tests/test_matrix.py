@@ -320,7 +320,8 @@ def test_summary_counts_verdicts_per_backend_operation_and_arch():
     assert entry.worst_judged_multiple == 3.0  # the known failure's 6.7e6 belongs to its bug, named below
     assert entry.worst == "fail"
     text = readme_markdown(merge(reports))
-    assert "| bnb | dequantize | ❌ 1 ⚠️ 1 ✅ 2 · 3 | ⚠️ 1 ✅ 1 · 0.25 |" in text
+    assert "| operation | bnb · sm90 | bnb · x86_64 |" in text  # a row per operation, a column per backend and arch
+    assert "| dequantize | ❌ 1 ⚠️ 1 ✅ 2 · 3 | ⚠️ 1 ✅ 1 · 0.25 |" in text
     # One known failure on two archs with the same cells is one line, cut at its first clause, with its source.
     assert ("- bnb · dequantize on sm90, x86_64 (1 cells: nf4-b128/fp32): the CPU kernel reads absmax per row "
             "([source](https://example.invalid/bnb/ops.py))") in text
