@@ -108,7 +108,8 @@ def check_inactive(config: pytest.Config) -> None:
     given = [flag for flag, kwargs in _options() if config.getoption(_dest(flag)) != kwargs.get("default")]
     if given:
         raise pytest.UsageError(
-            f"{', '.join(given)} only work with {ACTIVATING_OPTION}, which is missing: without it pytest-qconform "
+            f"{', '.join(given)} {'only works' if len(given) == 1 else 'only work'} with {ACTIVATING_OPTION}, "
+            "which is missing: without it pytest-qconform "
             f"runs nothing. Add {ACTIVATING_OPTION} to run the conformance suites, or drop "
             + ("the option." if len(given) == 1 else "the options."))
 

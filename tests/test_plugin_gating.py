@@ -153,7 +153,8 @@ def test_plugin_options_without_qconform_are_a_usage_error(fake_backend_project:
     result = fake_backend_project.runpytest(*options, "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     flags = ", ".join(option.split("=")[0] for option in options)
-    result.stderr.fnmatch_lines([f"*{flags} only work with --qconform, which is missing: without it "
+    verb = "only works" if len(options) == 1 else "only work"
+    result.stderr.fnmatch_lines([f"*{flags} {verb} with --qconform, which is missing: without it "
                                  "pytest-qconform runs nothing. Add --qconform*"])
 
 
