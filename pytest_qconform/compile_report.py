@@ -255,7 +255,9 @@ def doc_markdown(check: CompileCheck) -> str:
         "AMD: registers are VGPRs (+ AGPRs), spills are spilled VGPRs + SGPRs, occupancy is LLVM's waves per "
         "SIMD. NVIDIA: registers from the cubin (cuobjdump), spills are bytes of local memory per thread, "
         "occupancy is resident warps per SM / the SM's maximum, from the registers and the warp and block "
-        "limits (pytest_qconform/kernel_resources.py; shared memory not applied).",
+        "limits (pytest_qconform/kernel_resources.py; shared memory not applied). –: no replayed call "
+        "launches the kernel on that arch (the entry points route elsewhere there: the tensor-core kernel, "
+        "`_gemm_4bit_mma_kernel` with its `_sum_splits_kernel`, runs on NVIDIA from sm_80 only).",
         "",
         *_table(["arch", "family", "wave", "all compile", *(f"`{short[k]}`" for k in kernels)], rows),
     ]
