@@ -258,12 +258,17 @@ def _stderr_into(sink: list[str]) -> Iterator[None]:
 
 
 def _compiler_message(exc: BaseException, stderr: str) -> str:
-    """The exception's last lines, after the compiler's own ``error:`` lines from stderr."""
+    """The exception's last lines, after the compiler's own ``error:`` lines from stderr,
+    with this checkout's path left out of source locations (the committed results must not
+    depend on where the project was cloned)."""
+    checkout = str(KERNELS_DIR.parent.parent) + os.sep
+    stderr = stderr.replace(checkout, "")
+    exc_text = f"{type(exc).__name__}: {exc}".replace(checkout, "")
     printed = stderr.splitlines()
     diagnostics = []  # each `error:` line and the line it quotes (an assembler names the instruction there)
     for index in [i for i, line in enumerate(printed) if "error:" in line][:2]:
         diagnostics += [line.strip() for line in printed[index:index + 2] if line.strip()]
-    raised = [line for line in f"{type(exc).__name__}: {exc}".splitlines() if line.strip()]
+    raised = [line for line in exc_text.splitlines() if line.strip()]
     return "\n".join(diagnostics + raised[-MESSAGE_LINES:])
 
 

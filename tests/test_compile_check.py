@@ -117,6 +117,16 @@ def _arch_result(arch: str = "gfx1200", errors: tuple[str | None, ...] = (None,)
     return ArchResult.of(arch, facts.kind, facts.family, facts.wave_size, variants, **kwargs)
 
 
+def test_compiler_messages_name_sources_relative_to_the_checkout() -> None:
+    """The committed results are compared with a fresh check in CI's checkout, elsewhere."""
+    source = compile_check.KERNELS_DIR / "nf4_dequant.py"
+    message = compile_check._compiler_message(RuntimeError(f"{source}:118:1: PassManager::run failed"),
+                                              f"{source}:118:1: error: unsupported target: 'gfx1030'\ndef k(\n")
+    assert str(compile_check.KERNELS_DIR) not in message
+    assert message.splitlines()[0] == "pytest_qconform/kernels/nf4_dequant.py:118:1: error: unsupported target: 'gfx1030'"
+    assert message.splitlines()[-1] == "RuntimeError: pytest_qconform/kernels/nf4_dequant.py:118:1: PassManager::run failed"
+
+
 def test_failures_name_an_uncovered_kernel_and_a_stale_unsupported_entry() -> None:
     stale = _arch_result("gfx1030", unsupported="RDNA2 is not a target", unsupported_message="unsupported target")
     check = CompileCheck("3.9.0", "f", 1, (stale,), uncovered=("nf4_gemv._new_kernel",))
