@@ -374,6 +374,24 @@ def test_gemv_tensor_core_kernel_configurations(monkeypatch, config):
         assert launched[0][1] == 2 and len(sums) == cases, "two splits, added by the second kernel"
 
 
+@pytest.mark.parametrize("n, k, multiprocessors, warps_per_sm, splits", [
+    (8192, 8192, 132, 32, 2),  # 512 programs of 4 warps: 2 splits give 31 warps per SM (was 32 splits: 1 chunk each)
+    (14336, 4096, 132, 32, 1),  # 896 programs already give 27 warps per SM
+    (4096, 4096, 132, 32, 4),  # 256 programs: 4 splits, 8 chunks per warp
+    (256, 8192, 132, 64, 32),  # a narrow weight: capped where each warp keeps one chunk (128 chunks / 4 warps)
+])
+def test_tensor_core_splits_fill_the_gpu_once(n, k, multiprocessors, warps_per_sm, splits):
+    """K is split only as far as the grid needs to give each multiprocessor about
+    ``warps_per_sm`` warps: the tiles along N count (a split count taken from the warps
+    per program alone made every warp take one 64-column chunk and write fp32 partial
+    sums: 87 us instead of 56 at 8192^2 and 16 rows on the H100, bench/notes.md v13)."""
+    from pytest_qconform.kernels import nf4_mma
+
+    tiles = math.ceil(n / 16)
+    got = nf4_mma.splits_for(tiles, 4, warps_per_sm, k // nf4_mma.CHUNK, multiprocessors)
+    assert got == splits
+
+
 def test_tensor_core_route_only_where_it_can_read(monkeypatch):
     """One row, fp32 x, strided or misaligned x and K not a multiple of 64 go to the per-row
     kernels (and still compute the right numbers); ``fused_rows_limit`` says so."""

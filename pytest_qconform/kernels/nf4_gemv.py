@@ -47,7 +47,8 @@ MAX_ROWS = nf4_mma.MAX_ROWS
 # fewer rows, and batches it cannot take, go to the per-row kernels below. H100, bf16
 # (bench/notes.md v11), per-row vs tensor-core kernel: 8192^2 2 rows 36.0 vs 53.6 us,
 # 3 rows 50.6 vs 54.8, 4 rows 65.6 vs 55.9; 14336 x 4096 3 rows 49.0 vs 46.0; 4096^2
-# 4 rows 20.5 vs 20.9.
+# 4 rows 20.5 vs 20.9. Since v13 (the K-split fix) the tensor-core kernel takes 35.5 us at
+# 8192^2 and 4 rows, so 2-3 rows may go there too: not re-measured yet (matmul_routes.py).
 MMA_MIN_ROWS = 4
 # The per-row kernels beat dequantize + GEMM up to this many rows (their time grows with
 # the rows; notes "Few rows"), the tensor-core kernel up to MAX_ROWS.

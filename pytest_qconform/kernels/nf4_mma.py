@@ -31,7 +31,7 @@ interpreter, ROCm builds) the same kernel loads codes from the table, packs with
 rounding and computes each product from the other lanes' registers (``tl.gather``), so it
 compiles for any target and the CPU tests run the same indexing. The matmul route sends
 only NVIDIA GPUs of compute capability 8.0+ here (``mma_route_ok``). Versions and
-timings: bench/notes.md "v11".
+timings: bench/notes.md "v11" and "v13".
 """
 from __future__ import annotations
 
@@ -47,9 +47,9 @@ MAX_ROWS = 16  # two groups of 8 rows of x (B is 8 columns wide)
 CHUNK = 64  # columns of K per warp step: 4 products of 16 columns
 _CHUNK = tl.constexpr(CHUNK)  # the same, readable inside the kernels
 # (ROW_TILES, num_warps, warps per multiprocessor the split aims at) by groups of 8 rows
-# of x: the GPU's choice from the sweep in bench/notes.md v11 (8192^2 bf16, H100: 8 rows
-# 61.2 us with (1, 4, 32), 16 rows 87.8 with (2, 4, 32) vs 92.0 with (1, 4, 32));
-# the interpreter runs one warp, one tile.
+# of x: the GPU's choice from bench/notes.md v11 and v13 (8192^2 bf16, H100: 8 rows 39.3 us
+# with (1, 4, 32), 16 rows 56.2 with (2, 4, 32); aiming at 64 warps per multiprocessor:
+# 41.4 and 55.8); the interpreter runs one warp, one tile.
 _GPU_CONFIG = {1: (1, 4, 32), 2: (2, 4, 32)}
 _INTERPRETER_CONFIG = {1: (1, 1, 1), 2: (1, 1, 1)}
 
@@ -369,10 +369,11 @@ def weight_readable(packed: torch.Tensor, K: int) -> bool:
     return K % CHUNK == 0 and packed.data_ptr() % 8 == 0 and packed.numel() % 8 == 0
 
 
-def splits_for(row_tiles: int, num_warps: int, warps_per_sm: int, chunks: int, multiprocessors: int) -> int:
-    """K splits so that about ``warps_per_sm`` warps run on each multiprocessor, each warp
-    still taking at least one chunk."""
-    wanted = max(1, round(warps_per_sm * multiprocessors / (row_tiles * num_warps)))
+def splits_for(tiles: int, num_warps: int, warps_per_sm: int, chunks: int, multiprocessors: int) -> int:
+    """K splits so that the grid's ``tiles * splits`` programs of ``num_warps`` warps give
+    about ``warps_per_sm`` warps to each multiprocessor, each warp still taking at least
+    one chunk."""
+    wanted = max(1, round(warps_per_sm * multiprocessors / (tiles * num_warps)))
     return max(1, min(wanted, chunks // num_warps, 64))
 
 
@@ -388,7 +389,7 @@ def gemm_4bit_mma(x2: torch.Tensor, packed: torch.Tensor, absmax: torch.Tensor, 
     x_groups = 1 if M <= 8 else 2
     row_tiles, num_warps, warps_per_sm = (_GPU_CONFIG if x2.device.type != "cpu" else _INTERPRETER_CONFIG)[x_groups]
     tiles = math.ceil(N / (16 * row_tiles))
-    splits = splits_for(row_tiles, num_warps, warps_per_sm, K // CHUNK, multiprocessors)
+    splits = splits_for(tiles, num_warps, warps_per_sm, K // CHUNK, multiprocessors)
     bf16_bits = x2.dtype == torch.bfloat16 and interpreter_active()
     target = out if splits == 1 else torch.empty((splits, M, N), dtype=torch.float32, device=x2.device)
     bias_arg = bias if bias is not None else absmax
