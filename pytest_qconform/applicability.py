@@ -23,6 +23,7 @@ import pytest
 
 from pytest_qconform import state
 from pytest_qconform.claims import target_device, unclaimed
+from pytest_qconform.instances import nothing_claimed
 from pytest_qconform.outcomes import OTHER_DEVICE_PREFIX
 from pytest_qconform.targets import Target, requested_hardware
 
@@ -72,6 +73,8 @@ def not_applying(config: pytest.Config, item: pytest.Item, caps_cache: dict) -> 
         other = target.skip_reason.startswith(OTHER_DEVICE_PREFIX)
         if other and not _requested(target, config.getoption("markexpr") or ""):
             return ("other-device", target.id)
+        return None
+    if nothing_claimed(item):  # the check's one cell saying what its backend lacks: kept
         return None
     key = (name, target.id)
     if key not in caps_cache:

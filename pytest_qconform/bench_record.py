@@ -2,7 +2,6 @@
 the record, its schema check, and its ratio to bitsandbytes in the same run."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Any, Iterable
 

@@ -8,6 +8,7 @@ import torch
 
 from pytest_qconform import outcomes, state
 from pytest_qconform.backends.base import Backend
+from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 from pytest_qconform.targets import Target
 
 
@@ -34,12 +35,18 @@ def qdevice(qtarget: Target) -> torch.device:
 
 @pytest.fixture
 def qbackend(request: pytest.FixtureRequest) -> Backend:
-    """The backend under test, built once per session; unavailable ones skip with the reason."""
+    """The backend under test, built once per session; unavailable ones skip with the reason.
+    Every quantization it makes is checked against its input (``input_checked``), except in
+    a benchmark, whose timings must be the library's alone."""
     backend = state.backend(request.config, request.param)
     available = backend.availability()
     if not available.available:
         pytest.skip(f"{outcomes.UNAVAILABLE_PREFIX} {backend.name}: {available.reason}")
-    return backend
+    if "qbench" in request.fixturenames:
+        return backend
+    from pytest_qconform.input_checked import InputCheckedBackend
+
+    return InputCheckedBackend(backend, request.getfixturevalue("qcheck"))  # type: ignore[return-value]
 
 
 @pytest.fixture(scope="session")
@@ -88,13 +95,30 @@ class Checker:
     def record_multiple(self, multiple: float) -> None:
         self._item.user_properties.append((outcomes.MULTIPLE_PROPERTY, float(multiple)))
 
-    def within(self, actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor, what: str) -> float:
-        """Assert |actual - expected| <= bound elementwise; return the worst multiple."""
-        from pytest_qconform.reference.bounds import error_multiple
+    def within(self, actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor, what: str, *,
+               rounding_units: torch.Tensor | None = None) -> float:
+        """Assert |actual - expected| <= bound elementwise; return the worst multiple.
+
+        Never both sides wrong: ``expected`` (float64, from the backend's stored state and
+        finite inputs) holding NaN or inf means that state is not finite, a failure even
+        where ``actual`` agrees. ``rounding_units``: ``actual`` is ``expected`` computed
+        with round-to-nearest arithmetic, so its errors must not all point one way
+        (``bounds.rounding_direction_biased``), judged by votes of independent units, an
+        integer tensor naming each element's unit: its block or group for a dequantized
+        weight (``suites._cases.block_ids``), its output column for a matmul."""
+        from pytest_qconform.reference.bounds import error_multiple, rounding_direction_biased
 
         if tuple(actual.shape) != tuple(expected.shape):
             raise AssertionError(f"{what}: shape {tuple(actual.shape)} != reference {tuple(expected.shape)}; "
                                  + self._where())
+        nonfinite = ~torch.isfinite(expected)
+        if bool(nonfinite.any()):
+            self.record_multiple(float("inf"))
+            flat = int(torch.nonzero(nonfinite.reshape(-1))[0].item())
+            raise AssertionError(
+                f"{what}: the float64 reference is {expected.reshape(-1)[flat].item()!r} at flat index {flat} "
+                f"({int(nonfinite.sum().item())} non-finite elements) although every input is finite: the "
+                "backend's stored state holds NaN or inf; " + self._where())
         multiple = float(error_multiple(actual, expected, bound))
         self.record_multiple(multiple if multiple == multiple else float("inf"))
         if not multiple <= 1.0:
@@ -105,7 +129,38 @@ class Checker:
                 f"{what}: error is {multiple:.3g} x its bound (worst element flat index {flat}: "
                 f"got {actual.reshape(-1)[flat].item()!r}, reference {expected.reshape(-1)[flat].item()!r}, "
                 f"bound {bound.reshape(-1)[flat].item():.3g}); " + self._where())
+        if rounding_units is not None:
+            biased = rounding_direction_biased(actual, expected, rounding_units)
+            if biased:
+                raise AssertionError(f"{what}: within its bound, but not rounded to nearest: {biased}; "
+                                     + self._where())
         return multiple
+
+    def faithful(self, packed: PackedBnb4 | PackedHqq4, weight: torch.Tensor, what: str) -> None:
+        """The stored state is finite and decodes within the format's quantization error of
+        ``weight``, the input it was quantized from (``reference.faithful``): checked after
+        every quantization a test makes, so no check trusts a state that is itself wrong."""
+        from pytest_qconform.reference import faithful
+
+        if not bool(torch.isfinite(weight).all()):
+            return  # a non-finite input has no faithful quantization to check against
+        nonfinite = faithful.nonfinite_stored_fields(packed)
+        if nonfinite:
+            self.record_multiple(float("inf"))
+            raise AssertionError(f"{what}: the stored state holds NaN or inf in {', '.join(nonfinite)} for a "
+                                 "finite input; " + self._where())
+        from pytest_qconform.reference.bounds import error_multiple
+
+        decoded = faithful.decode(packed, weight.device)
+        expected = weight.detach().double().reshape(decoded.shape)
+        bound = faithful.faithful_bound(packed, weight).reshape(decoded.shape)
+        multiple = float(error_multiple(decoded, expected, bound))  # not the cell's worst multiple: a sanity bound
+        if not multiple <= 1.0:
+            flat = int(torch.argmax((decoded - expected).abs().nan_to_num(float("inf")) / bound.clamp_min(1e-300)))
+            raise AssertionError(
+                f"{what}: the stored state decodes {multiple:.3g} x the quantization error bound away from the "
+                f"input it was quantized from (flat index {flat}: input {expected.reshape(-1)[flat].item()!r}, "
+                f"decoded {decoded.reshape(-1)[flat].item()!r}); " + self._where())
 
     def equal(self, actual: Any, expected: Any, what: str) -> None:
         if actual != expected:

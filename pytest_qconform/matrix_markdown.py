@@ -156,7 +156,30 @@ def to_markdown(matrix: Matrix, compiled: CompileCheck | None = None) -> str:
     rows = [[*row, *(format_entry(matrix.entry(row, arch)) for arch in matrix.columns)] for row in matrix.rows]
     out += markdown_table(header, rows) if rows else ["(the counted reports contain no cells)"]
     out += ["", _legend()]
+    out += _coverage(matrix)
     return "\n".join(out + _notes(matrix, compiled)) + "\n"
+
+
+def _coverage(matrix: Matrix) -> list[str]:
+    """Per run and backend: the checked instances of the checks with declared axes, the
+    operations, how many value pairs were checked, and any claimed value left unchecked."""
+    rows = []
+    for report in matrix.runs:
+        by_backend: dict[str, list] = {}
+        for entry in report.coverage:
+            by_backend.setdefault(entry.backend, []).append(entry)
+        for backend, entries in sorted(by_backend.items()):
+            unchecked = [f"{e.operation}: " + "; ".join(f"{axis} {', '.join(found)}" for axis, found
+                                                        in sorted(e.unchecked.items()))
+                         for e in entries if e.unchecked]
+            rows.append([report.arch, backend, str(sum(e.instances for e in entries)), str(len(entries)),
+                         str(sum(len(e.pairs) for e in entries)), "<br>".join(unchecked) or "none"])
+    if not rows:
+        return []
+    return ["", "**Coverage** (checks with declared axes: instances that ran to a verdict, operations, value "
+                "pairs of two axes checked, and claimed values no instance checked)", "",
+            *markdown_table(["arch", "backend", "instances", "operations", "pairs", "unchecked claimed values"],
+                            rows)]
 
 
 _LINK = re.compile(r"^known failure \(([^()]*(?:\([^()]*\))?[^()]*)\): ")

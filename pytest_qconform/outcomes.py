@@ -22,6 +22,8 @@ import pytest
 KEY_PROPERTY = "qconform_key"
 MULTIPLE_PROPERTY = "qconform_multiple"
 REPRO_PROPERTY = "qconform_repro"
+AXES_PROPERTY = "qconform_axes"  # the axis values of an instance of a check with declared axes
+CLAIMED_AXES_PROPERTY = "qconform_claimed_axes"  # the values its backend claims on each of those axes
 UNAVAILABLE_PREFIX = "unavailable:"
 NOT_CLAIMED_PREFIX = "not claimed:"
 OOM_PREFIX = "out of memory:"
@@ -50,6 +52,8 @@ class Case:
     worst_error_multiple: float | None
     message: str
     repro: str
+    axes: tuple[tuple[str, str], ...] = ()  # (axis, value label) of a check with declared axes
+    claimed: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (axis, the labels claimed on it)
 
     @property
     def cell_key(self) -> tuple[str, str, str, str]:
@@ -136,7 +140,9 @@ def case_from_report(report: pytest.TestReport) -> Case | None:
         return None
     verdict, message = found
     return Case(report.nodeid, key["backend"], key["operation"], key["format"], key["dtype"], key["target"],
-                verdict, props.get(MULTIPLE_PROPERTY), message, str(props.get(REPRO_PROPERTY, "")))
+                verdict, props.get(MULTIPLE_PROPERTY), message, str(props.get(REPRO_PROPERTY, "")),
+                tuple(sorted(dict(props.get(AXES_PROPERTY) or {}).items())),
+                tuple(sorted((axis, tuple(found)) for axis, found in dict(props.get(CLAIMED_AXES_PROPERTY) or {}).items())))
 
 
 def identity_of(report: pytest.TestReport) -> tuple[dict[str, str], str] | None:

@@ -40,6 +40,9 @@ def _register_markers(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "qconform_operation(name): the matrix operation a conformance test checks")
     config.addinivalue_line("markers", "qconform_dtype(label): the dtype (bf16, fp16, fp32) of a conformance test "
                             "that is not parametrized over dtypes, for its matrix cell")
+    config.addinivalue_line("markers", "qconform_axes(*axes, **only): the axes a conformance check depends on "
+                            "(pytest_qconform.axes); its instances are a covering array of them, from each "
+                            "backend's claims; keyword arguments restrict an axis to some values")
     config.addinivalue_line("markers", "qconform_benchmark: a benchmark (runs only with --benchmark-only); its "
                                        "timings go to the report's benchmarks, not to matrix cells")
 
@@ -82,11 +85,16 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     config = metafunc.config
     if not config.getoption("qconform"):
         return
-    if "qtarget" in metafunc.fixturenames:
+    axes_marker = metafunc.definition.get_closest_marker("qconform_axes")
+    if axes_marker is not None:
+        from pytest_qconform import instances
+
+        instances.parametrize(metafunc, axes_marker)
+    elif "qtarget" in metafunc.fixturenames:
         params = [pytest.param(t, id=t.id, marks=[getattr(pytest.mark, m) for m in t.marker_names])
                   for t in config.stash[state.TARGETS]]
         metafunc.parametrize("qtarget", params, indirect=True)
-    if "qbackend" in metafunc.fixturenames:
+    if "qbackend" in metafunc.fixturenames and axes_marker is None:
         names = sorted(config.stash[state.BACKEND_FACTORIES])
         metafunc.parametrize("qbackend", names, indirect=True)
     if "qbench_shape" in metafunc.fixturenames:
@@ -141,7 +149,9 @@ def _selected(item: pytest.Item, key: dict[str, str], config: pytest.Config) -> 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not config.getoption("qconform"):
         return
-    keep, drop = [], []
+    from pytest_qconform import instances
+
+    keep, drop, claims_cache = [], [], {}
     for item in items:
         key = _cell_key(item)
         if key is not None:
@@ -151,6 +161,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if item.get_closest_marker("qconform_benchmark") is None:  # timings are not matrix cells
                 item.user_properties.append((outcomes.KEY_PROPERTY, key))
                 item.user_properties.append((outcomes.REPRO_PROPERTY, _repro(config, item)))
+                labels = instances.axis_labels(item)
+                if labels is not None:
+                    item.user_properties.append((outcomes.AXES_PROPERTY, labels))
+                    claimed = instances.claimed_labels(item, claims_cache)
+                    if claimed is not None:
+                        item.user_properties.append((outcomes.CLAIMED_AXES_PROPERTY, claimed))
         keep.append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)

@@ -143,8 +143,10 @@ class RunRecorder:
         created = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         benchmarks = with_bitsandbytes_ratios(Benchmark.from_dict(data, f"benchmark of {data.get('nodeid')}")
                                               for data in self.benchmarks)
+        from pytest_qconform.coverage import from_cases
+
         report = RunReport(probe=state.probe(self.config).to_dict(), cells=tuple(self.cells()), created=created,
-                           benchmarks=benchmarks)
+                           benchmarks=benchmarks, coverage=from_cases(self.config.stash[state.CASES].values()))
         self.config.stash[state.REPORT_PATH] = str(write_report(report, folder))
         self.report = report
 

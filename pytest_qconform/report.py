@@ -19,6 +19,7 @@ from typing import Any, Iterable
 
 from pytest_qconform.atomic import write_text_atomically
 from pytest_qconform.bench_record import Benchmark
+from pytest_qconform.coverage import Coverage
 from pytest_qconform.schema import (
     SchemaError,
     json_object,
@@ -171,6 +172,7 @@ class RunReport:
     created: str
     source: str = field(default="", compare=False)
     benchmarks: tuple["Benchmark", ...] = ()
+    coverage: tuple["Coverage", ...] = ()  # what each declared axis was checked at (coverage.py)
 
     @property
     def arch(self) -> str:
@@ -203,6 +205,8 @@ class RunReport:
         }
         if self.benchmarks:
             data["benchmarks"] = [entry.to_dict() for entry in self.benchmarks]
+        if self.coverage:
+            data["coverage"] = [entry.to_dict() for entry in self.coverage]
         return data
 
     @classmethod
@@ -239,7 +243,14 @@ class RunReport:
             if not isinstance(raw, list):
                 raise SchemaError(f"report.benchmarks: expected a JSON array, got {type_name(raw)}")
             benchmarks = tuple(Benchmark.from_dict(entry, f"benchmarks[{i}]") for i, entry in enumerate(raw))
-        return cls(probe=probe, cells=cells, created=created, source=source, benchmarks=benchmarks)
+        coverage: tuple[Coverage, ...] = ()
+        if "coverage" in data:  # optional in every version: a reader that ignores it loses nothing else
+            raw = data["coverage"]
+            if not isinstance(raw, list):
+                raise SchemaError(f"report.coverage: expected a JSON array, got {type_name(raw)}")
+            coverage = tuple(Coverage.from_dict(entry, f"coverage[{i}]") for i, entry in enumerate(raw))
+        return cls(probe=probe, cells=cells, created=created, source=source, benchmarks=benchmarks,
+                   coverage=coverage)
 
 
 # ---------------------------------------------------------------- files

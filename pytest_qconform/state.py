@@ -7,9 +7,7 @@ from typing import Callable
 import pytest
 
 from pytest_qconform.backends.base import Backend
-from pytest_qconform.outcomes import Case
 from pytest_qconform.probe import Probe
-from pytest_qconform.targets import Target
 
 PROBE = pytest.StashKey[Probe]()
 TARGETS = pytest.StashKey["tuple[Target, ...]"]()

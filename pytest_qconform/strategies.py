@@ -9,7 +9,9 @@ from __future__ import annotations
 from hypothesis import HealthCheck, Phase, settings
 
 PROFILE_SETTINGS = {
-    "ci": dict(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+    # ci: 3 random draws on top of each instance's listed example (the instances are a
+    # covering array of the check's axes, so the draws add breadth, not coverage).
+    "ci": dict(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                      HealthCheck.function_scoped_fixture,
                                                                      HealthCheck.differing_executors],
                print_blob=True, derandomize=True,
@@ -103,7 +105,7 @@ class ActivationCase:
     """Activation layout for matmul: leading dims, and how the tensor is laid out in memory."""
 
     leading: tuple[int, ...]  # (1,) gemv; (16,) small batch; (2, 5) batch x sequence
-    layout: str  # "contiguous" | "transposed" | "sliced"
+    layout: str  # "contiguous" | "transposed" | "sliced" | "offset" (axes.X_LAYOUTS)
     seed: int
 
     def make(self, k: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -114,6 +116,11 @@ class ActivationCase:
             x = base.permute(*reversed(range(len(shape))))
         elif self.layout == "sliced":  # every other column of a wider tensor
             x = torch.randn(*self.leading, 2 * k, generator=gen)[..., ::2]
+        elif self.layout == "offset":  # contiguous, but one element into its storage: vector loads misalign
+            numel = 1
+            for n in shape:
+                numel *= n
+            x = torch.randn(numel + 1, generator=gen)[1:].reshape(shape)
         else:
             x = torch.randn(*shape, generator=gen)
         return x.to(dtype=dtype, device=device)
@@ -125,6 +132,28 @@ class ActivationCase:
 ACTIVATION_LEADING: tuple[tuple[int, ...], ...] = ((1,), (3,), (16,), (2, 5), (1, 1), (40,))
 
 
-def activation_cases() -> st.SearchStrategy[ActivationCase]:
-    return st.builds(ActivationCase, st.sampled_from(ACTIVATION_LEADING),
-                     st.sampled_from(("contiguous", "transposed", "sliced")), st.integers(0, 2**31 - 1))
+def activation_cases(layout: str | None = None) -> st.SearchStrategy[ActivationCase]:
+    """Activations of a drawn shape; in ``layout`` when a check's axis fixes it."""
+    layouts = (layout,) if layout else ("contiguous", "transposed", "sliced", "offset")
+    return st.builds(ActivationCase, st.sampled_from(ACTIVATION_LEADING), st.sampled_from(layouts),
+                     st.integers(0, 2**31 - 1))
+
+
+def listed_weight(shapes: tuple[tuple[int, ...], ...], distribution: str) -> WeightCase:
+    """The weight of a listed distribution (a ``distribution`` axis value) that an instance
+    runs before hypothesis' random draws, so that no listed distribution depends on the
+    draw to be reached: the distribution's own shape among ``shapes`` and seed, fixed."""
+    index = DISTRIBUTIONS.index(distribution)
+    return WeightCase(tuple(shapes[index % len(shapes)]), distribution, seed=1009 + index)
+
+
+def with_examples(examples: list[dict]):
+    """Decorate a ``@given`` function with an ``@example`` for each keyword dict, in order."""
+    from hypothesis import example
+
+    def decorate(test):
+        for kwargs in reversed(examples):
+            test = example(**kwargs)(test)
+        return test
+
+    return decorate

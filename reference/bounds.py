@@ -24,7 +24,7 @@ from pytest_qconform.reference.linear import linear
 from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 
 __all__ = ["BOUND_MULTIPLE", "FLUSHES_SUBNORMALS", "underflow_error", "bnb4_dequantize_bound", "bnb4_matmul_weight_bound", "dequantize_bound", "error_multiple", "gamma",
-           "grad_bound", "hqq4_dequantize_bound", "matmul_bound", "rounding_bound", "unit_roundoff"]
+           "grad_bound", "hqq4_dequantize_bound", "matmul_bound", "rounding_bound", "rounding_direction", "rounding_direction_biased", "unit_roundoff"]
 
 # A result passes when its worst error is at most this multiple of its derived bound.
 # 1.0: the bounds are worst cases of the arithmetic, not statistical estimates, so a
@@ -352,3 +352,57 @@ def error_multiple(actual: torch.Tensor, expected: torch.Tensor, bound: torch.Te
     ratio = torch.where(same, torch.zeros_like(ratio), ratio)
     ratio = torch.where(nan_mismatch, torch.full_like(ratio, math.inf), ratio)
     return float(ratio.max().item())
+
+
+# Round to nearest errs in either direction; rounding toward zero (a truncating bf16
+# multiply or dot instruction: triton-lang/triton#11217 on RDNA) or away from it errs
+# always one way, which a loose worst-case bound can hide. Judged on the elements whose
+# error is non-zero and whose exact value is a normal number of the result's dtype (a
+# flushed subnormal errs toward zero by design: FLUSHES_SUBNORMALS), by votes of
+# independent units: errors of one unit share causes (a block's decoded absmax scales
+# the whole block; a weight row's rounding reaches every output of that row), so each
+# unit casts one vote, the direction most of its elements err in. With at least ROUNDING_DIRECTION_MIN_UNITS votes, no more than
+# ROUNDING_DIRECTION_LIMIT may point one way: for 64 independent round-to-nearest units
+# 0.8 is 4.8 standard deviations from 0.5 (binomial), while a truncating unit puts 0.9
+# to 1.0 toward zero.
+ROUNDING_DIRECTION_MIN_UNITS: int = 64
+ROUNDING_DIRECTION_LIMIT: float = 0.8
+
+
+def rounding_direction(actual: torch.Tensor, expected: torch.Tensor, units: torch.Tensor
+                       ) -> tuple[float, float, int]:
+    """``(toward_zero, away_from_zero, n)``: the fractions of the ``n`` voting units whose
+    errors point toward zero and away from it. ``units`` (integers, broadcast to the
+    result's shape) says which unit each element belongs to: its block or group for a
+    dequantized weight, its output column (one weight row) for a matmul."""
+    exp = expected.detach().to(torch.float64)
+    act = actual.detach().to(device=exp.device, dtype=torch.float64)
+    act, exp = torch.broadcast_tensors(act, exp)
+    unit = torch.broadcast_to(units.to(exp.device), exp.shape).reshape(-1).long()
+    tiny = float(torch.finfo(actual.dtype).tiny) if actual.dtype.is_floating_point else 0.0
+    err, exp = (act - exp).reshape(-1), exp.reshape(-1)
+    judged = torch.isfinite(err) & (err != 0) & (exp.abs() >= 2 * tiny)
+    if not bool(judged.any()):
+        return 0.0, 0.0, 0
+    vote = torch.where(err * exp.sign() < 0, 1.0, -1.0).to(exp)
+    votes = torch.zeros(int(unit.max().item()) + 1, dtype=torch.float64, device=exp.device)
+    votes.index_add_(0, unit[judged], vote[judged])
+    n = int((votes != 0).sum().item())
+    if n == 0:
+        return 0.0, 0.0, 0
+    toward = int((votes > 0).sum().item())
+    return toward / n, (n - toward) / n, n
+
+
+def rounding_direction_biased(actual: torch.Tensor, expected: torch.Tensor, units: torch.Tensor) -> str | None:
+    """A sentence saying how ``actual`` errs one way, or None when consistent with round
+    to nearest (or when too few units err to judge)."""
+    toward, away, n = rounding_direction(actual, expected, units)
+    if n < ROUNDING_DIRECTION_MIN_UNITS:
+        return None
+    for fraction, direction in ((toward, "toward zero"), (away, "away from zero")):
+        if fraction > ROUNDING_DIRECTION_LIMIT:
+            return (f"the errors of {fraction:.0%} of {n} independent units (blocks, groups or weight rows) point "
+                    f"{direction}; round to nearest errs both ways, and at most {ROUNDING_DIRECTION_LIMIT:.0%} "
+                    "may point one way")
+    return None

@@ -12,7 +12,7 @@ import torch
 from pytest_qconform.backends.base import Backend, Capabilities, QuantSpec
 from pytest_qconform.claims import target_device, unclaimed
 from pytest_qconform.outcomes import NOT_CLAIMED_PREFIX, OOM_PREFIX
-from pytest_qconform.reference import bnb4, hqq4
+from pytest_qconform.reference import bnb4, faithful, hqq4
 from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 from pytest_qconform.targets import Target
 
@@ -50,9 +50,31 @@ def require_claim(backend: Backend, target: Target, spec: QuantSpec | None = Non
 
 def reference_decode(packed: PackedBnb4 | PackedHqq4, device: torch.device) -> torch.Tensor:
     """The float64 decoding of a backend's own bytes."""
+    return faithful.decode(packed, device)
+
+
+def block_ids(packed: PackedBnb4 | PackedHqq4) -> torch.Tensor:
+    """The independent units of a dequantized weight's rounding (``Checker.within``), per
+    element, shape ``packed.shape``: blocks that decode to the same absmax (HQQ: groups
+    with the same scale and zero) share their rounding errors, so each distinct scale is
+    one unit."""
     if isinstance(packed, PackedBnb4):
-        return bnb4.decode(packed, device=device)
-    return hqq4.decode(packed, device=device)
+        per_block = bnb4.decode_absmax(packed).unsqueeze(1)
+        element_block = torch.arange(packed.numel) // packed.blocksize
+    else:
+        _, zero, scale = hqq4.decode_parts(packed)
+        rows, cols = hqq4.grouped_shape(tuple(packed.shape), packed.group_size, packed.axis)
+        flat = torch.arange(rows * cols)
+        element_block = flat // cols if packed.axis == 1 else flat % cols
+        first = torch.zeros(int(element_block.max()) + 1, dtype=torch.long).scatter_(0, element_block, flat)
+        per_block = torch.stack([zero.reshape(-1)[first], scale.reshape(-1)[first]], dim=1)
+    _, unit = torch.unique(per_block, dim=0, return_inverse=True)
+    return unit[element_block].reshape(tuple(packed.shape))
+
+
+def output_columns(y: torch.Tensor) -> torch.Tensor:
+    """Each element's output column (one weight row each): a matmul's independent units."""
+    return torch.arange(y.shape[-1])
 
 
 def skip_on_oom(exc: BaseException) -> None:

@@ -23,15 +23,6 @@ from pytest_qconform.targets import Target
 
 from ._cases import reference_decode, require_claim, spec_id, weight_error
 
-# NF4 at the CUDA/CPU default blocksize, with and without double quantization, and HQQ.
-# (The ROCm default, 128, is what the checkpoint suite loads into; the functional suites
-# cover FP4 and the other blocksizes.)
-LAYER_SPECS: tuple[QuantSpec, ...] = (QuantSpec("nf4", 64), QuantSpec("nf4", 64, True), QuantSpec("hqq4", 64))
-# The thorough profile adds the ROCm default, FP4, double quantization at 128, and HQQ at
-# group size 128 and along axis 0.
-THOROUGH_LAYER_SPECS: tuple[QuantSpec, ...] = LAYER_SPECS + (
-    QuantSpec("nf4", 128), QuantSpec("nf4", 128, True), QuantSpec("fp4", 64), QuantSpec("hqq4", 128),
-    QuantSpec("hqq4", 64, axis=0))
 LAYER_SHAPE = (64, 128)  # (out, in): whole blocks per row at 64 and 128, as LLM layers have
 
 
@@ -46,20 +37,6 @@ def needs(module: str):
 
 def layer_spec_id(spec: QuantSpec) -> str:
     return spec_id(spec)
-
-
-def parametrize_layer_specs(metafunc: pytest.Metafunc, extra: tuple[QuantSpec, ...] = ()) -> None:
-    """``spec`` of a layer test that does not parametrize it itself: ``LAYER_SPECS`` in the
-    ``ci`` profile, ``THOROUGH_LAYER_SPECS`` in ``thorough``, plus ``extra`` in both. Call
-    it from a suite module's ``pytest_generate_tests``."""
-    if "spec" not in metafunc.fixturenames:
-        return
-    if any(marker.args and marker.args[0] == "spec" for marker in metafunc.definition.iter_markers("parametrize")):
-        return
-    config = metafunc.config
-    profile = config.getoption("qconform_profile", default=None) or config.getini("qconform_profile")
-    specs = THOROUGH_LAYER_SPECS if profile == "thorough" else LAYER_SPECS
-    metafunc.parametrize("spec", specs + tuple(s for s in extra if s not in specs), ids=layer_spec_id)
 
 
 def require_layer_claim(backend: Backend, target: Target, spec: QuantSpec | None = None,

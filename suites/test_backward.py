@@ -12,11 +12,10 @@ import pytest
 import torch
 from hypothesis import given
 
-from pytest_qconform.backends.base import QuantSpec
 from pytest_qconform.reference import bounds, linear
 from pytest_qconform.strategies import WeightCase, activation_cases, weight_cases
 
-from ._cases import DTYPES, SPECS, dtype_id, reference_decode, require_claim, shapes_for, spec_id, weight_error
+from ._cases import reference_decode, require_claim, shapes_for, weight_error
 
 pytestmark = pytest.mark.qconform_operation("backward")
 LORA_RANK = 4
@@ -27,8 +26,7 @@ def _mm_bound(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Ten
     return bounds.matmul_bound(a, b.T, None, dtype, dtype)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("spec", SPECS, ids=spec_id)
+@pytest.mark.qconform_axes("format", "blocksize", "double_quant", "hqq_axis", "dtype")
 def test_gradients_match_reference(qtarget, qbackend, qdevice, qcheck, spec, dtype):
     """LoRA adapters feed the 4-bit layer: ``h = x + (x A^T) B^T``, ``y = h W^T + b``.
 
@@ -90,8 +88,7 @@ def _paired_weight(dtype_max: float, device) -> torch.Tensor:
 
 
 @pytest.mark.qconform_dtype("fp16")
-@pytest.mark.parametrize("spec", (QuantSpec("nf4", 64), QuantSpec("nf4", 64, True), QuantSpec("hqq4", 64)),
-                         ids=spec_id)
+@pytest.mark.qconform_axes("format", "double_quant", "hqq_axis")  # accumulation, not layout
 def test_fp16_overflow_inside_kernel_stays_finite(qtarget, qbackend, qdevice, qcheck, spec):
     """Each product x_k W_nk is ~2.4e5 (over fp16's 65504) but pairs cancel exactly, so
     y = b and dx = 0 are representable: an fp16 accumulator overflows, fp32 does not."""
@@ -123,7 +120,7 @@ def test_fp16_overflow_inside_kernel_stays_finite(qtarget, qbackend, qdevice, qc
 
 @pytest.mark.qconform_dtype("fp32")
 @pytest.mark.parametrize("poison", (float("nan"), float("inf")), ids=("nan", "inf"))
-@pytest.mark.parametrize("spec", (QuantSpec("nf4", 64), QuantSpec("hqq4", 64)), ids=spec_id)
+@pytest.mark.qconform_axes("format", "double_quant", "hqq_axis")  # propagation, not layout
 def test_nonfinite_input_propagates_only_where_reference_does(qtarget, qbackend, qdevice, qcheck, spec, poison):
     dtype = torch.float32
     require_claim(qbackend, qtarget, spec, dtype)

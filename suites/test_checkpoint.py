@@ -16,20 +16,11 @@ import dataclasses
 import pytest
 import torch
 
-from pytest_qconform.backends.base import QuantSpec
 
-from ._cases import DTYPES, dtype_id
-from ._layers import (LAYER_SHAPE, activation, layer_inputs, layer_spec_id, needs, parametrize_layer_specs,
-                      require_layer_claim, snapshot, snapshot_differences, tiny_llama)
+from ._layers import (LAYER_SHAPE, activation, layer_inputs, needs, require_layer_claim, snapshot, snapshot_differences, tiny_llama)
 
 pytestmark = pytest.mark.qconform_operation("checkpoint")
 PLATFORM_BLOCKSIZES = (64, 128)  # CUDA/CPU, ROCm
-SAVED_AT_128 = (QuantSpec("nf4", 128),)  # besides 64: checkpoints saved at both, each loaded at both
-
-
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    extra = SAVED_AT_128 if metafunc.function is test_state_dict_file_into_a_fresh_layer else ()
-    parametrize_layer_specs(metafunc, extra)
 
 
 def _through_safetensors(state: dict[str, torch.Tensor], tmp_path, name: str) -> dict[str, torch.Tensor]:
@@ -44,6 +35,7 @@ def _same_decode(qcheck, before: dict, facet, layer, what: str) -> None:
 
 
 @pytest.mark.qconform_dtype("bf16")
+@pytest.mark.qconform_axes("format", "blocksize", "double_quant", "hqq_axis")
 @pytest.mark.parametrize("loading_default", PLATFORM_BLOCKSIZES, ids=lambda b: f"loader-b{b}")
 def test_state_dict_file_into_a_fresh_layer(qtarget, qbackend, qdevice, qcheck, tmp_path, spec, loading_default):
     """state_dict -> safetensors file -> a fresh layer built with the loading platform's
@@ -63,6 +55,7 @@ def test_state_dict_file_into_a_fresh_layer(qtarget, qbackend, qdevice, qcheck, 
 
 
 @pytest.mark.qconform_dtype("bf16")
+@pytest.mark.qconform_axes("format", "blocksize", "double_quant", "hqq_axis")
 @pytest.mark.parametrize("strict", (True, False), ids=("strict", "nonstrict"))
 def test_load_state_dict_into_a_quantized_layer(qtarget, qbackend, qdevice, qcheck, tmp_path, spec, strict):
     """``load_state_dict`` into a layer already quantized from another weight: it raises,
@@ -85,6 +78,7 @@ def test_load_state_dict_into_a_quantized_layer(qtarget, qbackend, qdevice, qche
 
 
 @pytest.mark.qconform_dtype("bf16")
+@pytest.mark.qconform_axes("format", "double_quant", "hqq_axis")  # state after a forward
 def test_checkpoint_saved_after_inference(qtarget, qbackend, qdevice, qcheck, tmp_path, spec):
     """A checkpoint written after the layer ran in eval mode without grad (what saving a
     model after evaluating it does) reloads to the quantization the layer was built with."""
@@ -101,8 +95,8 @@ def test_checkpoint_saved_after_inference(qtarget, qbackend, qdevice, qcheck, tm
     _same_decode(qcheck, before, facet, fresh, "stored quantization of the checkpoint saved after inference")
 
 
-@pytest.mark.parametrize("dtype", DTYPES[:2], ids=dtype_id)
-@pytest.mark.parametrize("spec", (QuantSpec("nf4", 64, True), QuantSpec("hqq4", 64)), ids=layer_spec_id)
+@pytest.mark.qconform_axes("format", "double_quant", "hqq_axis", "dtype",
+                           dtype=(torch.bfloat16, torch.float16))  # the model's path through transformers
 def test_pre_quantized_model_through_transformers(qtarget, qbackend, qdevice, qcheck, tmp_path, spec, dtype):
     """A tiny Llama saved in ``dtype``, quantized by ``from_pretrained`` with the backend's
     quantization config, saved pre-quantized with ``save_pretrained`` and loaded back:

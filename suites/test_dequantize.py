@@ -11,10 +11,9 @@ import torch
 from hypothesis import given
 
 from pytest_qconform.backends.base import QuantSpec
-from pytest_qconform.strategies import weight_cases
+from pytest_qconform.strategies import fewer_examples, listed_weight, weight_cases, with_examples
 
-from ._cases import (DTYPES, EXTRA_BLOCKSIZES, SPECS, dequantize_bound, dtype_id, reference_decode,
-                     require_claim, shapes_for, spec_id)
+from ._cases import block_ids, dequantize_bound, reference_decode, require_claim, shapes_for
 
 pytestmark = pytest.mark.qconform_operation("dequantize")
 
@@ -28,15 +27,18 @@ def check_dequantize(qbackend, qdevice, qcheck, spec: QuantSpec, dtype: torch.dt
     qcheck.equal(tuple(out.shape), tuple(case.shape), "dequantize output shape")
     packed = qbackend.export_packed(quantized)
     exact = reference_decode(packed, qdevice)
-    qcheck.within(out, exact, dequantize_bound(packed, exact, dtype), "dequantize vs reference decoding")
+    qcheck.within(out, exact, dequantize_bound(packed, exact, dtype), "dequantize vs reference decoding",
+                  rounding_units=block_ids(packed))
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("spec", SPECS, ids=spec_id)
-def test_dequantize_matches_reference_bytes(qtarget, qbackend, qdevice, qcheck, spec, dtype):
+@pytest.mark.qconform_axes("format", "blocksize", "double_quant", "hqq_axis", "dtype", "distribution")
+def test_dequantize_matches_reference_bytes(qtarget, qbackend, qdevice, qcheck, spec, dtype, distribution):
+    """The instance's listed value distribution, then hypothesis' draws of any."""
     require_claim(qbackend, qtarget, spec, dtype)
+    shapes = shapes_for(spec)
 
-    @given(case=weight_cases(shapes_for(spec)))
+    @with_examples([{"case": listed_weight(shapes, distribution)}])
+    @given(case=weight_cases(shapes))
     def check(case):
         check_dequantize(qbackend, qdevice, qcheck, spec, dtype, case)
 
@@ -44,15 +46,14 @@ def test_dequantize_matches_reference_bytes(qtarget, qbackend, qdevice, qcheck, 
 
 
 @pytest.mark.qconform_dtype("fp32")
-@pytest.mark.parametrize("spec", [QuantSpec("nf4", bs, double_quant=True) for bs in EXTRA_BLOCKSIZES], ids=spec_id)
+@pytest.mark.qconform_axes("format", "blocksize", "double_quant", format=("nf4", "fp4"))
 def test_dequantize_blocksize_range(qtarget, qbackend, qdevice, qcheck, spec):
-    """The blocksizes beyond 64/128, on NF4 into fp32, double quant on (its widest path).
-
-    Rows of 4096 hold a whole number of blocks of every blocksize here, so this checks
-    the blocksize alone; rows that straddle blocks are ``test_dequantize_rows_straddle_blocks``.
-    """
+    """Every claimed blocksize into fp32, on rows of 4096, which hold a whole number of
+    blocks of every blocksize up to 4096: this checks the blocksize alone; rows that
+    straddle blocks are ``test_dequantize_rows_straddle_blocks``."""
     require_claim(qbackend, qtarget, spec, torch.float32)
 
+    @fewer_examples()
     @given(case=weight_cases(((4, 4096),), ("normal", "outliers")))
     def check(case):
         check_dequantize(qbackend, qdevice, qcheck, spec, torch.float32, case)
@@ -61,7 +62,7 @@ def test_dequantize_blocksize_range(qtarget, qbackend, qdevice, qcheck, spec):
 
 
 @pytest.mark.qconform_dtype("fp32")
-@pytest.mark.parametrize("spec", [QuantSpec("nf4", bs) for bs in (64, 128, 256)], ids=spec_id)
+@pytest.mark.qconform_axes("format", "blocksize", "double_quant", format=("nf4", "fp4"))
 def test_dequantize_rows_straddle_blocks(qtarget, qbackend, qdevice, qcheck, spec):
     """bitsandbytes blocks run over the flattened tensor, so with rows of 1.5 blocks
     (4 x 96 at blocksize 64) every other block starts mid-row. A kernel that indexes
@@ -69,6 +70,7 @@ def test_dequantize_rows_straddle_blocks(qtarget, qbackend, qdevice, qcheck, spe
     require_claim(qbackend, qtarget, spec, torch.float32)
     row = spec.blocksize * 3 // 2
 
+    @fewer_examples()
     @given(case=weight_cases(((4, row),), ("normal",)))
     def check(case):
         check_dequantize(qbackend, qdevice, qcheck, spec, torch.float32, case)

@@ -16,14 +16,14 @@ import torch
 from pytest_qconform.backends.base import QuantSpec
 from pytest_qconform.strategies import WeightCase
 
-from ._cases import dequantize_bound, reference_decode, require_claim, spec_id
+from ._cases import dequantize_bound, reference_decode, require_claim
 
 pytestmark = pytest.mark.qconform_operation("interop")
 INTEROP_SPECS = tuple(QuantSpec(fmt, bs, dq) for fmt in ("nf4", "fp4") for bs in (64, 128) for dq in (False, True))
 
 
 @pytest.mark.qconform_dtype("fp32")
-@pytest.mark.parametrize("spec", INTEROP_SPECS, ids=spec_id)
+@pytest.mark.qconform_axes("format", "blocksize", "double_quant", format=("nf4", "fp4"))
 def test_checkpoint_decodes_exactly_after_reload(qtarget, qbackend, qdevice, qcheck, spec):
     require_claim(qbackend, qtarget, spec, torch.float32, serialize=True)
     case = WeightCase((33, 47), "normal", 11)
@@ -47,7 +47,7 @@ def test_checkpoint_decodes_exactly_after_reload(qtarget, qbackend, qdevice, qch
 
 
 @pytest.mark.qconform_dtype("fp32")
-@pytest.mark.parametrize("spec", INTEROP_SPECS, ids=spec_id)
+@pytest.mark.qconform_axes("format", "blocksize", "double_quant", format=("nf4", "fp4"))
 def test_bitsandbytes_bytes_decode_identically(qtarget, qbackend, qdevice, qcheck, qbackend_named, spec):
     if qbackend.name == "bitsandbytes":
         pytest.skip("not claimed: bitsandbytes is the producer of these bytes")

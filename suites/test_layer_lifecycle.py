@@ -14,11 +14,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pytest_qconform.backends.base import QuantSpec
 
 from ._cases import dtype_id
-from ._layers import (LAYER_SHAPE, activation, check_forward, layer_inputs, layer_spec_id, parametrize_layer_specs,
-                      require_layer_claim, snapshot, snapshot_differences)
+from ._layers import (LAYER_SHAPE, activation, check_forward, layer_inputs, require_layer_claim, snapshot, snapshot_differences)
 
 # A move there and a move back, each as users write it.
 ROUND_TRIPS = {"to": (lambda m: m.to("cpu"), lambda m, d: m.to(d)),
@@ -30,12 +28,9 @@ def _model_dtype(target) -> torch.dtype:
     return torch.bfloat16 if target.bf16 else torch.float16
 
 
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    parametrize_layer_specs(metafunc)  # the profile's layer specs
-
-
 @pytest.mark.qconform_operation("device-move")
 @pytest.mark.qconform_dtype("bf16")
+@pytest.mark.qconform_axes("format", "double_quant", "hqq_axis")  # moves keep whatever bytes
 @pytest.mark.parametrize("move", tuple(ROUND_TRIPS), ids=lambda m: {"to": "to", "cuda": "cpu-cuda"}[m])
 def test_gpu_to_cpu_and_back(qtarget, qbackend, qdevice, qcheck, spec, move):
     """Quantized on the GPU, to the CPU and back (``.to("cpu")``/``.to(device)``, or
@@ -66,6 +61,7 @@ def test_gpu_to_cpu_and_back(qtarget, qbackend, qdevice, qcheck, spec, move):
 
 @pytest.mark.qconform_operation("device-move")
 @pytest.mark.qconform_dtype("bf16")
+@pytest.mark.qconform_axes("format", "double_quant", "hqq_axis")  # casts keep whatever bytes
 def test_dtype_cast_of_a_quantized_layer_keeps_its_quantization(qtarget, qbackend, qdevice, qcheck, spec):
     """``model.half()``, ``.to(torch.bfloat16)``, ``.float()`` on a quantized layer cast
     what is float (the bias) and leave the quantization bit for bit; it still computes."""
@@ -89,7 +85,7 @@ MODEL_SHAPES = ((128, 128), (64, 128))  # two layers of other shapes: a buffer m
 
 
 @pytest.mark.qconform_operation("layer-sequencing")
-@pytest.mark.parametrize("spec", (QuantSpec("nf4", 64), QuantSpec("hqq4", 64)), ids=layer_spec_id)
+@pytest.mark.qconform_axes("format", "double_quant", "hqq_axis")  # buffers across models
 def test_models_loaded_one_after_another(qtarget, qbackend, qdevice, qcheck, spec):
     """A bf16 model, then an fp16 one, then bf16 again, in one process and through one
     backend instance: each two-layer model's forward (one row and a batch of 8) and

@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from ._cases import DTYPES, dtype_id, reference_decode
-from ._layers import (LAYER_SHAPE, LAYER_SPECS, activation, bias_of, check_forward, layer_inputs, layer_spec_id,
-                      layer_weight_error, lora_gradients, parametrize_layer_specs, require_layer_claim, snapshot,
+from ._cases import dtype_id, reference_decode
+from ._layers import (LAYER_SHAPE, activation, bias_of, check_forward, layer_inputs, layer_weight_error, lora_gradients, require_layer_claim, snapshot,
                       snapshot_differences)
 
 # (training, grad): the four ways a layer is called; x shapes: one row (gemv), a batch, batch x sequence.
@@ -28,12 +27,8 @@ def _mode_id(training: bool, grad: bool) -> str:
     return f"{'train' if training else 'eval'}-{'grad' if grad else 'nograd'}"
 
 
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    parametrize_layer_specs(metafunc)  # the profile's layer specs
-
-
 @pytest.mark.qconform_operation("layer-quantize")
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.qconform_axes("format", "blocksize", "double_quant", "hqq_axis", "dtype")
 def test_layer_quantized_by_moving_holds_the_reference_quantization(qtarget, qbackend, qdevice, qcheck, spec, dtype):
     """A layer built from a float weight and moved to the device holds exactly the bytes
     the backend's quantizer gives that weight (which the quantize suite checks against
@@ -51,7 +46,7 @@ def test_layer_quantized_by_moving_holds_the_reference_quantization(qtarget, qba
 
 
 @pytest.mark.qconform_operation("layer-forward")
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.qconform_axes("format", "blocksize", "double_quant", "hqq_axis", "dtype")
 def test_layer_forward_in_every_mode(qtarget, qbackend, qdevice, qcheck, spec, dtype):
     """Train and eval, with and without grad, one row, a batch and batch x sequence, in
     the layer's compute dtype; dx through the layer wherever grad is on."""
@@ -68,8 +63,7 @@ def test_layer_forward_in_every_mode(qtarget, qbackend, qdevice, qcheck, spec, d
 
 
 @pytest.mark.qconform_operation("layer-forward")
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("spec", LAYER_SPECS[:1] + LAYER_SPECS[-1:], ids=layer_spec_id)
+@pytest.mark.qconform_axes("format", "double_quant", "hqq_axis", "dtype")  # the input's dtype
 def test_layer_forward_other_input_dtypes(qtarget, qbackend, qdevice, qcheck, spec, dtype):
     """Activations of every other dtype into a layer of compute dtype ``dtype``: what
     PEFT's k-bit preparation (fp32) and mixed-precision models feed a layer. The layer
@@ -90,8 +84,7 @@ def test_layer_forward_other_input_dtypes(qtarget, qbackend, qdevice, qcheck, sp
 
 
 @pytest.mark.qconform_operation("layer-forward")
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("spec", LAYER_SPECS[:1] + LAYER_SPECS[-1:], ids=layer_spec_id)
+@pytest.mark.qconform_axes("format", "double_quant", "hqq_axis", "dtype")  # gradients through the branch
 def test_lora_branch_on_the_layer_backward(qtarget, qbackend, qdevice, qcheck, spec, dtype):
     """LoRA as PEFT adds it, beside the frozen layer: ``y = layer(x) + s (x A^T) B^T``, the
     adapter in the layer's dtype. Gradients of x, A and B against float64
@@ -119,7 +112,7 @@ def test_lora_branch_on_the_layer_backward(qtarget, qbackend, qdevice, qcheck, s
 
 
 @pytest.mark.qconform_operation("layer-state")
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.qconform_axes("format", "double_quant", "hqq_axis", "dtype")  # state across forwards
 def test_forwards_leave_the_quantization_state_unchanged(qtarget, qbackend, qdevice, qcheck, spec, dtype):
     """After forwards in every mode and input dtype, the layer's stored quantization
     (bytes, absmax or scale/zero, tables, blocksize, shape, dtypes) is bit for bit what
@@ -150,7 +143,7 @@ def test_forwards_leave_the_quantization_state_unchanged(qtarget, qbackend, qdev
 
 @pytest.mark.qconform_operation("layer-state")
 @pytest.mark.qconform_dtype("fp32")
-@pytest.mark.parametrize("spec", LAYER_SPECS[:1] + LAYER_SPECS[-1:], ids=layer_spec_id)
+@pytest.mark.qconform_axes("format", "double_quant", "hqq_axis")  # the bias across forwards
 def test_forwards_leave_the_bias_unchanged(qtarget, qbackend, qdevice, qcheck, spec):
     """A bf16 (fp16 without bf16) layer given an fp32 bias keeps it fp32 and unchanged
     through forwards in every mode: a forward must not round a parameter that the

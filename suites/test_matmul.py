@@ -14,9 +14,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pytest_qconform.reference import bounds, linear
-from pytest_qconform.strategies import ActivationCase, WeightCase, activation_cases, weight_cases
+from pytest_qconform.strategies import (ActivationCase, WeightCase, activation_cases, fewer_examples,
+                                        listed_weight, weight_cases, with_examples)
 
-from ._cases import DTYPES, SPECS, dtype_id, reference_decode, require_claim, shapes_for, spec_id, weight_error
+from ._cases import dtype_id, output_columns, reference_decode, require_claim, shapes_for, weight_error
+
+MATMUL_DISTRIBUTIONS = ("normal", "outliers", "zero_blocks")  # listed: each runs in every instance
 
 
 def check_matmul(qbackend, qdevice, qcheck, spec, compute_dtype, x_dtype, case, act, with_bias) -> None:
@@ -35,17 +38,23 @@ def check_matmul(qbackend, qdevice, qcheck, spec, compute_dtype, x_dtype, case, 
     y_exact = linear.linear(x.double(), w_exact, b_exact)
     bound = bounds.matmul_bound(x.double(), w_exact, b_exact, compute_dtype, y.dtype,
                                 w_error=weight_error(packed, w_exact, compute_dtype, rows=x.numel() // k))
-    qcheck.within(y, y_exact, bound, "matmul vs float64 x W^T + b")
+    qcheck.within(y, y_exact, bound, "matmul vs float64 x W^T + b", rounding_units=output_columns(y))
 
 
 @pytest.mark.qconform_operation("matmul")
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("spec", SPECS, ids=spec_id)
-def test_matmul_matches_reference(qtarget, qbackend, qdevice, qcheck, spec, dtype):
+@pytest.mark.qconform_axes("format", "blocksize", "double_quant", "hqq_axis", "dtype", "x_layout", "distribution",
+                           distribution=MATMUL_DISTRIBUTIONS)
+def test_matmul_matches_reference(qtarget, qbackend, qdevice, qcheck, spec, dtype, x_layout, distribution):
+    """The instance's listed weight distribution (with 5 rows and a bias), then
+    hypothesis' draws of weights, activation shapes and bias, in the instance's
+    activation memory layout."""
     require_claim(qbackend, qtarget, spec, dtype)
+    shapes = shapes_for(spec)
+    listed = listed_weight(shapes, distribution)
 
-    @given(case=weight_cases(shapes_for(spec), ("normal", "outliers", "zero_blocks")),
-           act=activation_cases(), with_bias=st.booleans())
+    @with_examples([{"case": listed, "act": ActivationCase((5,), x_layout, listed.seed), "with_bias": True}])
+    @given(case=weight_cases(shapes, MATMUL_DISTRIBUTIONS), act=activation_cases(x_layout),
+           with_bias=st.booleans())
     def check(case, act, with_bias):
         check_matmul(qbackend, qdevice, qcheck, spec, dtype, dtype, case, act, with_bias)
 
@@ -53,14 +62,19 @@ def test_matmul_matches_reference(qtarget, qbackend, qdevice, qcheck, spec, dtyp
 
 
 @pytest.mark.qconform_operation("matmul-fp32-input")
-@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=dtype_id)
-@pytest.mark.parametrize("spec", SPECS[:1] + SPECS[-3:-2], ids=spec_id)
+@pytest.mark.qconform_axes("format", "blocksize", "double_quant", "hqq_axis", "dtype",
+                           dtype=(torch.bfloat16, torch.float16))
 def test_matmul_fp32_activation_into_low_precision_layer(qtarget, qbackend, qdevice, qcheck, spec, dtype):
     """PEFT's prepare_model_for_kbit_training upcasts activations to fp32 ahead of a
     bf16/fp16-compute 4-bit layer; the layer must compute, and return fp32."""
     require_claim(qbackend, qtarget, spec, dtype)
+    shapes = shapes_for(spec)
 
-    @given(case=weight_cases(shapes_for(spec), ("normal",)), act=activation_cases(), with_bias=st.booleans())
+    listed = listed_weight(shapes, "normal")
+
+    @with_examples([{"case": listed, "act": ActivationCase((3,), "contiguous", listed.seed), "with_bias": True}])
+    @fewer_examples()
+    @given(case=weight_cases(shapes, ("normal",)), act=activation_cases(), with_bias=st.booleans())
     def check(case, act, with_bias):
         check_matmul(qbackend, qdevice, qcheck, spec, dtype, torch.float32, case, act, with_bias)
 
@@ -74,25 +88,16 @@ def test_matmul_fp32_activation_into_low_precision_layer(qtarget, qbackend, qdev
 # this narrow leaves the GPU idle otherwise); the interpreter runs one program, so the CPU
 # keeps K = 256 (its run time grows with K).
 SMALL_BATCH_SHAPES = {"cuda": (10, 1024), "cpu": (10, 256)}
-SMALL_BATCH_DEFAULT_LIMIT = 4  # row counts checked for a backend that claims no max_gemv_rows
-# Blocksize 64 in each packing: NF4 plain and double-quantized (what the Triton fused kernels
-# read; FP4 shares their code path) and HQQ along axis 1.
-SMALL_BATCH_SPECS = tuple(
-    s for s in SPECS if s.blocksize == 64 and (s.format == "nf4" or (s.format == "hqq4" and s.axis == 1))
-)
 
 
 @pytest.mark.qconform_operation("matmul")
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("spec", SMALL_BATCH_SPECS, ids=spec_id)
-def test_matmul_every_row_count_past_the_fused_limit(qtarget, qbackend, qdevice, qcheck, spec, dtype):
-    """Each batch from 1 row to one past the backend's ``max_gemv_rows``: a fused
-    small-batch path serves exactly these, and the drawn activations of
-    ``test_matmul_matches_reference`` need not hit every one. Contiguous x (what fused
-    kernels take), with bias; the seeds are fixed and printed on failure."""
-    caps = require_claim(qbackend, qtarget, spec, dtype)
-    limit = caps.max_gemv_rows or SMALL_BATCH_DEFAULT_LIMIT
+@pytest.mark.qconform_axes("format", "double_quant", "hqq_axis", "dtype", "rows")
+def test_matmul_every_route(qtarget, qbackend, qdevice, qcheck, spec, dtype, rows):
+    """Every row count at which the backend declares a change of route
+    (``Capabilities.dispatch_rows``, ``max_gemv_rows``), its neighbours, one row, 128 rows
+    and a prefill: the drawn activations of ``test_matmul_matches_reference`` need not hit
+    any of them. Contiguous x (what fused kernels take), with bias; fixed seeds."""
+    require_claim(qbackend, qtarget, spec, dtype)
     case = WeightCase(SMALL_BATCH_SHAPES.get(qdevice.type, SMALL_BATCH_SHAPES["cpu"]), "normal", seed=17)
-    for rows in range(1, limit + 2):
-        check_matmul(qbackend, qdevice, qcheck, spec, dtype, dtype, case, ActivationCase((rows,), "contiguous", rows),
-                     with_bias=True)
+    check_matmul(qbackend, qdevice, qcheck, spec, dtype, dtype, case, ActivationCase((rows,), "contiguous", rows),
+                 with_bias=True)

@@ -21,7 +21,7 @@ from pytest_qconform.outcomes import NOT_CLAIMED_PREFIX
 from pytest_qconform.reference import bnb4, bounds, linear
 from pytest_qconform.strategies import WeightCase
 
-from ._cases import DTYPES, dequantize_bound, dtype_id, reference_decode, require_claim, spec_id, weight_error
+from ._cases import DTYPES, dequantize_bound, dtype_id, reference_decode, require_claim, weight_error
 
 pytestmark = pytest.mark.qconform_operation("parameters")
 
@@ -50,8 +50,7 @@ def _claimed_steps(caps, qtarget) -> list[tuple[tuple[int, ...], torch.dtype]]:
             if dtype in caps.dtypes and (dtype is not torch.bfloat16 or qtarget.bf16)]
 
 
-@pytest.mark.parametrize("spec", (QuantSpec("nf4", 64), QuantSpec("nf4", 128, True), QuantSpec("hqq4", 64)),
-                         ids=spec_id)
+@pytest.mark.qconform_axes("format", "double_quant", "hqq_axis")  # staging of dtypes and shapes
 def test_dequantize_into_one_buffer_across_dtypes_and_shapes(qtarget, qbackend, qdevice, qcheck, spec):
     caps = require_claim(qbackend, qtarget, spec, out="dequantize")
     _, view = _views_of_one_buffer(qdevice)
@@ -70,7 +69,7 @@ def test_dequantize_into_one_buffer_across_dtypes_and_shapes(qtarget, qbackend, 
         qcheck.within(out, exact, dequantize_bound(packed, exact, dtype), f"step {step}: values written to out=")
 
 
-@pytest.mark.parametrize("spec", (QuantSpec("nf4", 64), QuantSpec("nf4", 128, True)), ids=spec_id)
+@pytest.mark.qconform_axes("format", "double_quant", format=("nf4", "fp4"))  # staging of dtypes and shapes
 def test_matmul_into_one_buffer_across_dtypes_and_shapes(qtarget, qbackend, qdevice, qcheck, spec):
     """Rows 1, 3 and 16 in turn (gemv, fused few-row and GEMM paths), the compute dtype
     and the weight shape changing between calls; no autograd (out= is for inference)."""
@@ -95,8 +94,7 @@ def test_matmul_into_one_buffer_across_dtypes_and_shapes(qtarget, qbackend, qdev
         qcheck.within(out, linear.linear(x.double(), w, bias.double()), bound, f"step {step}: values written to out=")
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("spec", BNB_SPECS, ids=spec_id)
+@pytest.mark.qconform_axes("format", "blocksize", "double_quant", "dtype", format=("nf4", "fp4"))
 def test_dequantize_with_explicit_absmax(qtarget, qbackend, qdevice, qcheck, spec, dtype):
     """The bytes with an fp32 absmax handed in (double quantization decoded beforehand, as
     a caller of the stateless form does): decoded with that absmax, within the plain
@@ -117,9 +115,7 @@ def test_dequantize_with_explicit_absmax(qtarget, qbackend, qdevice, qcheck, spe
                       "dequantize with absmax= (blocksize and format passed by hand)")
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("spec", (QuantSpec("nf4", 64), QuantSpec("nf4", 64, True), QuantSpec("hqq4", 64)),
-                         ids=spec_id)
+@pytest.mark.qconform_axes("format", "double_quant", "hqq_axis", "dtype")  # the bias' dtype
 def test_matmul_bias_of_every_dtype(qtarget, qbackend, qdevice, qcheck, spec, dtype):
     """A bias in each dtype (a model's bias may stay fp32 while the layer computes in
     bf16): the result has the activation's dtype and is within bound, the bias counted
@@ -144,8 +140,7 @@ def test_matmul_bias_of_every_dtype(qtarget, qbackend, qdevice, qcheck, spec, dt
                           f"matmul with a {dtype_id(bias_dtype)} bias")
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("spec", BNB_SPECS, ids=spec_id)
+@pytest.mark.qconform_axes("format", "blocksize", "double_quant", "dtype", format=("nf4", "fp4"))
 def test_matmul_every_documented_weight_orientation(qtarget, qbackend, qdevice, qcheck, spec, dtype):
     """Each orientation the backend claims for handing matmul the packed weight (for
     bitsandbytes 0.50: as ``quantize_4bit`` returned it, and transposed as

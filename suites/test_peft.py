@@ -23,15 +23,16 @@ import pytest
 import torch
 
 from pytest_qconform.backends._torch_util import dtype_from_name
-from pytest_qconform.backends.base import QuantSpec
 from pytest_qconform.reference import bounds, requantize
 from pytest_qconform.reference.packed import PackedBnb4
 
 from ._cases import dequantize_bound, dtype_id, reference_decode
-from ._layers import (layer_spec_id, layer_weight_error, lora_gradients, needs, quantized_tiny_llama,
+from ._layers import (layer_weight_error, lora_gradients, needs, quantized_tiny_llama,
                       require_layer_claim)
 
-PEFT_SPECS = (QuantSpec("nf4", 64), QuantSpec("hqq4", 64))  # double quantization: see reference.requantize
+# Not double quantization: merging requantizes the base weight, and the reference's
+# requantization bound (reference.requantize) does not model a nested absmax.
+PEFT_AXES = ("format", "blocksize", "hqq_axis")
 TARGETS = ("q_proj", "v_proj", "down_proj")
 RANK, ALPHA = 4, 8  # scaling alpha / r = 2, a power of two
 U32 = bounds.unit_roundoff(torch.float32)
@@ -53,8 +54,7 @@ def _lora_layers(facet, model) -> dict[str, torch.nn.Module]:
 
 
 @pytest.mark.qconform_operation("lora")
-@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=dtype_id)
-@pytest.mark.parametrize("spec", PEFT_SPECS, ids=layer_spec_id)
+@pytest.mark.qconform_axes("format", "hqq_axis", "dtype", dtype=(torch.bfloat16, torch.float16))  # training
 def test_qlora_training_step(qtarget, qbackend, qdevice, qcheck, tmp_path, spec, dtype):
     facet, caps = require_layer_claim(qbackend, qtarget, spec, dtype, backward=True, peft=True)
     model = _peft_model(qcheck, facet, caps, spec, dtype, qdevice, tmp_path)
@@ -110,7 +110,7 @@ def _check_requantized(qcheck, facet, module, before, delta, e_delta, sign: floa
 
 
 @pytest.mark.qconform_operation("lora-merge")
-@pytest.mark.parametrize("spec", PEFT_SPECS, ids=layer_spec_id)
+@pytest.mark.qconform_axes(*PEFT_AXES)
 def test_merge_unmerge_and_unload(qtarget, qbackend, qdevice, qcheck, tmp_path, spec):
     dtype = torch.bfloat16 if qtarget.bf16 else torch.float16
     facet, caps = require_layer_claim(qbackend, qtarget, spec, dtype, peft=True)

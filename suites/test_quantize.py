@@ -13,26 +13,25 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 
-from pytest_qconform.backends.base import QuantSpec
-from pytest_qconform.strategies import fewer_examples, weight_cases
+from pytest_qconform.strategies import fewer_examples, listed_weight, weight_cases, with_examples
 
-from ._cases import DTYPES, EXTRA_BLOCKSIZES, SPECS, dtype_id, require_claim, shapes_for, spec_id
+from ._cases import require_claim, shapes_for
 from ._quantizer import check_codes_and_absmax, check_hqq_nearest_levels
 
 pytestmark = pytest.mark.qconform_operation("quantize")
 
-BNB_SPECS = tuple(s for s in SPECS if s.format in ("nf4", "fp4"))
-EVERY_BLOCKSIZE_SPECS = tuple(QuantSpec(fmt, bs, dq) for fmt in ("nf4", "fp4") for bs in EXTRA_BLOCKSIZES
-                              for dq in (False, True))
-HQQ_SPECS = tuple(QuantSpec("hqq4", group, axis=axis) for group in (32, 64, 128) for axis in (1, 0))
+BNB_LAYOUT = ("nf4", "fp4")
 
 
 @pytest.mark.qconform_dtype("fp32")
-@pytest.mark.parametrize("spec", BNB_SPECS, ids=spec_id)
-def test_quantize_codes_and_absmax_match_reference(qtarget, qbackend, qdevice, qcheck, spec):
+@pytest.mark.qconform_axes("format", "blocksize", "double_quant", "distribution", format=BNB_LAYOUT)
+def test_quantize_codes_and_absmax_match_reference(qtarget, qbackend, qdevice, qcheck, spec, distribution):
+    """The instance's listed value distribution, then hypothesis' draws of any."""
     require_claim(qbackend, qtarget, spec)
+    shapes = shapes_for(spec)
 
-    @given(case=weight_cases(shapes_for(spec)))
+    @with_examples([{"case": listed_weight(shapes, distribution)}])
+    @given(case=weight_cases(shapes))
     def check(case):
         qcheck.describe(**case.describe())
         check_codes_and_absmax(qbackend, qcheck, spec, case.make(qdevice))
@@ -41,10 +40,10 @@ def test_quantize_codes_and_absmax_match_reference(qtarget, qbackend, qdevice, q
 
 
 @pytest.mark.qconform_dtype("fp32")
-@pytest.mark.parametrize("spec", EVERY_BLOCKSIZE_SPECS, ids=spec_id)
+@pytest.mark.qconform_axes("format", "blocksize", "double_quant", format=BNB_LAYOUT)
 def test_quantize_every_claimed_blocksize(qtarget, qbackend, qdevice, qcheck, qprofile, spec):
-    """The blocksizes beyond 64/128, both formats, with and without double quantization,
-    against the reference quantizer: a quantizer wrong only at large blocksizes decodes
+    """Every claimed blocksize, both formats, with and without double quantization, on
+    rows longer than a block, against the reference quantizer: a quantizer wrong only at large blocksizes decodes
     its own bytes consistently, so only this comparison sees it. Rows are two elements
     longer than a block (blocks start mid-row), and with double quantization there are
     more blocks than one nested group of 256 holds (257 rows) up to blocksize 512 (above
@@ -62,8 +61,7 @@ def test_quantize_every_claimed_blocksize(qtarget, qbackend, qdevice, qcheck, qp
     check()
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("spec", HQQ_SPECS, ids=spec_id)
+@pytest.mark.qconform_axes("format", "blocksize", "hqq_axis", "dtype", format=("hqq4",))
 def test_hqq_codes_are_the_nearest_levels(qtarget, qbackend, qdevice, qcheck, spec, dtype):
     """HQQ optimizes its zero point, so there is no reference for scale and zero; but
     given the stored ones, every code must be the nearest level, ``clamp(round(w / scale

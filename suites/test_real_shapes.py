@@ -28,7 +28,7 @@ from pytest_qconform.outcomes import NOT_CLAIMED_PREFIX, OOM_PREFIX
 from pytest_qconform.reference import bounds, linear
 from pytest_qconform.strategies import WeightCase
 
-from ._cases import dtype_id, reference_decode, require_claim, spec_id, weight_error
+from ._cases import reference_decode, require_claim, spec_id, weight_error
 from ._isolated import run_isolated
 from ._large import check_in_chunks
 
@@ -43,10 +43,7 @@ GPU_SHAPES = {"ci": ((4096, 4104), (4096, 4096)),
 # ~1 s per 10^5 weights); K not a multiple of any blocksize, 9 nested groups, more than
 # 2^17 elements (136 x 1000). thorough adds 19 nested groups at K = 2304.
 CPU_SHAPES = {"ci": ((18, 1024), (136, 1000)), "thorough": ((18, 1024), (136, 1000), (130, 2304))}
-REAL_SPECS = (QuantSpec("nf4", 64, True), QuantSpec("fp4", 128), QuantSpec("hqq4", 64))
-GPU_CI_SPECS = (QuantSpec("nf4", 64, True), QuantSpec("hqq4", 64))  # one per layout: the H100's minute
 ROWS = {"cuda": (1, 3, 512), "cpu": (1, 3, 64)}  # batch 1, a few rows, a prefill
-DTYPES_BY_PROFILE = {"ci": (torch.bfloat16,), "thorough": (torch.bfloat16, torch.float16, torch.float32)}
 
 
 def _claimed_shape(spec: QuantSpec, shape: tuple[int, int]) -> bool:
@@ -62,16 +59,11 @@ def layer_shapes(spec: QuantSpec, qprofile: str, device: torch.device) -> list[t
 
 
 @pytest.mark.qconform_operation("real-shapes")
-@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16, torch.float32), ids=dtype_id)
-@pytest.mark.parametrize("spec", REAL_SPECS, ids=spec_id)
+@pytest.mark.qconform_axes("format", "double_quant", "hqq_axis", "dtype")
 def test_layer_shapes(qtarget, qbackend, qdevice, qcheck, qprofile, spec, dtype):
     """Per shape: quantize, dequantize into ``dtype`` (against the reference decoding of
     the backend's own bytes, in slices), matmul at batch 1, a few rows and a prefill, and
-    the backward of the prefill. ``ci`` checks bf16 (the other dtypes: ``thorough``)."""
-    if dtype not in DTYPES_BY_PROFILE[qprofile] or (qdevice.type == "cuda" and qprofile == "ci"
-                                                    and spec not in GPU_CI_SPECS):
-        pytest.skip(f"{NOT_CLAIMED_PREFIX} in the ci profile: {spec_id(spec)} {dtype_id(dtype)} layer shapes "
-                    "run in the thorough profile")
+    the backward of the prefill."""
     require_claim(qbackend, qtarget, spec, dtype, backward=True)
     for shape in layer_shapes(spec, qprofile, qdevice):
         case = WeightCase(shape, "normal", 2024)

@@ -10,19 +10,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pytest_qconform.backends.base import QuantSpec
 from pytest_qconform.reference import bounds, linear
 from pytest_qconform.strategies import WeightCase
 
-from ._cases import dequantize_bound, dtype_id, reference_decode, require_claim, spec_id, weight_error
+from ._cases import dequantize_bound, dtype_id, reference_decode, require_claim, weight_error
 
 pytestmark = pytest.mark.qconform_operation("sequencing")
 SEQUENCE = (torch.bfloat16, torch.float16, torch.bfloat16, torch.float32)
 
 
-@pytest.mark.parametrize("rows", (1, 16, 40), ids=("gemv", "batch16", "batch40"))
-@pytest.mark.parametrize("spec", (QuantSpec("nf4", 64), QuantSpec("nf4", 64, True), QuantSpec("hqq4", 64)),
-                         ids=spec_id)
+@pytest.mark.qconform_axes("format", "double_quant", "hqq_axis", "rows")  # dtypes in sequence, per route
 def test_bf16_fp16_bf16_fp32_in_one_process(qtarget, qbackend, qdevice, qcheck, spec, rows):
     caps = require_claim(qbackend, qtarget, spec, backward=True)
     steps = [d for d in SEQUENCE if d in caps.dtypes and (d is not torch.bfloat16 or qtarget.bf16)]

@@ -17,7 +17,7 @@ from pytest_qconform.backends.base import QuantSpec
 from pytest_qconform.reference import bounds, linear
 from pytest_qconform.strategies import WeightCase
 
-from ._cases import dequantize_bound, reference_decode, require_claim, spec_id, weight_error
+from ._cases import dequantize_bound, reference_decode, require_claim, weight_error
 
 pytestmark = pytest.mark.qconform_operation("storage")
 
@@ -35,7 +35,8 @@ def _safetensors_round_trip(state: dict[str, torch.Tensor]) -> dict[str, torch.T
     return load(save({key: value.detach().cpu().contiguous() for key, value in state.items()}))
 
 
-@pytest.mark.parametrize("spec", STORAGE_SPECS, ids=spec_id)
+@pytest.mark.qconform_axes("format", "double_quant", "quant_storage", format=("nf4", "fp4"),  # a view of the bytes
+                           quant_storage=(torch.bfloat16, torch.float16, torch.float32))
 def test_storage_dtype_keeps_the_bytes(qtarget, qbackend, qdevice, qcheck, spec):
     """quantize -> bytes identical to uint8 storage's; dequantize and matmul (1 and 5 rows)
     within bound, in the storage dtype itself (the FSDP setup: bf16 storage, bf16 compute;

@@ -14,15 +14,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pytest_qconform.backends.base import QuantSpec
 from pytest_qconform.reference import bounds, linear
 
-from ._cases import DTYPES, dequantize_bound, dtype_id, reference_decode, require_claim, spec_id, weight_error
+from ._cases import dequantize_bound, reference_decode, require_claim, weight_error
 
 pytestmark = pytest.mark.qconform_operation("value-range")
 
-RANGE_SPECS = (QuantSpec("nf4", 64, True), QuantSpec("hqq4", 64))  # the nested absmax decodes through both layers
-RANGES = ("near-max", "near-smallest-normal", "subnormal", "beyond-fp16")
 SHAPE = (64, 128)
 ROWS = (1, 5)
 
@@ -53,15 +50,11 @@ def _partner(w_abs_sums: torch.Tensor, value_range: str, dtype: torch.dtype, sha
     return _scaled(shape, seed, magnitude, device).to(dtype)
 
 
-@pytest.mark.parametrize("value_range", RANGES)
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("spec", RANGE_SPECS, ids=spec_id)
+@pytest.mark.qconform_axes("format", "double_quant", "hqq_axis", "dtype", "value_range")  # magnitudes, not layout
 def test_dequantize_matmul_backward_across_the_dtype_range(qtarget, qbackend, qdevice, qcheck, spec, dtype,
                                                            value_range):
     """Dequantize into ``dtype``; matmul and its backward computed in ``dtype`` at 1 and 5
     rows. The weight is quantized from fp32 values of the range's magnitude."""
-    if value_range == "beyond-fp16" and dtype == torch.float16:
-        pytest.skip("not claimed: beyond fp16's range is for the wider dtypes")
     require_claim(qbackend, qtarget, spec, dtype, backward=True)
     magnitude = weight_magnitude(value_range, dtype)
     qcheck.describe(shape=SHAPE, value_range=value_range, weight_magnitude=magnitude, seed=5)

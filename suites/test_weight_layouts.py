@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from pytest_qconform.backends.base import QuantSpec
 from pytest_qconform.strategies import WeightCase, weight_cases
 
-from ._cases import DTYPES, dequantize_bound, dtype_id, reference_decode, require_claim, shapes_for, spec_id
+from ._cases import dequantize_bound, dtype_id, reference_decode, require_claim, shapes_for
 from ._quantizer import check_codes_and_absmax, check_hqq_nearest_levels
 
 pytestmark = pytest.mark.qconform_operation("quantize-layout")
@@ -45,8 +45,7 @@ def strided_view(values: torch.Tensor, layout: str) -> torch.Tensor:
     raise ValueError(f"unknown layout {layout!r}; known: {LAYOUTS}")
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("spec", LAYOUT_SPECS, ids=spec_id)
+@pytest.mark.qconform_axes("format", "blocksize", "double_quant", "hqq_axis", "dtype")
 def test_strided_weight_quantizes_like_its_contiguous_copy(qtarget, qbackend, qdevice, qcheck, spec, dtype):
     """Each layout: the state quantized from the view passes the quantize suite's checks
     of the logical values (bitsandbytes layout: codes and absmax against the reference

@@ -20,12 +20,11 @@ from zoo import LAYER_SUITES, MUTANTS, USER_INPUT_SUITES
 
 CONFTEST = textwrap.dedent("""
     from qconform_example_nf4.backend import TorchNF4Backend
-    from zoo import MUTANTS
+    from zoo import MUTANTS, narrowed
 
     def pytest_qconform_backends(config):
-        backends = {"torch-nf4-correct": type("Correct", (TorchNF4Backend,), {"name": "torch-nf4-correct"})}
-        backends.update({m.name: m for m in MUTANTS})
-        return backends
+        correct = type("Correct", (TorchNF4Backend,), {"name": "torch-nf4-correct"})
+        return {m.name: narrowed(m) for m in (correct, *MUTANTS)}
 """)
 
 
@@ -57,12 +56,33 @@ def zoo_report(tmp_path_factory: pytest.TempPathFactory) -> dict:
     runs = [("original", [m.name for m in MUTANTS if getattr(m, "suites", None) is None], f"not ({newer})")]
     runs += [(label, [m.name for m in MUTANTS if getattr(m, "suites", None) == suites], " or ".join(suites))
              for label, suites in groups.items()]
-    cells = []
+    cells, coverage = [], []
     for label, names, keyword in runs:
         root = tmp_path_factory.mktemp(f"zoo-{label}")
         (root / "conftest.py").write_text(CONFTEST)
-        cells += _run_zoo(root, ["torch-nf4-correct"] + names, keyword)["cells"]
-    return {"cells": cells}
+        report = _run_zoo(root, ["torch-nf4-correct"] + names, keyword)
+        cells += report["cells"]
+        coverage += _merged_by_operation(report.get("coverage", []), coverage)
+    return {"cells": cells, "coverage": coverage}
+
+
+def _merged_by_operation(new: list[dict], earlier: list[dict]) -> list[dict]:
+    """``new`` coverage entries, with an operation that an earlier run also covered merged
+    into that entry in place (the runs split one operation's checks between them)."""
+    index = {(e["backend"], e["operation"]): e for e in earlier}
+    added = []
+    for entry in new:
+        old = index.get((entry["backend"], entry["operation"]))
+        if old is None:
+            added.append(entry)
+            continue
+        for key in ("values", "claimed"):
+            for axis, found in entry[key].items():
+                old[key][axis] = sorted(set(old[key].get(axis, [])) | set(found))
+        old["unchecked"] = {axis: [v for v in found if v not in old["values"].get(axis, [])]
+                            for axis, found in old["claimed"].items()}
+        old["unchecked"] = {axis: found for axis, found in old["unchecked"].items() if found}
+    return added
 
 
 def _verdicts(report: dict, backend: str) -> dict[str, set[str]]:
@@ -82,6 +102,16 @@ def test_correct_backend_passes_every_check(zoo_report: dict) -> None:
                 "quantize-layout", "storage", "parameters", "value-range", "real-shapes",
                 "layer-quantize", "layer-forward", "layer-state", "checkpoint", "device-move", "layer-sequencing"}
     assert expected <= set(verdicts)
+
+
+def test_every_claimed_axis_value_is_checked(zoo_report: dict) -> None:
+    """The default profile checks every value the correct backend claims on every axis a
+    check declares (the covering arrays come from the claims; a skip or a narrowed
+    selection would leave a value unchecked, and the report's coverage says which)."""
+    coverage = [entry for entry in zoo_report["coverage"] if entry["backend"] == "torch-nf4-correct"]
+    assert coverage, "the report records no coverage for the correct backend"
+    unchecked = {entry["operation"]: entry["unchecked"] for entry in coverage if entry["unchecked"]}
+    assert not unchecked, f"claimed axis values no check ran on, per operation: {unchecked}"
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)

@@ -303,6 +303,7 @@ class AbsmaxOverOneTile(TorchNF4Backend):
     name = "mutant-absmax-one-tile"
     catches = "quantize"
     suites = USER_INPUT_SUITES
+    zoo_blocksizes = (64, 2048, 4096)
     TILE = 1024
 
     def quantize(self, weight, spec):
@@ -564,3 +565,97 @@ MUTANTS: tuple[type[TorchNF4Backend], ...] = (
     EvalPathTransposedAbsmax, ForwardRoundsStoredState, LoadKeepsPlatformBlocksize, HalfCastsQuantState,
     SharedBufferKeepsFirstDtype,
 )
+
+
+# The blocksizes the zoo's backends claim: the CUDA and ROCm defaults, unless a mutant's
+# bug needs others (``zoo_blocksizes``). Every check depends on the blocksize, so every
+# claimed blocksize multiplies the zoo's run time; the full range is the correct backend's
+# in the downstream example's own run (nox -s downstream).
+ZOO_BLOCKSIZES: tuple[int, ...] = (64, 128)
+
+
+def narrowed(backend: type[TorchNF4Backend]) -> type[TorchNF4Backend]:
+    """``backend`` claiming only ``ZOO_BLOCKSIZES`` (or its own ``zoo_blocksizes``)."""
+    blocksizes = getattr(backend, "zoo_blocksizes", ZOO_BLOCKSIZES)
+
+    def capabilities(self, device):
+        return dataclasses.replace(backend.capabilities(self, device), blocksizes=blocksizes)
+
+    return type(backend.__name__, (backend,), {"capabilities": capabilities})
+
+
+# -- issue 26: classes no earlier issue named ---------------------------------------------------------------
+
+
+class Fp32AbsmaxMean(TorchNF4Backend):
+    """The stored state is not finite: double quantization sums absmax in fp32 for its mean
+    offset, which overflows to inf for weights near fp32's largest value (bitsandbytes
+    0.50.2 does this; known_failures.toml). The reference decodes the inf state to the
+    same NaN and inf the backend returns, so only a check against the input sees it."""
+
+    name = "mutant-fp32-absmax-mean"
+    catches = "value-range"
+    suites = USER_INPUT_SUITES
+
+    def nest(self, absmax: torch.Tensor) -> dict:
+        nested = super().nest(absmax)
+        offset = float(absmax.float().sum() / absmax.numel())  # inf once the fp32 sum overflows
+        if math.isinf(offset):
+            nested = {**nested, "offset": offset, "nested_absmax": torch.full_like(nested["nested_absmax"], math.inf)}
+        return nested
+
+
+class TruncatingBf16Matmul(TorchNF4Backend):
+    """triton-lang/triton#11217's class: bf16 results rounded toward zero (a truncating
+    bf16 dot instruction on RDNA) rather than to nearest. Each error stays within the
+    worst-case bound; all of them point toward zero."""
+
+    name = "mutant-truncating-bf16-matmul"
+    catches = "matmul"
+
+    def matmul(self, x, q, bias, compute_dtype):
+        if compute_dtype is not torch.bfloat16:
+            return super().matmul(x, q, bias, compute_dtype)
+        y = super().matmul(x.float(), q, None if bias is None else bias.float(), torch.float32)
+        truncated = (y.contiguous().view(torch.int32) & -65536).view(torch.float32)  # keep the top 16 bits
+        return truncated.to(torch.bfloat16).to(x.dtype)
+
+
+class MisalignedActivation(TorchNF4Backend):
+    """A kernel that assumes its input starts at the beginning of its storage (aligned
+    vector loads from the storage pointer): an activation one element into its storage
+    is read one element early."""
+
+    name = "mutant-misaligned-activation"
+    catches = "matmul"
+
+    def matmul(self, x, q, bias, compute_dtype):
+        if x.is_contiguous() and x.storage_offset() % 8:
+            x = torch.as_strided(x, x.shape, x.stride(), storage_offset=x.storage_offset() - 1)
+        return super().matmul(x, q, bias, compute_dtype)
+
+
+class _Blocksize64ForwardLinear(FunctionalLinear):
+    def forward(self, x):
+        handle = self.quantized.handle
+        if handle["blocksize"] == 64:
+            return super().forward(x)
+        absmax = self.backend.decode_absmax(handle)
+        blocks_of_64 = -(-math.prod(self.quantized.shape) // 64)
+        wrong = {key: value for key, value in handle.items() if key not in ("nested_absmax", "nested_code", "offset")}
+        wrong.update(blocksize=64, absmax=absmax[torch.arange(blocks_of_64, device=absmax.device) % absmax.numel()])
+        return self.backend.matmul(x, dataclasses.replace(self.quantized, handle=wrong), self.bias, self.compute_dtype)
+
+
+class LayerForwardAssumesBlocksize64(_LayerMutant):
+    """A layer whose forward kernel hard-codes blocksize 64 and reads absmax per 64
+    elements: right at the CUDA default, wrong at 128 (the ROCm default and the blocksize
+    of many published checkpoints), which the layer suites never ran before their
+    parameters came from the backend's claims."""
+
+    name = "mutant-layer-forward-b64-only"
+    catches = "layer-forward"
+    layer_class = _Blocksize64ForwardLinear
+
+
+MUTANTS += (Fp32AbsmaxMean, TruncatingBf16Matmul, MisalignedActivation, LayerForwardAssumesBlocksize64)

@@ -132,7 +132,9 @@ def nest_absmax(absmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch
     Returns (uint8 codes, nested_absmax float32, nested_code float32[256], offset) with
     ``absmax ~= nested_code[codes] * nested_absmax[i // 256] + offset``.
     """
-    offset = absmax.float().mean()
+    # The mean in float64, rounded once: an fp32 sum of absmax values near fp32's largest
+    # overflows to inf, and an inf offset decodes every block to inf or NaN.
+    offset = absmax.double().mean().float()
     centered = absmax.float() - offset
     nested_absmax = blockwise_absmax(centered, NESTED_BLOCKSIZE)
     nested_code = dynamic_map_signed(absmax.device)

@@ -83,7 +83,8 @@ class BitsandbytesBackend(Backend):
         return Capabilities(formats=("nf4", "fp4"), blocksizes=BLOCKSIZES, double_quant=True, dtypes=DTYPES,
                             devices=devices, backward=True, serialize=True, quant_storages=QUANT_STORAGES,
                             out_arguments=("dequantize", "matmul"), explicit_absmax=True,
-                            weight_orientations=("default", "as-quantized"))
+                            weight_orientations=("default", "as-quantized"),
+                            dispatch_rows=(2,))  # matmul_4bit: a gemv for one row, dequantize + GEMM beyond
 
     def default_blocksize(self) -> int:
         """The blocksize a user gets without asking: what a fresh ``Params4bit`` holds

@@ -153,7 +153,10 @@ class TritonNf4Backend(Backend):
         devices = (("cuda",) if torch.cuda.is_available() else ()) + (("cpu",) if kernels.interpreter_active() else ())
         return Capabilities(formats=_QUANT_TYPES, blocksizes=tuple(kernels.SUPPORTED_BLOCKSIZES), double_quant=True,
                             dtypes=DTYPES, devices=devices, backward=True, serialize=True,
-                            max_gemv_rows=min(FUSED_MAX_ROWS, kernels.MAX_ROWS), out_arguments=("dequantize",))
+                            max_gemv_rows=min(FUSED_MAX_ROWS, kernels.MAX_ROWS), out_arguments=("dequantize",),
+                            dispatch_rows=(kernels.nf4_gemv.MMA_MIN_ROWS,  # per-row kernels -> tensor cores
+                                           kernels.nf4_gemv.PER_ROW_MAX_ROWS + 1,  # no tensor cores: -> GEMM
+                                           min(FUSED_MAX_ROWS, kernels.MAX_ROWS) + 1))  # -> dequantize + GEMM
 
     # -- quantize / dequantize / matmul ------------------------------------------------------
     def quantize(self, weight: torch.Tensor, spec: QuantSpec) -> Quantized:

@@ -63,7 +63,7 @@ class TorchNF4Backend(Backend):
         return (pairs[:, 0] << 4) | pairs[:, 1]
 
     def nest(self, absmax: torch.Tensor) -> dict:
-        offset = absmax.mean()
+        offset = absmax.double().mean().float()  # an fp32 sum near fp32's largest overflows to inf
         centered = absmax - offset
         nested_absmax = _blockwise_absmax(centered, NESTED_BLOCKSIZE)
         dyn = torch.tensor(formats.dynamic_map_signed(), dtype=torch.float32, device=absmax.device)
