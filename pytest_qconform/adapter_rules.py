@@ -18,6 +18,7 @@ FORMATS: tuple[str, ...] = ("nf4", "fp4", "hqq4")
 BNB_FORMATS: tuple[str, ...] = ("nf4", "fp4")  # the formats double quantization applies to
 DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
+PATH_OPERATIONS: tuple[str, ...] = ("dequantize", "matmul", "layer-forward")  # Capabilities.compiled/.captured
 
 
 def _where(backend: Backend) -> str:
@@ -54,6 +55,12 @@ def capability_problems(caps: Any, device: str) -> list[str]:
     if caps.double_quant and not any(f in BNB_FORMATS for f in caps.formats):
         found.append(f"{call}: double_quant=True needs an nf4 or fp4 format (double quantization is of "
                      "bitsandbytes-layout absmax); set double_quant=False")
+    for name in ("compiled", "captured"):
+        value = getattr(caps, name, ())
+        problem = _sequence_problem(caps, name) if value else None
+        found += [f"{call}: {problem}"] if problem else [
+            f"{call}: {name} names {op!r}, not one of {', '.join(PATH_OPERATIONS)}" for op in value
+            if op not in PATH_OPERATIONS]
     rows = caps.max_gemv_rows
     if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
         found.append(f"{call}: max_gemv_rows={rows!r}; use None or a whole number >= 1")

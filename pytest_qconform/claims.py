@@ -21,9 +21,11 @@ def target_device(target: "Target") -> torch.device:
 
 def unclaimed(caps: Capabilities, target: "Target", spec: QuantSpec | None = None, dtype: torch.dtype | None = None,
               *, backward: bool = False, serialize: bool = False, out: str | None = None,
-              explicit_absmax: bool = False, orientation: str | None = None) -> list[str]:
+              explicit_absmax: bool = False, orientation: str | None = None, compiled: str | None = None,
+              captured: str | None = None) -> list[str]:
     """What of (device, spec, dtype, backward, serialize, an ``out=`` buffer for operation
-    ``out``, an explicit absmax, a weight ``orientation``) ``caps`` does not claim; empty when all."""
+    ``out``, an explicit absmax, a weight ``orientation``, operation ``compiled`` under
+    torch.compile, operation ``captured`` in a CUDA graph) ``caps`` does not claim; empty when all."""
     device = target_device(target)
     device_kind = "cuda" if device.type == "cuda" else device.type
     problems = []
@@ -54,4 +56,8 @@ def unclaimed(caps: Capabilities, target: "Target", spec: QuantSpec | None = Non
         problems.append("dequantize with an explicit absmax")
     if orientation is not None and orientation not in caps.weight_orientations:
         problems.append(f"the packed weight {orientation} in matmul")
+    if compiled is not None and compiled not in caps.compiled:
+        problems.append(f"{compiled} under torch.compile")
+    if captured is not None and captured not in caps.captured:
+        problems.append(f"{captured} captured in a CUDA graph")
     return problems

@@ -38,11 +38,13 @@ def dtype_id(dtype: torch.dtype) -> str:
 def require_claim(backend: Backend, target: Target, spec: QuantSpec | None = None,
                   dtype: torch.dtype | None = None, *, backward: bool = False,
                   serialize: bool = False, out: str | None = None, explicit_absmax: bool = False,
-                  orientation: str | None = None) -> Capabilities:
+                  orientation: str | None = None, compiled: str | None = None,
+                  captured: str | None = None) -> Capabilities:
     """The backend's capabilities on the target, or a ``not claimed`` skip."""
     caps = backend.capabilities(target_device(target))
     problems = unclaimed(caps, target, spec, dtype, backward=backward, serialize=serialize, out=out,
-                         explicit_absmax=explicit_absmax, orientation=orientation)
+                         explicit_absmax=explicit_absmax, orientation=orientation, compiled=compiled,
+                         captured=captured)
     if problems:
         pytest.skip(f"{NOT_CLAIMED_PREFIX} {backend.name} does not claim {', '.join(problems)}")
     return caps

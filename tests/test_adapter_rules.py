@@ -27,6 +27,8 @@ def caps(**overrides) -> Capabilities:
 def test_consistent_capabilities_have_no_problems() -> None:
     assert capability_problems(caps(), "cpu") == []
     assert capability_problems(caps(formats=("nf4", "fp4", "hqq4"), double_quant=True, max_gemv_rows=4), "cpu") == []
+    paths = ("dequantize", "matmul", "layer-forward")
+    assert capability_problems(caps(compiled=paths, captured=paths[1:]), "cpu") == []
 
 
 @pytest.mark.parametrize("overrides, problem", [
@@ -38,6 +40,8 @@ def test_consistent_capabilities_have_no_problems() -> None:
     (dict(blocksizes=()), "claims formats nf4 but no blocksize"),
     (dict(formats=("hqq4",), double_quant=True), "double_quant=True needs an nf4 or fp4 format"),
     (dict(max_gemv_rows=0), "max_gemv_rows=0; use None or a whole number >= 1"),
+    (dict(compiled="matmul"), "Capabilities.compiled is 'matmul'; make it a tuple, e.g. compiled=('matmul',)"),
+    (dict(captured=("forward",)), "captured names 'forward', not one of dequantize, matmul, layer-forward"),
 ])
 def test_inconsistent_capabilities_are_named(overrides: dict, problem: str) -> None:
     found = capability_problems(caps(**overrides), "cpu")

@@ -305,6 +305,24 @@ def test_triton_buffer_follows_dtype_sequence():
         assert_within(y, x.double() @ w.T, matmul_bound(x, w, None, dtype), f"matmul in {dtype}")
 
 
+@pytest.mark.parametrize("rows", [3, 40], ids=["gemv", "batch40"])
+def test_triton_operators_for_torch_compile_match_the_kernels(rows):
+    """What torch.compile calls (triton_nf4_ops) gives the eager kernels' bytes, and the
+    operators pass torch's own checks (schema, fake tensors, autograd registration)."""
+    from pytest_qconform.backends import triton_nf4_ops
+    from pytest_qconform.backends.triton_nf4 import FUSED_MAX_ROWS
+
+    backend = available_backend("triton-nf4")
+    state = backend.quantize(weight((64, 128)), QuantSpec("nf4", 64, double_quant=True)).handle
+    x, bias = torch.randn(rows, 128).to(torch.bfloat16), torch.randn(64).to(torch.bfloat16)
+    assert torch.equal(triton_nf4_ops.dequantize(state, torch.bfloat16), backend.buffered_weight(state, torch.bfloat16))
+    assert torch.equal(triton_nf4_ops.linear(x, state, bias, FUSED_MAX_ROWS), backend.linear(x, state, bias))
+    args = triton_nf4_ops.state_args(state)
+    checks = ("test_schema", "test_faketensor", "test_autograd_registration")
+    torch.library.opcheck(triton_nf4_ops.nf4_linear, (x, bias, *args, FUSED_MAX_ROWS), test_utils=checks)
+    torch.library.opcheck(triton_nf4_ops.nf4_dequantize, (*args, torch.float16), test_utils=checks)
+
+
 # -- registry ---------------------------------------------------------------------------------------------
 def test_registry_builds_each_builtin_lazily():
     factories = registry.discover()

@@ -11,12 +11,13 @@ import dataclasses
 import json
 import math
 import os
+import weakref
 
 import torch
 import torch.nn.functional as F
 from qconform_example_nf4.backend import TorchNF4Backend
 
-from pytest_qconform.backends.base import Quantized, QuantSpec
+from pytest_qconform.backends.base import Quantized
 from pytest_qconform.backends.functional_layer import FunctionalLayers, FunctionalLinear
 
 
@@ -659,3 +660,48 @@ class LayerForwardAssumesBlocksize64(_LayerMutant):
 
 
 MUTANTS += (Fp32AbsmaxMean, TruncatingBf16Matmul, MisalignedActivation, LayerForwardAssumesBlocksize64)
+
+
+# -- compiled and captured paths (issue 26) ------------------------------------------------------
+
+# The suite of those paths (a ``-k`` name): the zoo runs it against these mutants and the correct backend.
+PATH_SUITES: tuple[str, ...] = ("test_compiled.py",)
+
+
+class CompiledFallbackSwapsNibbles(TorchNF4Backend):
+    """A second decode that only the compiled path takes (a ``torch.compiler.is_compiling()``
+    branch around a kernel dynamo cannot trace, as libraries write them) and that reads the
+    low nibble as the first element: every eager check passes, every compiled call is wrong."""
+
+    name = "mutant-compiled-fallback"
+    catches = "compiled"
+    suites = PATH_SUITES
+
+    def unpack(self, packed: torch.Tensor, numel: int) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return torch.stack([packed & 0xF, packed >> 4], dim=1).reshape(-1)[:numel]
+        return super().unpack(packed, numel)
+
+
+class StagedInputKeptByIdentity(TorchNF4Backend):
+    """matmul stages x in a copy of its own and skips the copy when handed the same tensor
+    object, unchanged (its version counter), as last time: right in eager, where an in-place
+    write bumps the version, but a CUDA graph is captured from a call whose x the warm-up
+    already staged, so the graph holds no copy and every replay multiplies the warm-up's
+    input. The class of host-side caches keyed on tensor identity. Needs a GPU to be caught."""
+
+    name = "mutant-captured-stale-input"
+    catches = "captured"
+    suites = PATH_SUITES
+    needs_gpu = True
+
+    def __init__(self) -> None:
+        self.staged: tuple[weakref.ref, int, torch.Tensor] | None = None
+
+    def matmul(self, x, q, bias, compute_dtype):
+        if self.staged is None or self.staged[0]() is not x or self.staged[1] != x._version:
+            self.staged = (weakref.ref(x), x._version, x.clone())
+        return super().matmul(self.staged[2], q, bias, compute_dtype)
+
+
+MUTANTS += (CompiledFallbackSwapsNibbles, StagedInputKeptByIdentity)

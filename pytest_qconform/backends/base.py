@@ -53,6 +53,10 @@ class Capabilities:
     out_arguments: tuple[str, ...] = ()  # operations taking an output buffer: "dequantize", "matmul"
     explicit_absmax: bool = False  # dequantize from the bytes and an absmax tensor, without the state object
     weight_orientations: tuple[str, ...] = ("default",)  # how matmul may be handed the packed weight
+    # Paths users run (issue 26): operations ("dequantize", "matmul", "layer-forward") claimed to
+    # give the eager results under torch.compile, and when captured in a CUDA graph and replayed.
+    compiled: tuple[str, ...] = ()
+    captured: tuple[str, ...] = ()
 
 
 @dataclass

@@ -30,6 +30,9 @@ BLOCKSIZES: tuple[int, ...] = (32, 64, 128, 256, 512, 1024, 2048, 4096)  # quant
 DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
 QUANT_STORAGES: tuple[torch.dtype, ...] = (torch.uint8, torch.bfloat16, torch.float16, torch.float32)  # quantize_4bit's docs
 FALLBACK_DEFAULT_BLOCKSIZE = 64
+# Under torch.compile and in CUDA graphs: its kernels are torch custom ops (0.50.2:
+# torch.ops.bitsandbytes.dequantize_4bit, ...), and vLLM runs them compiled and captured.
+PATH_OPERATIONS: tuple[str, ...] = ("dequantize", "matmul", "layer-forward")
 
 
 
@@ -83,7 +86,8 @@ class BitsandbytesBackend(Backend):
         return Capabilities(formats=("nf4", "fp4"), blocksizes=BLOCKSIZES, double_quant=True, dtypes=DTYPES,
                             devices=devices, backward=True, serialize=True, quant_storages=QUANT_STORAGES,
                             out_arguments=("dequantize", "matmul"), explicit_absmax=True,
-                            weight_orientations=("default", "as-quantized"),
+                            weight_orientations=("default", "as-quantized"), compiled=PATH_OPERATIONS,
+                            captured=PATH_OPERATIONS,
                             dispatch_rows=(2,))  # matmul_4bit: a gemv for one row, dequantize + GEMM beyond
 
     def default_blocksize(self) -> int:

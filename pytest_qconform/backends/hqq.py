@@ -32,6 +32,9 @@ from pytest_qconform.reference.packed import PackedHqq4
 GROUP_SIZES: tuple[int, ...] = (32, 64, 128)
 DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
 _DTYPES_BY_NAME = {dtype_name(d): d for d in DTYPES}
+# HQQ's own fast paths compile the PyTorch backend's forward (HQQBackend.PYTORCH_COMPILE)
+# and capture decoding in CUDA graphs (hqq.utils.generation_hf, enable_cuda_graph).
+PATH_OPERATIONS: tuple[str, ...] = ("dequantize", "matmul", "layer-forward")
 
 
 @contextlib.contextmanager
@@ -73,7 +76,8 @@ class HqqBackend(Backend):
     def capabilities(self, device: torch.device) -> Capabilities:
         devices = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
         return Capabilities(formats=("hqq4",), blocksizes=GROUP_SIZES, double_quant=False, dtypes=DTYPES,
-                            devices=devices, backward=True, serialize=True, axes=(0, 1))
+                            devices=devices, backward=True, serialize=True, axes=(0, 1), compiled=PATH_OPERATIONS,
+                            captured=PATH_OPERATIONS)
 
     # -- quantize / dequantize / matmul ------------------------------------------------------
     def quantize(self, weight: torch.Tensor, spec: QuantSpec) -> Quantized:

@@ -14,21 +14,25 @@ compute dtype and call ``torch.matmul``. The
 backward (``dx = dy W``) dequantizes again rather than keeping the buffer's view, which
 the next call overwrites. On CPU the kernels run in Triton's interpreter, which needs
 ``TRITON_INTERPRET=1`` in the environment before the kernels are first imported.
+
+Under ``torch.compile`` the same kernels are reached through custom operators
+(``triton_nf4_ops``: dynamo cannot trace a kernel launcher, least of all the interpreter);
+eager calls and CUDA-graph capture call them directly.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from pytest_qconform.backends import _torch_util
+from pytest_qconform.backends import _torch_util, triton_nf4_ops
 from pytest_qconform.backends._torch_util import import_failure, to_numpy
 from pytest_qconform.backends.base import Availability, Backend, Capabilities, Quantized, QuantSpec
 from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 
+PATH_OPERATIONS: tuple[str, ...] = ("dequantize", "matmul", "layer-forward")  # claimed compiled and captured
 DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
 STATE_FORMAT_VERSION = 1  # of serialize()'s dict
 _QUANT_TYPES = ("nf4", "fp4")
@@ -154,6 +158,7 @@ class TritonNf4Backend(Backend):
         return Capabilities(formats=_QUANT_TYPES, blocksizes=tuple(kernels.SUPPORTED_BLOCKSIZES), double_quant=True,
                             dtypes=DTYPES, devices=devices, backward=True, serialize=True,
                             max_gemv_rows=min(FUSED_MAX_ROWS, kernels.MAX_ROWS), out_arguments=("dequantize",),
+                            compiled=PATH_OPERATIONS, captured=PATH_OPERATIONS,
                             dispatch_rows=(kernels.nf4_gemv.MMA_MIN_ROWS,  # per-row kernels -> tensor cores
                                            kernels.nf4_gemv.PER_ROW_MAX_ROWS + 1,  # no tensor cores: -> GEMM
                                            min(FUSED_MAX_ROWS, kernels.MAX_ROWS) + 1))  # -> dequantize + GEMM
@@ -182,27 +187,30 @@ class TritonNf4Backend(Backend):
         if absmax is not None:
             return super().dequantize_with(q, dtype, out=out, absmax=absmax)
         state: Nf4State = q.handle
+        if torch.compiler.is_compiling():
+            result = triton_nf4_ops.dequantize(state, dtype)
+            return result if out is None else out.copy_(result)
         return kernels.dequantize_4bit(state.packed, state.absmax, out_dtype=dtype, out=out, **state.kernel_args())
 
     def buffered_weight(self, state: Nf4State, dtype: torch.dtype) -> torch.Tensor:
-        """The weight dequantized into this backend's reusable buffer; valid until the next call."""
+        """The weight dequantized into this backend's reusable buffer; valid until the next call.
+        (Under torch.compile a fresh tensor: the compiled graph owns its memory.)"""
         from pytest_qconform import kernels
 
+        if torch.compiler.is_compiling():
+            return triton_nf4_ops.dequantize(state, dtype)
         if self._buffer is None:
             self._buffer = kernels.WeightBuffer()
         return self._buffer.dequantize(state.packed, state.absmax, out_dtype=dtype, **state.kernel_args())
 
     def linear(self, x: torch.Tensor, state: Nf4State, bias: torch.Tensor | None) -> torch.Tensor:
         """Forward only: fused gemv for few rows, else buffer dequantize + ``torch.matmul``."""
-        from pytest_qconform import kernels
-
         if len(state.shape) != 2:
             raise ValueError(f"{self.name}: matmul needs a 2-D (out, in) weight, got shape {state.shape}")
-        rows = math.prod(x.shape[:-1])
-        if rows <= min(FUSED_MAX_ROWS, kernels.fused_rows_limit(x, state.packed, state.shape[1])):
-            return kernels.gemv_4bit(x, state.packed, state.absmax, bias=bias, **state.kernel_args())
-        y = torch.matmul(x, self.buffered_weight(state, x.dtype).t())
-        return y + bias if bias is not None else y
+        if torch.compiler.is_compiling():
+            return triton_nf4_ops.linear(x, state, bias, FUSED_MAX_ROWS)
+        return triton_nf4_ops.fused_or_dequantized(x, state.packed, state.absmax, state.kernel_args(), bias,
+                                                   lambda dtype: self.buffered_weight(state, dtype), FUSED_MAX_ROWS)
 
     def matmul(self, x: torch.Tensor, q: Quantized, bias: torch.Tensor | None,
                compute_dtype: torch.dtype) -> torch.Tensor:

@@ -20,6 +20,7 @@ from pytest_qconform.reference.packed import PackedBnb4
 
 NESTED_BLOCKSIZE = 256
 STORAGES = (torch.uint8, torch.bfloat16, torch.float16, torch.float32)
+PATHS = ("dequantize", "matmul", "layer-forward")  # plain PyTorch: right under torch.compile and in CUDA graphs
 
 
 def _nearest(values: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
@@ -43,7 +44,8 @@ class TorchNF4Backend(Backend):
         return Capabilities(formats=("nf4", "fp4"), blocksizes=(32, 64, 128, 256, 512, 1024, 2048, 4096),
                             double_quant=True, dtypes=(torch.bfloat16, torch.float16, torch.float32),
                             devices=("cpu", "cuda"), backward=True, serialize=True, quant_storages=STORAGES,
-                            out_arguments=("dequantize", "matmul"), explicit_absmax=True)
+                            out_arguments=("dequantize", "matmul"), explicit_absmax=True,
+                            compiled=PATHS, captured=PATHS)
 
     # -- quantize -----------------------------------------------------------------------
     def table(self, quant_type: str, device: torch.device) -> torch.Tensor:
