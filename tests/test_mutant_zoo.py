@@ -1,13 +1,14 @@
 """Proof that every conformance check can fail: the suites against the mutant zoo.
 
-Three runs of the real suites, with the correct plain-PyTorch backend and the mutants
+Four runs of the real suites, with the correct plain-PyTorch backend and the mutants
 registered through the ``pytest_qconform_backends`` hook: the original suites against
 the mutants of their classes, the suites of issue 18 (inputs users have: every
-blocksize, layouts, storage, parameters, value ranges, layer shapes) and the layer
-suites of issue 19 (forward modes, state, checkpoints, moves, models in sequence)
-against the mutants whose ``suites`` name them. The run reports say, per backend and operation, what the
-suites concluded. Each mutant must fail the operation whose check targets its bug
-class, and the correct backend must pass all of both runs.
+blocksize, layouts, storage, parameters, value ranges, layer shapes), the layer
+suites of issue 19 (forward modes, state, checkpoints, moves, models in sequence) and
+the lifecycle sequences of issue 26 against the mutants whose ``suites`` name them.
+The run reports say, per backend and operation, what the suites concluded. Each mutant
+must fail the operation whose check targets its bug class, and the correct backend must
+pass everything in every run.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import textwrap
 
 import pytest
 
-from zoo import LAYER_SUITES, MUTANTS, USER_INPUT_SUITES
+from zoo import LAYER_SUITES, LIFECYCLE_SUITES, MUTANTS, USER_INPUT_SUITES
 
 CONFTEST = textwrap.dedent("""
     from qconform_example_nf4.backend import TorchNF4Backend
@@ -51,8 +52,8 @@ def _run_zoo(root, names: list[str], keyword: str) -> dict:
 @pytest.fixture(scope="module")
 def zoo_report(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Run the suites against the zoo (module scope: the runs are the expensive part),
-    the three runs' cells in one report."""
-    groups = {"user-input": USER_INPUT_SUITES, "layers": LAYER_SUITES}
+    the four runs' cells in one report."""
+    groups = {"user-input": USER_INPUT_SUITES, "layers": LAYER_SUITES, "lifecycle": LIFECYCLE_SUITES}
     newer = " or ".join(name for suites in groups.values() for name in suites)
     runs = [("original", [m.name for m in MUTANTS if getattr(m, "suites", None) is None], f"not ({newer})")]
     runs += [(label, [m.name for m in MUTANTS if getattr(m, "suites", None) == suites], " or ".join(suites))
@@ -80,7 +81,8 @@ def test_correct_backend_passes_every_check(zoo_report: dict) -> None:
     assert not failing, f"the correct backend did not pass: {failing}"
     expected = {"quantize", "dequantize", "matmul", "matmul-fp32-input", "backward", "sequencing", "interop",
                 "quantize-layout", "storage", "parameters", "value-range", "real-shapes",
-                "layer-quantize", "layer-forward", "layer-state", "checkpoint", "device-move", "layer-sequencing"}
+                "layer-quantize", "layer-forward", "layer-state", "checkpoint", "device-move", "layer-sequencing",
+                "lifecycle"}
     assert expected <= set(verdicts)
 
 
