@@ -15,8 +15,9 @@ a failure):
   hooks move a model (when accelerate is installed);
 - dtype casts of the module (``.half()``, ``.to(torch.bfloat16)``, ``.float()``, ...);
 - ``state_dict()`` through safetensors (``torch.save`` to memory without it) into a
-  fresh layer: the library's loader, or ``load_state_dict`` strict and non-strict (a
-  load may refuse; it must not load half);
+  fresh layer: the library's loader, ``load_state_dict`` strict and non-strict, or
+  accelerate's ``set_module_tensor_to_device(value=...)`` per entry (a load may refuse;
+  it must not load half);
 - forwards in train and eval mode, with grad (and dx where backward is claimed) or not;
 - PEFT LoRA merge and unmerge, where the layer claims PEFT (a legitimate requantization,
   judged as ``test_peft`` judges it; not with double quantization, whose grid is unknown);
@@ -143,6 +144,7 @@ def applies(machine: LayerLife, step: str) -> bool:
         "move_with_accelerate": life.accelerate,
         "cast": True,
         "save_and_load": True,
+        "load_with_accelerate": life.accelerate,
         "lora_merge_and_unmerge": life.peft and here in life.forward_devices,
         "second_model": life.other_dtype is not None and not machine.others,  # one is the class; more cost time
     }[step]
@@ -277,6 +279,26 @@ class LayerLife(RuleBasedStateMachine):
             self.steps[-1] += f" (refused: {type(exc).__name__})"
             return
         self.layer = fresh.to(self.location) if self.location.type != "cpu" else fresh
+
+    @_when("load_with_accelerate")
+    @rule()
+    def load_with_accelerate(self) -> None:
+        """Into a fresh layer tensor by tensor, as transformers' loader without a quantizer
+        for the layer does: ``set_module_tensor_to_device(layer, name, device, value=...)``
+        for every entry (it may refuse one it has no tensor for)."""
+        from accelerate.utils import set_module_tensor_to_device
+
+        life = self.life
+        self._step("state_dict() -> accelerate set_module_tensor_to_device(value=...) into a fresh layer")
+        state = _save(self.layer)
+        fresh = life.facet.empty(life.spec, LAYER_SHAPE, self.bias is not None, life.dtype)
+        try:
+            for name, value in state.items():
+                set_module_tensor_to_device(fresh, name, self.location, value=value)
+        except Exception as exc:  # noqa: BLE001 - refusing is allowed; the sequence goes on with the old layer
+            self.steps[-1] += f" (refused: {type(exc).__name__})"
+            return
+        self.layer = fresh
 
     @_when("lora_merge_and_unmerge")
     @rule()
