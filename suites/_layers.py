@@ -21,7 +21,7 @@ from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 from pytest_qconform.strategies import WeightCase
 from pytest_qconform.targets import Target
 
-from ._cases import reference_decode, require_claim, spec_id, weight_error
+from ._cases import dequantize_bound, reference_decode, require_claim, spec_id, weight_error
 
 LAYER_SHAPE = (64, 128)  # (out, in): whole blocks per row at 64 and 128, as LLM layers have
 
@@ -202,3 +202,46 @@ def lora_gradients(x: torch.Tensor, dy: torch.Tensor, w: torch.Tensor, w_error: 
     return {"dx": (dx, e_dx),
             "lora_A": (da, mm(g.T, x) + e_g.T @ x.abs()),
             "lora_B": (db, scale * (mm(dy.T, u) + dy.abs().T @ e_u))}
+
+
+# -- PEFT's LoRA merge, judged by its requantization (test_peft, test_lifecycle_sequences) --------
+
+
+def lora_delta(lora_module: torch.nn.Module, scale: float,
+               adapter_name: str = "default") -> tuple[torch.Tensor, torch.Tensor, torch.dtype]:
+    """``(s B A, its bound, the adapter's dtype)`` for a PEFT LoRA layer, in float64: the
+    delta a merge adds, computed by PEFT in the adapter's dtype."""
+    a = lora_module.lora_A[adapter_name].weight.detach().double()
+    b = lora_module.lora_B[adapter_name].weight.detach().double()
+    adapter = lora_module.lora_A[adapter_name].weight.dtype
+    return scale * b @ a, scale * bounds.matmul_bound(b, a.T, None, adapter, adapter), adapter
+
+
+def merge_dequantized_dtype(packed: PackedBnb4 | PackedHqq4) -> torch.dtype:
+    """The dtype PEFT's merge dequantizes into: bitsandbytes' quant_state.dtype, HQQ's compute dtype."""
+    from pytest_qconform.backends._torch_util import dtype_from_name
+
+    if isinstance(packed, PackedBnb4):
+        return dtype_from_name(packed.dtype)
+    return dtype_from_name(packed.meta["compute_dtype"])
+
+
+def check_requantized(qcheck, facet: LayerFacet, layer: torch.nn.Module, before: PackedBnb4 | PackedHqq4,
+                      delta: torch.Tensor, e_delta: torch.Tensor, adapter_dtype: torch.dtype, sign: float,
+                      what: str) -> PackedBnb4 | PackedHqq4:
+    """``layer`` (a merge's base layer) now holds ``decode(before) + sign * delta`` quantized
+    to nearest on its own grid, the target's error being what PEFT's arithmetic allows: the
+    dequantize in the stored dtype, the delta in the adapter's (``lora_delta``), and their
+    sum in the promotion of the two (fp32 with the fp32 adapters of a k-bit-prepared model;
+    a bare fp16 layer's adapter is fp16, and so is the sum); returns the layer's bytes."""
+    from pytest_qconform.reference import requantize
+
+    w = reference_decode(before, delta.device)
+    target = w + sign * delta
+    dequantized = merge_dequantized_dtype(before)
+    e_target = (dequantize_bound(before, w, dequantized) + e_delta
+                + bounds.rounding_bound(target.abs() + e_delta, torch.promote_types(dequantized, adapter_dtype)))
+    after = facet.packed(layer)
+    qcheck.within(reference_decode(after, delta.device), target, requantize.requantize_bound(after, target, e_target),
+                  what)
+    return after

@@ -22,13 +22,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pytest_qconform.backends._torch_util import dtype_from_name
-from pytest_qconform.reference import bounds, requantize
-from pytest_qconform.reference.packed import PackedBnb4
+from pytest_qconform.reference import bounds
 
-from ._cases import dequantize_bound, dtype_id, reference_decode
-from ._layers import (layer_weight_error, lora_gradients, needs, quantized_tiny_llama,
-                      require_layer_claim)
+from ._cases import dtype_id, reference_decode
+from ._layers import (check_requantized, layer_weight_error, lora_delta, lora_gradients, needs,
+                      quantized_tiny_llama, require_layer_claim)
 
 # Not double quantization: merging requantizes the base weight, and the reference's
 # requantization bound (reference.requantize) does not model a nested absmax.
@@ -90,25 +88,6 @@ def test_qlora_training_step(qtarget, qbackend, qdevice, qcheck, tmp_path, spec,
             qcheck.within(value, exact, bound, f"{short}: d {what} ({dtype_id(x.dtype)} activations)")
 
 
-def _dequantized_dtype(packed) -> torch.dtype:
-    """The dtype PEFT's merge dequantizes into: bitsandbytes' quant_state.dtype, HQQ's compute dtype."""
-    if isinstance(packed, PackedBnb4):
-        return dtype_from_name(packed.dtype)
-    return dtype_from_name(packed.meta["compute_dtype"])
-
-
-def _check_requantized(qcheck, facet, module, before, delta, e_delta, sign: float, what: str):
-    """The base layer now holds ``decode(before) + sign * delta`` quantized to nearest."""
-    w = reference_decode(before, delta.device)
-    target = w + sign * delta
-    e_target = (dequantize_bound(before, w, _dequantized_dtype(before)) + e_delta
-                + bounds.rounding_bound(target.abs() + e_delta, torch.float32))
-    after = facet.packed(module.get_base_layer())
-    qcheck.within(reference_decode(after, delta.device), target, requantize.requantize_bound(after, target, e_target),
-                  what)
-    return after
-
-
 @pytest.mark.qconform_operation("lora-merge")
 @pytest.mark.qconform_axes(*PEFT_AXES)
 def test_merge_unmerge_and_unload(qtarget, qbackend, qdevice, qcheck, tmp_path, spec):
@@ -118,27 +97,20 @@ def test_merge_unmerge_and_unload(qtarget, qbackend, qdevice, qcheck, tmp_path, 
     layers = _lora_layers(facet, model)
     qcheck.equal(len(layers), len(TARGETS), "PEFT wrapped the 4-bit layers")
     qcheck.describe(model="tiny Llama, 1 layer, hidden 128", lora=f"r={RANK} alpha={ALPHA}", dtype=dtype_id(dtype))
-    deltas, stored = {}, {}
-    for name, module in layers.items():
-        a = module.lora_A["default"].weight.detach().double()
-        b = module.lora_B["default"].weight.detach().double()
-        adapter = module.lora_A["default"].weight.dtype
-        scale = ALPHA / RANK
-        deltas[name] = (scale * b @ a, scale * bounds.matmul_bound(b, a.T, None, adapter, adapter))
-        stored[name] = facet.packed(module.get_base_layer())
+    deltas = {name: lora_delta(module, ALPHA / RANK) for name, module in layers.items()}
+    stored = {name: facet.packed(module.get_base_layer()) for name, module in layers.items()}
     model.merge_adapter()
     for name, module in layers.items():
-        stored[name] = _check_requantized(qcheck, facet, module, stored[name], *deltas[name], 1.0,
-                                          f"{name.split('model.', 1)[-1]}: merged weight")
+        stored[name] = check_requantized(qcheck, facet, module.get_base_layer(), stored[name], *deltas[name], 1.0,
+                                         f"{name.split('model.', 1)[-1]}: merged weight")
     model.unmerge_adapter()
     for name, module in layers.items():
-        stored[name] = _check_requantized(qcheck, facet, module, stored[name], *deltas[name], -1.0,
-                                          f"{name.split('model.', 1)[-1]}: unmerged weight")
+        stored[name] = check_requantized(qcheck, facet, module.get_base_layer(), stored[name], *deltas[name], -1.0,
+                                         f"{name.split('model.', 1)[-1]}: unmerged weight")
     merged = model.merge_and_unload()
     modules = dict(merged.named_modules())
     for name in layers:
         path = name.removeprefix("base_model.model.")
         unloaded = modules.get(path)
         qcheck.equal(isinstance(unloaded, facet.layer_types()), True, f"{path} is a 4-bit layer after merge_and_unload")
-        holder = type("Holder", (), {"get_base_layer": lambda self, m=unloaded: m})()
-        _check_requantized(qcheck, facet, holder, stored[name], *deltas[name], 1.0, f"{path}: merge_and_unload")
+        check_requantized(qcheck, facet, unloaded, stored[name], *deltas[name], 1.0, f"{path}: merge_and_unload")

@@ -47,6 +47,18 @@ def test_a_state_the_backend_refuses_is_an_error_not_a_mix() -> None:
         loading.load_state_dict(state, strict=False)
 
 
+def test_a_buffer_replaced_from_outside_is_what_the_layer_computes_with() -> None:
+    """accelerate's set_module_tensor_to_device (a move, or a load as transformers loads)
+    assigns ``module._buffers[name]`` directly, bypassing ``_apply``: the layer must then
+    compute with the new buffer, not the one it was built from."""
+    set_module_tensor_to_device = pytest.importorskip("accelerate.utils").set_module_tensor_to_device
+    saved, loading = _layer(seed=1), _layer(seed=2)
+    for name, value in saved.state_dict().items():
+        set_module_tensor_to_device(loading, name, "cpu", value=value)
+    x = torch.randn(3, 128, dtype=torch.bfloat16)
+    assert torch.equal(loading(x), saved(x))
+
+
 def test_requantize_bound_holds_for_nearest_rounding_and_catches_stale_scales() -> None:
     target = torch.randn(8, 128, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     fresh = bnb4.encode(target.float(), "nf4", 64)

@@ -4,12 +4,13 @@ Four runs of the real suites, with the correct plain-PyTorch backend and the mut
 registered through the ``pytest_qconform_backends`` hook: the original suites against
 the mutants of their classes; the suites of issue 18 (inputs users have: every
 blocksize, layouts, storage, parameters, value ranges, layer shapes), the layer suites
-of issue 19 (forward modes, state, checkpoints, moves, models in sequence) and the
-compiled and captured paths of issue 26, each against the mutants whose ``suites`` name
-them. The run reports say, per backend and operation, what the suites concluded. Each
-mutant must fail the operation whose check targets its bug class, and the correct
-backend must pass all of every run. A mutant whose class needs a GPU (``needs_gpu``:
-CUDA graphs) is left out of a run without one, and its test skips saying so.
+of issue 19 (forward modes, state, checkpoints, moves, models in sequence), and the
+compiled and captured paths and the lifecycle sequences of issue 26, each against the
+mutants whose ``suites`` name them. The run reports say, per backend and operation, what
+the suites concluded. Each mutant must fail the operation whose check targets its bug
+class, and the correct backend must pass all of every run. A mutant whose class needs a
+GPU (``needs_gpu``: CUDA graphs) is left out of a run without one, and its test skips
+saying so.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import textwrap
 import pytest
 import torch
 
-from zoo import LAYER_SUITES, MUTANTS, PATH_SUITES, USER_INPUT_SUITES
+from zoo import LAYER_SUITES, LIFECYCLE_SUITES, MUTANTS, PATH_SUITES, USER_INPUT_SUITES
 
 GPU = torch.cuda.is_available()
 # Mutants whose class only a GPU can show (CUDA graphs): left out of a GPU-less zoo run.
@@ -57,8 +58,9 @@ def _run_zoo(root, names: list[str], keyword: str) -> dict:
 @pytest.fixture(scope="module")
 def zoo_report(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Run the suites against the zoo (module scope: the runs are the expensive part),
-    the three runs' cells in one report."""
-    groups = {"user-input": USER_INPUT_SUITES, "layers": LAYER_SUITES, "paths": PATH_SUITES}
+    the five runs' cells in one report."""
+    groups = {"user-input": USER_INPUT_SUITES, "layers": LAYER_SUITES, "paths": PATH_SUITES,
+              "lifecycle": LIFECYCLE_SUITES}
     newer = " or ".join(name for suites in groups.values() for name in suites)
     runs = [("original", [m.name for m in RUN_MUTANTS if getattr(m, "suites", None) is None], f"not ({newer})")]
     runs += [(label, [m.name for m in RUN_MUTANTS if getattr(m, "suites", None) == suites], " or ".join(suites))
@@ -108,7 +110,7 @@ def test_correct_backend_passes_every_check(zoo_report: dict) -> None:
     expected = {"quantize", "dequantize", "matmul", "matmul-fp32-input", "backward", "sequencing", "interop",
                 "quantize-layout", "storage", "parameters", "value-range", "real-shapes",
                 "layer-quantize", "layer-forward", "layer-state", "checkpoint", "device-move", "layer-sequencing",
-                "compiled"} | ({"captured"} if GPU else set())
+                "compiled", "lifecycle"} | ({"captured"} if GPU else set())
     assert expected <= set(verdicts)
 
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from qconform_example_nf4.backend import TorchNF4Backend
 
 from pytest_qconform.backends.base import Quantized
-from pytest_qconform.backends.functional_layer import FunctionalLayers, FunctionalLinear
+from pytest_qconform.backends.functional_layer import PREFIX, FunctionalLayers, FunctionalLinear
 
 
 class KeepsFirstDtypeBuffer(TorchNF4Backend):
@@ -705,3 +705,41 @@ class StagedInputKeptByIdentity(TorchNF4Backend):
 
 
 MUTANTS += (CompiledFallbackSwapsNibbles, StagedInputKeptByIdentity)
+
+
+# -- lifecycle mutants (issue 26): bugs that need a sequence of steps to show ------------------------------
+
+
+# The lifecycle suite (as a ``-k`` name): run against these mutants and the correct backend only; its
+# drawn sequences cost a few seconds a cell, and shrinking a failing one more.
+LIFECYCLE_SUITES: tuple[str, ...] = ("test_lifecycle_sequences.py",)
+
+
+class _SavesKernelCacheLinear(FunctionalLinear):
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        # a kernel-ready copy of the float quantization state in the compute dtype, made on every move or cast
+        self.kernel_cache = {key: value.to(self.compute_dtype) for key, value in self.state().items()
+                             if value.is_floating_point()}
+        return self
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        for key, cached in getattr(self, "kernel_cache", {}).items():
+            name = prefix + PREFIX + key
+            destination[name] = cached.to(destination[name].dtype)
+
+
+class CheckpointAfterMoveSavesKernelCache(_LayerMutant):
+    """bitsandbytes' CPU-repack class, spread over two steps: every move or cast keeps a
+    kernel-ready copy of absmax and the code table in the compute dtype, and ``state_dict``
+    writes that copy. The layer computes right, and its own state is untouched; only a
+    checkpoint written after a move (or ``.half()``) and loaded again decodes to other weights."""
+
+    name = "mutant-layer-checkpoint-after-move"
+    catches = "lifecycle"
+    suites = LIFECYCLE_SUITES
+    layer_class = _SavesKernelCacheLinear
+
+
+MUTANTS = MUTANTS + (CheckpointAfterMoveSavesKernelCache,)

@@ -13,7 +13,8 @@ Two rules a quantized layer must follow and ``nn.Module`` does not give for free
 code table, so a dtype cast moves the state's device only (``_apply``); and a checkpoint
 may hold another blocksize than the layer it is loaded into (64 from CUDA into a ROCm
 default of 128), so loading replaces the state's tensors, sizes included, after the
-backend's ``load`` has accepted them.
+backend's ``load`` has accepted them. The backend's view of the buffers follows them when
+something replaces one directly (accelerate's ``set_module_tensor_to_device``).
 """
 from __future__ import annotations
 
@@ -50,7 +51,18 @@ class FunctionalLinear(torch.nn.Module):
     def _rebuild(self) -> None:
         """The backend's ``Quantized`` view of the buffers (after init, moves and loads)."""
         state = self.state()
-        self.quantized = self.backend.load(state, state["packed"].device)
+        self._built_from = tuple(state.values())
+        self._quantized = self.backend.load(state, state["packed"].device)
+
+    @property
+    def quantized(self) -> Quantized:
+        """The backend's view of the buffers as they are now: rebuilt when a buffer was
+        replaced without ``_apply`` or a load (accelerate's ``set_module_tensor_to_device``,
+        which moves and loads tensors one by one, assigns ``module._buffers[name]``)."""
+        current = tuple(self.state().values())
+        if len(current) != len(self._built_from) or any(a is not b for a, b in zip(current, self._built_from)):
+            self._rebuild()
+        return self._quantized
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.backend.matmul(x, self.quantized, self.bias, self.compute_dtype)

@@ -74,11 +74,12 @@ class LayerFacet(ABC):
 
     def load(self, layer: torch.nn.Module, state: dict[str, torch.Tensor], device: torch.device) -> torch.nn.Module:
         """Fill ``layer`` (from ``empty``) from a saved layer's state dict the way the
-        library's loaders do, returning the loaded layer. Default: ``load_state_dict``
-        (strict). bitsandbytes overrides it with ``Params4bit.from_prequantized``, which is
-        how transformers loads a pre-quantized layer."""
+        library's loaders do, returning the loaded layer on ``device``. Default:
+        ``load_state_dict`` (strict), then ``.to(device)`` (``empty`` builds on the CPU, as
+        a loader does before it dispatches). bitsandbytes overrides it with
+        ``Params4bit.from_prequantized``, which is how transformers loads a pre-quantized layer."""
         layer.load_state_dict(state, strict=True)
-        return layer
+        return layer.to(device)
 
     def transformers_config(self, spec: QuantSpec, compute_dtype: torch.dtype) -> Any:
         """The ``quantization_config`` for ``transformers`` ``from_pretrained`` that
