@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_qconform import hookspecs, options, outcomes, state
+# Only what every pytest start needs: without --qconform nothing here imports torch or a
+# backend (``state`` and everything under it are imported inside the hooks that need them).
+from pytest_qconform import hookspecs, options, outcomes
 from pytest_qconform.targets import hardware_marker_names
 
 DTYPE_LABELS = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}
@@ -78,6 +80,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
     if not config.getoption("qconform"):
         return None
+    from pytest_qconform import state
+
     return state.probe(config).lines()
 
 
@@ -85,6 +89,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     config = metafunc.config
     if not config.getoption("qconform"):
         return
+    from pytest_qconform import state
+
     axes_marker = metafunc.definition.get_closest_marker("qconform_axes")
     if axes_marker is not None:
         from pytest_qconform import instances
@@ -122,6 +128,11 @@ def _cell_key(item: pytest.Item) -> dict[str, str] | None:
     operation = marker.args[0] if marker else item.path.stem.removeprefix("test_")
     spec = params.get("spec")
     target = params.get("qtarget")
+    from pytest_qconform.instances import nothing_claimed
+
+    if nothing_claimed(item):  # the check's one cell for a backend that claims nothing it needs
+        return {"backend": str(params["qbackend"]), "operation": operation, "format": "-", "dtype": "-",
+                "target": target.id if target is not None else "-"}
     return {
         "backend": str(params["qbackend"]),
         "operation": operation,

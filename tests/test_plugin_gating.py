@@ -1,5 +1,6 @@
 """The plugin's gating, markers, options and header, tested through pytester."""
 import json
+import textwrap
 
 import pytest
 from fake_backend import FAKE_BACKEND
@@ -308,3 +309,19 @@ def test_instances_a_backend_does_not_claim_are_one_line_not_skips(fake_backend_
     result.stdout.fnmatch_lines(["qconform: 3 instances not applying here were deselected: 3 not claimed by their "
                                  "backend (fake 3)"])
     assert "not claimed" not in "".join(line for line in result.stdout.lines if line.startswith("SKIPPED"))
+
+
+def test_installed_but_off_imports_neither_torch_nor_a_backend(pytester: pytest.Pytester) -> None:
+    """Every project that installs the plugin loads it on every pytest start: without
+    --qconform it must not import torch (seconds of start-up) or any backend. A fresh
+    process, since this one has imported torch long ago."""
+    pytester.makepyfile(test_off=textwrap.dedent('''
+        import sys
+
+        def test_off():
+            heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "bitsandbytes", "hqq", "triton"))
+            assert not heavy, heavy
+            assert "pytest_qconform.plugin" in sys.modules  # the plugin itself was loaded
+    '''))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
