@@ -30,7 +30,7 @@ from pytest_qconform.targets import hardware_marker_names
 
 PACKAGED = "pytest_qconform/known_failures.toml"
 REQUIRED = ("backend", "versions", "arch", "check", "reason", "link", "repro")
-OPTIONAL = ("format", "dtype", "test", "cpu_capability")
+OPTIONAL = ("format", "dtype", "test", "cpu_capability", "ends_process")
 ANY = "*"
 
 # This module's own session state: the entries read at start-up (kept here, beside the
@@ -60,6 +60,9 @@ class KnownFailure:
     dtype: str = ANY
     test: str = ANY
     cpu_capability: str = ANY  # glob on torch's CPU capability; narrows CPU targets only
+    # "yes": the failure ends the process (a library that calls exit()), so the test is
+    # reported as a known failure without being run: run, it would take the session down.
+    ends_process: str = "no"
     source: str = ""  # "file:line" of the entry, for messages
 
     def matches(self, key: dict[str, str], version: str | None, target_markers: tuple[str, ...],
@@ -129,6 +132,9 @@ def _parse_entry(raw: dict, source: str, lines: list[str], span: tuple[int, int]
     for key, value in raw.items():
         if not isinstance(value, str) or not value.strip():
             raise KnownFailuresError(f"{where(key)}: {key} must be a non-empty string, got {value!r}")
+    if raw.get("ends_process", "no") not in ("yes", "no"):
+        raise KnownFailuresError(f"{where('ends_process')}: ends_process must be \"yes\" or \"no\", got "
+                                 f"{raw['ends_process']!r}")
     try:
         versions = SpecifierSet("" if raw["versions"].strip() == ANY else raw["versions"])
     except InvalidSpecifier:
@@ -141,7 +147,8 @@ def _parse_entry(raw: dict, source: str, lines: list[str], span: tuple[int, int]
     return KnownFailure(
         backend=raw["backend"], versions=versions, arch=raw["arch"], check=raw["check"], reason=raw["reason"],
         link=raw["link"], repro=raw["repro"], format=raw.get("format", ANY), dtype=raw.get("dtype", ANY),
-        test=raw.get("test", ANY), cpu_capability=raw.get("cpu_capability", ANY), source=where())
+        test=raw.get("test", ANY), cpu_capability=raw.get("cpu_capability", ANY),
+        ends_process=raw.get("ends_process", "no"), source=where())
 
 
 def parse(text: str, source: str) -> tuple[KnownFailure, ...]:
@@ -206,7 +213,8 @@ def apply(config: pytest.Config, items: list[pytest.Item]) -> None:
             m for m in (probe.device_kind, probe.arch, probe.family) if m)
         for entry in entries:
             if entry.matches(key, status.version if status else None, markers, item.name, probe.cpu_capability):
-                item.add_marker(pytest.mark.xfail(strict=True, reason=entry.xfail_reason()))
+                item.add_marker(pytest.mark.xfail(strict=True, reason=entry.xfail_reason(),
+                                                  run=entry.ends_process != "yes"))
                 item.repr_failure = _native_repr_failure(item)  # type: ignore[method-assign]
                 break
 

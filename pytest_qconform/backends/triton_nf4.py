@@ -47,6 +47,7 @@ _QUANT_TYPES = ("nf4", "fp4")
 # dequantize-then-GEMM error model, which both fused routes meet: the per-row kernels keep
 # code * absmax in fp32, the tensor-core kernel rounds it once to the compute dtype.
 FUSED_MAX_ROWS = 16
+INTERPRETED_BLOCKSIZES: tuple[int, ...] = (64, 128)  # claimed on the CPU (Triton's interpreter)
 
 @dataclass(frozen=True)
 class Nf4State:
@@ -155,7 +156,12 @@ class TritonNf4Backend(Backend):
         from pytest_qconform import kernels
 
         devices = (("cuda",) if torch.cuda.is_available() else ()) + (("cpu",) if kernels.interpreter_active() else ())
-        return Capabilities(formats=_QUANT_TYPES, blocksizes=tuple(kernels.SUPPORTED_BLOCKSIZES), double_quant=True,
+        # On the CPU the kernels run in Triton's interpreter, a testing aid some hundred times
+        # slower than compiled code: there the backend claims the CUDA and ROCm default
+        # blocksizes only, so that a CPU run of every check stays short (the project's
+        # tests/test_kernels.py runs the kernels at 32 to 256 in the interpreter; a GPU run, at all).
+        blocksizes = tuple(kernels.SUPPORTED_BLOCKSIZES) if device.type != "cpu" else INTERPRETED_BLOCKSIZES
+        return Capabilities(formats=_QUANT_TYPES, blocksizes=blocksizes, double_quant=True,
                             dtypes=DTYPES, devices=devices, backward=True, serialize=True,
                             max_gemv_rows=min(FUSED_MAX_ROWS, kernels.MAX_ROWS), out_arguments=("dequantize",),
                             compiled=PATH_OPERATIONS, captured=PATH_OPERATIONS,
