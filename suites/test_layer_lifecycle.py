@@ -85,7 +85,7 @@ MODEL_SHAPES = ((128, 128), (64, 128))  # two layers of other shapes: a buffer m
 
 
 @pytest.mark.qconform_operation("layer-sequencing")
-@pytest.mark.qconform_axes("format", "double_quant", "hqq_axis")  # buffers across models
+@pytest.mark.qconform_axes("format")  # a buffer across models: the dtype sequence, not the layout
 def test_models_loaded_one_after_another(qtarget, qbackend, qdevice, qcheck, spec):
     """A bf16 model, then an fp16 one, then bf16 again, in one process and through one
     backend instance: each two-layer model's forward (one row and a batch of 8) and
