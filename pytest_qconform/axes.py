@@ -24,6 +24,7 @@ import torch
 
 from pytest_qconform.backends.base import Capabilities, QuantSpec
 from pytest_qconform.claims import DTYPE_LABELS
+from pytest_qconform.outcomes import NOTHING_CLAIMED_PREFIX  # the skip that is a check's one cell; re-exported
 from pytest_qconform.strategies import DISTRIBUTIONS
 
 # The axes that make up a QuantSpec; a check naming any of them takes a ``spec`` argument.
@@ -37,7 +38,6 @@ ALWAYS_ROWS: tuple[int, ...] = (1, 128, 300)
 # Near the dtype's largest finite value, near its smallest normal, subnormal, and results
 # beyond fp16's range (for the wider dtypes).
 VALUE_RANGES: tuple[str, ...] = ("near-max", "near-smallest-normal", "subnormal", "beyond-fp16")
-NOTHING_CLAIMED_PREFIX = "claims nothing this check needs:"  # a skip that is the check's cell
 
 _STORAGE_LABELS = {torch.uint8: "u8", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 

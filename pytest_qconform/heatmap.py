@@ -27,12 +27,13 @@ HEAT_COLORS: dict[str, str] = {
     "timeout": "#8d6e63",
     "skipped": "#cfd8dc",
     "unavailable": "#90a4ae",
+    "not-claimed": "#eceff1",
     DISAGREE: "#ec407a",
 }
 OTHER_COLOR = "#b0bec5"  # a status this version does not know (a newer report's)
 DARK = frozenset({"pass", "fail", "crashed", "timeout", DISAGREE})  # white text on these
 WORDS = {"pass": "pass", "fail": "fail", "known-failure": "known", "crashed": "crashed", "timeout": "timeout",
-         "skipped": "skipped", "unavailable": "n/a", DISAGREE: "≠"}
+         "skipped": "skipped", "unavailable": "n/a", "not-claimed": "none", DISAGREE: "≠"}
 FONT_PT = 9
 DPI = 100
 BOX_W, BOX_H, LABEL_W, TITLE_H = 1.55, 0.48, 1.45, 0.45  # inches

@@ -27,9 +27,11 @@ SYMBOLS: dict[str, str] = {
     "timeout": "⏱",
     "skipped": "➖",
     "unavailable": "🚫",
+    "not-claimed": "∅",
     DISAGREE: "≠",
 }
-LEGEND_WORDS: dict[str, str] = {"known-failure": "known failure", DISAGREE: "runs on the arch disagree"}
+LEGEND_WORDS: dict[str, str] = {"known-failure": "known failure", "not-claimed": "the backend claims nothing the check needs",
+                                DISAGREE: "runs on the arch disagree"}
 
 
 def _md(text: Any) -> str:

@@ -35,7 +35,9 @@ WORKER_CRASH_MARK = "crashed while running"  # pytest-xdist's report of a dead w
 _SHORT_CIRCUIT = re.compile(r"\b(crashed|timeout) after an earlier (?:crash|timeout) in ")
 
 # Worse verdicts override milder ones when an item reports several phases.
-_SEVERITY = {"crashed": 7, "timeout": 6, "fail": 5, "known-failure": 4, "pass": 3, "skipped": 2, "unavailable": 1}
+_SEVERITY = {"crashed": 7, "timeout": 6, "fail": 5, "known-failure": 4, "pass": 3, "skipped": 2, "unavailable": 1,
+             "not-claimed": 0}
+NOTHING_CLAIMED_PREFIX = "claims nothing this check needs:"  # the one cell of a check its backend claims nothing of
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,8 @@ def verdict_of(report: pytest.TestReport) -> tuple[str, str] | None:
             return None
         if reason.startswith(UNAVAILABLE_PREFIX):
             return "unavailable", reason
+        if reason.startswith(NOTHING_CLAIMED_PREFIX):
+            return "not-claimed", reason
         return "skipped", reason
     if report.when == "call" and report.passed:
         return "pass", ""

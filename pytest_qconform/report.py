@@ -45,7 +45,10 @@ BENCHMARKS_SINCE_VERSION = 2
 # timeout hides what the remaining cases would have said, so they outrank a plain
 # failure; a known failure still outranks a pass (it is not a pass); any computed
 # outcome outranks "skipped", and "unavailable" (the backend cannot load) says least.
-VERDICTS: tuple[str, ...] = ("crashed", "timeout", "fail", "known-failure", "pass", "skipped", "unavailable")
+# "not-claimed": a check whose declared axes the backend claims no value of (pytest_qconform.axes):
+# its one cell says so, and says least.
+VERDICTS: tuple[str, ...] = ("crashed", "timeout", "fail", "known-failure", "pass", "skipped", "unavailable",
+                             "not-claimed")
 FAILING_VERDICTS: frozenset[str] = frozenset({"crashed", "timeout", "fail"})
 FILENAME_TIME_FORMAT = "%Y%m%dT%H%M%SZ"
 

@@ -105,7 +105,7 @@ def _verdicts(report: dict, backend: str) -> dict[str, set[str]]:
 def test_correct_backend_passes_every_check(zoo_report: dict) -> None:
     verdicts = _verdicts(zoo_report, "torch-nf4-correct")
     assert verdicts, "the correct backend produced no cells"
-    failing = {op: v for op, v in verdicts.items() if v - {"pass"}}
+    failing = {op: v for op, v in verdicts.items() if v - {"pass", "not-claimed"}}
     assert not failing, f"the correct backend did not pass: {failing}"
     expected = {"quantize", "dequantize", "matmul", "matmul-fp32-input", "backward", "sequencing", "interop",
                 "quantize-layout", "storage", "parameters", "value-range", "real-shapes",

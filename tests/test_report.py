@@ -71,7 +71,7 @@ def test_fold_takes_the_worse_verdict_in_either_order(worse, better):
 
 
 def test_fold_precedence_is_the_documented_one():
-    assert VERDICTS == ("crashed", "timeout", "fail", "known-failure", "pass", "skipped", "unavailable")
+    assert VERDICTS == ("crashed", "timeout", "fail", "known-failure", "pass", "skipped", "unavailable", "not-claimed")
 
 
 def test_fold_sums_cases_takes_max_multiple_and_first_failure():
