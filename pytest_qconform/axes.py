@@ -24,7 +24,6 @@ import torch
 
 from pytest_qconform.backends.base import Capabilities, QuantSpec
 from pytest_qconform.claims import DTYPE_LABELS
-from pytest_qconform.outcomes import NOTHING_CLAIMED_PREFIX  # the skip that is a check's one cell; re-exported
 from pytest_qconform.strategies import DISTRIBUTIONS
 
 # The axes that make up a QuantSpec; a check naming any of them takes a ``spec`` argument.
@@ -38,6 +37,9 @@ ALWAYS_ROWS: tuple[int, ...] = (1, 128, 300)
 # Near the dtype's largest finite value, near its smallest normal, subnormal, and results
 # beyond fp16's range (for the wider dtypes).
 VALUE_RANGES: tuple[str, ...] = ("near-max", "near-smallest-normal", "subnormal", "beyond-fp16")
+# A float weight as users hand it to quantize: the transpose of a contiguous tensor, every
+# other column of a wider one, rows of a wider one from an offset (a shard of a fused weight).
+WEIGHT_LAYOUTS: tuple[str, ...] = ("transposed", "column-strided", "offset-rows")
 
 _STORAGE_LABELS = {torch.uint8: "u8", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
@@ -82,6 +84,7 @@ AXES: dict[str, Axis] = {axis.name: axis for axis in (
     Axis("value_range", "where in the dtype's range the values lie", lambda caps, bf16: VALUE_RANGES),
     Axis("distribution", "the weight's value distribution (strategies.DISTRIBUTIONS)",
          lambda caps, bf16: DISTRIBUTIONS),
+    Axis("weight_layout", "the memory layout of the weight handed to quantize", lambda caps, bf16: WEIGHT_LAYOUTS),
 )}
 
 
@@ -190,7 +193,7 @@ def default_row(check: CheckAxes) -> dict[str, Any]:
     allowed value of each axis, so that its one cell says why."""
     defaults = {"format": "nf4", "blocksize": 64, "double_quant": False, "hqq_axis": 1,
                 "quant_storage": torch.uint8, "dtype": torch.float32, "rows": 1, "x_layout": "contiguous",
-                "value_range": "near-max", "distribution": "normal"}
+                "value_range": "near-max", "distribution": "normal", "weight_layout": "transposed"}
     return {name: check.only.get(name, (defaults[name],))[0] for name in check.names}
 
 

@@ -11,14 +11,20 @@ passes, and its answer goes back to the test unchanged.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 if TYPE_CHECKING:
     from pytest_qconform.backends.base import Backend, Quantized, QuantSpec
     from pytest_qconform.backends.layers import LayerFacet
-    from pytest_qconform.fixtures import Checker
+    from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
+
+
+class Checker(Protocol):
+    """What this module needs of ``fixtures.Checker`` (which imports this module)."""
+
+    def faithful(self, packed: PackedBnb4 | PackedHqq4, weight: torch.Tensor, what: str) -> None: ...
 
 
 class _InputCheckedFacet:

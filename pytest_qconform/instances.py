@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from pytest_qconform import axes, state
+from pytest_qconform import axes, outcomes, state
 from pytest_qconform.claims import target_device
 
 AXES_MARKER = "qconform_axes"
@@ -25,7 +25,7 @@ def _strength(config: pytest.Config) -> int:
 def _nothing_claimed(check: axes.CheckAxes, values: dict[str, tuple[Any, ...]], backend: str) -> str:
     empty = [name for name, found in values.items() if not found]
     wanted = "; ".join(f"{name} in {check.only[name]}" if name in check.only else name for name in empty)
-    return f"{axes.NOTHING_CLAIMED_PREFIX} {backend} claims no value of {wanted}"
+    return f"{outcomes.NOTHING_CLAIMED_PREFIX} {backend} claims no value of {wanted}"
 
 
 def parametrize(metafunc: pytest.Metafunc, marker: pytest.Mark) -> None:
@@ -98,5 +98,5 @@ def claimed_labels(item: pytest.Item, cache: dict) -> dict[str, list[str]] | Non
 
 def nothing_claimed(item: pytest.Item) -> bool:
     """Whether this instance is a check's one cell saying its backend claims nothing it needs."""
-    return any(str(m.kwargs.get("reason", "")).startswith(axes.NOTHING_CLAIMED_PREFIX)
+    return any(str(m.kwargs.get("reason", "")).startswith(outcomes.NOTHING_CLAIMED_PREFIX)
                for m in item.iter_markers("skip"))

@@ -60,6 +60,7 @@ from ._layers import (LAYER_SHAPE, activation, bias_of, check_forward, check_req
 LIFECYCLE_AXES: tuple[str, ...] = ("format", "double_quant", "hqq_axis", "dtype")
 LIFECYCLE_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
 STEPS = 6  # steps per drawn sequence at most: room for a move, a cast, a save and load, a forward
+MIN_SEQUENCES = 6  # per instance: sequences of two or more steps need draws (the ci profile's 3 are too few)
 # Activation rows: one (the gemv paths) and a few (batched paths; under TRITON_INTERPRET our
 # tensor-core kernel, from 4 rows, costs 0.7 s a call, the per-row kernel 0.02 s a row).
 ROWS = (1, 3)
@@ -81,13 +82,14 @@ PINNED: tuple[tuple[tuple[str, dict], ...], ...] = (
 
 
 def lifecycle_settings() -> settings:
-    """The loaded profile's examples (``ci``: 6 sequences; hypothesis draws some of them
-    short or empty), at most ``STEPS`` steps each, shrinking on whatever the profile says
+    """At least ``MIN_SEQUENCES`` sequences, or the loaded profile's examples if more
+    (hypothesis draws some of them short or empty), at most ``STEPS`` steps each, shrinking on whatever the profile says
     (the shortest failing sequence is the reproducer), derandomized and without the example
     database so that a verdict does not depend on earlier runs."""
     base = settings.default
     phases = tuple(phase for phase in Phase if phase in base.phases or phase is Phase.shrink)
-    return settings(base, stateful_step_count=STEPS, phases=phases, derandomize=True, database=None)
+    return settings(base, max_examples=max(MIN_SEQUENCES, base.max_examples), stateful_step_count=STEPS,
+                    phases=phases, derandomize=True, database=None)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,22 +12,17 @@ from __future__ import annotations
 import pytest
 import torch
 from hypothesis import given
-from hypothesis import strategies as st
 
-from pytest_qconform.backends.base import QuantSpec
-from pytest_qconform.strategies import WeightCase, weight_cases
+from pytest_qconform.axes import WEIGHT_LAYOUTS
+from pytest_qconform.strategies import WeightCase, listed_weight, weight_cases, with_examples
 
 from ._cases import dequantize_bound, dtype_id, reference_decode, require_claim, shapes_for
 from ._quantizer import check_codes_and_absmax, check_hqq_nearest_levels
 
 pytestmark = pytest.mark.qconform_operation("quantize-layout")
 
-LAYOUT_SPECS = (QuantSpec("nf4", 64), QuantSpec("nf4", 64, True), QuantSpec("fp4", 128),
-                QuantSpec("hqq4", 64, axis=1), QuantSpec("hqq4", 64, axis=0))
-LAYOUTS = ("transposed", "column-strided", "offset-rows")
 # Words an error must contain to count as a clear refusal of the layout.
 LAYOUT_WORDS = ("contiguous", "stride", "layout", "transpos")
-
 
 def strided_view(values: torch.Tensor, layout: str) -> torch.Tensor:
     """``values`` (2-D) as a non-contiguous view holding the same logical values."""
@@ -42,11 +37,11 @@ def strided_view(values: torch.Tensor, layout: str) -> torch.Tensor:
         wide = torch.zeros(n + 1, k + 3, dtype=values.dtype, device=values.device)
         wide[1:, 3:] = values
         return wide[1:, 3:]
-    raise ValueError(f"unknown layout {layout!r}; known: {LAYOUTS}")
+    raise ValueError(f"unknown layout {layout!r}; known: {WEIGHT_LAYOUTS}")
 
-
-@pytest.mark.qconform_axes("format", "blocksize", "double_quant", "hqq_axis", "dtype")
-def test_strided_weight_quantizes_like_its_contiguous_copy(qtarget, qbackend, qdevice, qcheck, spec, dtype):
+@pytest.mark.qconform_axes("format", "blocksize", "double_quant", "hqq_axis", "dtype", "weight_layout")
+def test_strided_weight_quantizes_like_its_contiguous_copy(qtarget, qbackend, qdevice, qcheck, spec, dtype,
+                                                            weight_layout):
     """Each layout: the state quantized from the view passes the quantize suite's checks
     of the logical values (bitsandbytes layout: codes and absmax against the reference
     quantizer; HQQ: codes the nearest levels of its scale and zero; a floating-point
@@ -54,15 +49,20 @@ def test_strided_weight_quantizes_like_its_contiguous_copy(qtarget, qbackend, qd
     need not be bit-identical to the contiguous copy's), and its dequantize is within
     bound of the reference decoding. ``dtype`` is the weight's."""
     require_claim(qbackend, qtarget, spec, dtype)
+    shapes = shapes_for(spec)
 
-    @given(case=weight_cases(shapes_for(spec), ("normal", "outliers")), layout=st.sampled_from(LAYOUTS))
-    def check(case: WeightCase, layout: str):
+    @with_examples([{"case": listed_weight(shapes, "normal")}])
+    @given(case=weight_cases(shapes, ("normal", "outliers")))
+    def check(case: WeightCase):
+        layout = weight_layout
         qcheck.describe(**case.describe(), layout=layout, weight_dtype=dtype_id(dtype))
         weight = case.make(qdevice).to(dtype)
         view = strided_view(weight, layout)
         assert torch.equal(view, weight)  # (a 1-row weight's transpose is still contiguous)
         try:
             quantized = qbackend.quantize(view, spec)
+        except AssertionError:  # a check's verdict (the input check of the stored state), not a refusal
+            raise
         except Exception as exc:  # noqa: BLE001 - a clear refusal passes, anything else is reported
             if not any(word in str(exc).lower() for word in LAYOUT_WORDS):
                 raise AssertionError(f"quantize of a {layout} weight raised an error that does not name the "

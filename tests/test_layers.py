@@ -96,7 +96,8 @@ def test_a_backend_without_the_layer_facet_gets_no_layer_cells(pytester: pytest.
                                 "-rs")
     result.stdout.fnmatch_lines(["*not claimed: fake offers no layer (Backend.layers() is None)*"])
     report = json.loads(next(pytester.path.glob("*.json")).read_text())
-    assert [c for c in report["cells"] if c["backend"] == "fake"] == []
+    # Only the one cell of a check whose axes it claims no value of (bf16/fp16 models).
+    assert {c["verdict"] for c in report["cells"] if c["backend"] == "fake"} <= {"not-claimed"}
 
 
 def test_layer_suites_without_the_layers_extra_skip_naming_it(pytester: pytest.Pytester) -> None:

@@ -35,7 +35,8 @@ def test_a_conftest_importing_triton_first_does_not_break_the_kernels(pytester: 
         pytest.importorskip("bitsandbytes")
     pytester.makeconftest(conftest)
     result = pytester.runpytest_subprocess(*SELECT)
-    result.assert_outcomes(passed=2)
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("passed", 0) >= 2 and not outcomes.get("failed"), outcomes
     assert {op: c["verdict"] for op, c in cells(pytester).items()} == {"dequantize": "pass", "matmul": "pass"}
 
 
