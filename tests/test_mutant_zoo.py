@@ -48,7 +48,8 @@ def _run_zoo(root, names: list[str], keyword: str) -> dict:
     args = [sys.executable, "-m", "pytest", "--qconform", "-p", "no:cacheprovider", "-q", "--tb=no",
             f"--qconform-report-dir={out}", "-o", "addopts=", *[f"--qconform-backend={n}" for n in names],
             "-k", keyword]
-    env = {**os.environ, "PYTHONPATH": f"{tests_dir}:{example}"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(tests_dir), str(example),
+                                                                    os.environ.get("PYTHONPATH"))))}
     proc = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True, timeout=1500)
     reports = list(out.glob("*.json"))
     assert len(reports) == 1, f"no report written:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
@@ -153,7 +154,8 @@ def test_matmul_suite_catches_systematic_error_at_the_documented_threshold(tmp_p
         "def pytest_qconform_backends(config):\n"
         "    return {ScaledMatmul.name: ScaledMatmul}\n")
     env = {**os.environ, "QCONFORM_MUTANT_EPS": json.dumps(SMALLEST_CAUGHT_EPS),
-           "PYTHONPATH": f"{tests_dir}:{tests_dir.parent / 'examples' / 'downstream' / 'src'}"}
+           "PYTHONPATH": os.pathsep.join(filter(None, (str(tests_dir), str(tests_dir.parent / "examples" / "downstream"
+                                                                            / "src"), os.environ.get("PYTHONPATH"))))}
     args = [sys.executable, "-m", "pytest", "--qconform", "-q", "--tb=no", "-p", "no:cacheprovider",
             "-o", "addopts=", f"--qconform-report-dir={tmp_path / 'out'}",
             "--qconform-backend=mutant-scaled-matmul", "-k", "test_matmul_matches_reference and nf4"]
