@@ -197,10 +197,14 @@ def default_row(check: CheckAxes) -> dict[str, Any]:
     return {name: check.only.get(name, (defaults[name],))[0] for name in check.names}
 
 
+def spec_id(spec: QuantSpec) -> str:
+    """A spec's part of an instance id: its label, and HQQ's grouping axis."""
+    return spec.label() + (f"-ax{spec.axis}" if spec.format == "hqq4" else "")
+
+
 def instance_id(row: dict[str, Any]) -> str:
     parts = []
     if any(name in SPEC_AXES for name in row):
-        spec = spec_of(row)
-        parts.append(spec.label() + (f"-ax{spec.axis}" if spec.format == "hqq4" else ""))
+        parts.append(spec_id(spec_of(row)))
     parts += [AXES[name].label(value) for name, value in row.items() if name not in SPEC_AXES]
     return "-".join(parts)

@@ -106,7 +106,7 @@ class Checker:
         (``bounds.rounding_direction_biased``), judged by votes of independent units, an
         integer tensor naming each element's unit: its block or group for a dequantized
         weight (``suites._cases.block_ids``), its output column for a matmul."""
-        from pytest_qconform.reference.bounds import error_multiple, rounding_direction_biased
+        from pytest_qconform.reference.bounds import rounding_direction_biased
 
         if tuple(actual.shape) != tuple(expected.shape):
             raise AssertionError(f"{what}: shape {tuple(actual.shape)} != reference {tuple(expected.shape)}; "
@@ -119,16 +119,7 @@ class Checker:
                 f"{what}: the float64 reference is {expected.reshape(-1)[flat].item()!r} at flat index {flat} "
                 f"({int(nonfinite.sum().item())} non-finite elements) although every input is finite: the "
                 "backend's stored state holds NaN or inf; " + self._where())
-        multiple = float(error_multiple(actual, expected, bound))
-        self.record_multiple(multiple if multiple == multiple else float("inf"))
-        if not multiple <= 1.0:
-            diff = (actual.double().to(expected.device) - expected).abs()
-            diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
-            flat = int(torch.argmax(diff / bound.clamp_min(1e-300)).item()) if diff.numel() else 0
-            raise AssertionError(
-                f"{what}: error is {multiple:.3g} x its bound (worst element flat index {flat}: "
-                f"got {actual.reshape(-1)[flat].item()!r}, reference {expected.reshape(-1)[flat].item()!r}, "
-                f"bound {bound.reshape(-1)[flat].item():.3g}); " + self._where())
+        multiple = self._judge(actual, expected, bound, what)
         if rounding_units is not None:
             biased = rounding_direction_biased(actual, expected, rounding_units)
             if biased:
@@ -149,18 +140,30 @@ class Checker:
             self.record_multiple(float("inf"))
             raise AssertionError(f"{what}: the stored state holds NaN or inf in {', '.join(nonfinite)} for a "
                                  "finite input; " + self._where())
+        decoded = faithful.decode(packed, weight.device)
+        # Judged, not recorded: a sanity bound, not the cell's worst multiple of an arithmetic bound.
+        self._judge(decoded, weight.detach().double().reshape(decoded.shape),
+                    faithful.faithful_bound(packed, weight).reshape(decoded.shape),
+                    f"{what}: the stored state decoded against the input it was quantized from", record=False)
+
+    def _judge(self, actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor, what: str, *,
+               record: bool = True) -> float:
+        """The worst error as a multiple of ``bound`` (recorded for the cell unless told
+        not to); an AssertionError naming the worst element when it exceeds 1."""
         from pytest_qconform.reference.bounds import error_multiple
 
-        decoded = faithful.decode(packed, weight.device)
-        expected = weight.detach().double().reshape(decoded.shape)
-        bound = faithful.faithful_bound(packed, weight).reshape(decoded.shape)
-        multiple = float(error_multiple(decoded, expected, bound))  # not the cell's worst multiple: a sanity bound
+        multiple = float(error_multiple(actual, expected, bound))
+        if record:
+            self.record_multiple(multiple if multiple == multiple else float("inf"))
         if not multiple <= 1.0:
-            flat = int(torch.argmax((decoded - expected).abs().nan_to_num(float("inf")) / bound.clamp_min(1e-300)))
+            diff = (actual.double().to(expected.device) - expected).abs()
+            diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
+            flat = int(torch.argmax(diff / bound.clamp_min(1e-300)).item()) if diff.numel() else 0
             raise AssertionError(
-                f"{what}: the stored state decodes {multiple:.3g} x the quantization error bound away from the "
-                f"input it was quantized from (flat index {flat}: input {expected.reshape(-1)[flat].item()!r}, "
-                f"decoded {decoded.reshape(-1)[flat].item()!r}); " + self._where())
+                f"{what}: error is {multiple:.3g} x its bound (worst element flat index {flat}: "
+                f"got {actual.reshape(-1)[flat].item()!r}, reference {expected.reshape(-1)[flat].item()!r}, "
+                f"bound {bound.reshape(-1)[flat].item():.3g}); " + self._where())
+        return multiple
 
     def equal(self, actual: Any, expected: Any, what: str) -> None:
         if actual != expected:

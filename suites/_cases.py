@@ -9,27 +9,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pytest_qconform.axes import spec_id  # noqa: F401  (the suites' instance ids)
 from pytest_qconform.backends.base import Backend, Capabilities, QuantSpec
 from pytest_qconform.claims import target_device, unclaimed
-from pytest_qconform.outcomes import NOT_CLAIMED_PREFIX, OOM_PREFIX
+from pytest_qconform.outcomes import NOT_CLAIMED_PREFIX
 from pytest_qconform.reference import bnb4, faithful, hqq4
 from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 from pytest_qconform.targets import Target
 
 DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
-
-# 64 (CUDA and CPU default) and 128 (ROCm default) always, with and without double quant.
-SPECS: tuple[QuantSpec, ...] = tuple(
-    QuantSpec(fmt, blocksize, dq) for fmt in ("nf4", "fp4") for blocksize in (64, 128) for dq in (False, True)
-) + (QuantSpec("hqq4", 64, axis=1), QuantSpec("hqq4", 128, axis=1), QuantSpec("hqq4", 64, axis=0))
-
-# The rest of the blocksize range, exercised by the dequantize suite on the NF4 format.
-EXTRA_BLOCKSIZES: tuple[int, ...] = (32, 256, 512, 1024, 2048, 4096)
-
-
-def spec_id(spec: QuantSpec) -> str:
-    return spec.label() + (f"-ax{spec.axis}" if spec.format == "hqq4" else "")
-
 
 def dtype_id(dtype: torch.dtype) -> str:
     return {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
@@ -77,12 +65,6 @@ def block_ids(packed: PackedBnb4 | PackedHqq4) -> torch.Tensor:
 def output_columns(y: torch.Tensor) -> torch.Tensor:
     """Each element's output column (one weight row each): a matmul's independent units."""
     return torch.arange(y.shape[-1])
-
-
-def skip_on_oom(exc: BaseException) -> None:
-    """Out of device memory for a large case is a skip of that case, not a failure."""
-    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
-        pytest.skip(f"{OOM_PREFIX} {str(exc).splitlines()[0]}")
 
 
 def shapes_for(spec: QuantSpec) -> tuple[tuple[int, int], ...]:

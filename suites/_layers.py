@@ -21,7 +21,7 @@ from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 from pytest_qconform.strategies import WeightCase
 from pytest_qconform.targets import Target
 
-from ._cases import dequantize_bound, reference_decode, require_claim, spec_id, weight_error
+from ._cases import dequantize_bound, reference_decode, require_claim, weight_error
 
 LAYER_SHAPE = (64, 128)  # (out, in): whole blocks per row at 64 and 128, as LLM layers have
 
@@ -33,10 +33,6 @@ def needs(module: str):
     """The optional dependency ``module`` (the ``layers`` extra), or a skip naming it."""
     return pytest.importorskip(module, reason=f"needs {OPTIONAL[module]}, which is not installed: "
                                               "pip install 'pytest-qconform[layers]'")
-
-
-def layer_spec_id(spec: QuantSpec) -> str:
-    return spec_id(spec)
 
 
 def require_layer_claim(backend: Backend, target: Target, spec: QuantSpec | None = None,

@@ -13,13 +13,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pytest_qconform.backends.base import QuantSpec
 from pytest_qconform.strategies import WeightCase
 
 from ._cases import dequantize_bound, reference_decode, require_claim
 
 pytestmark = pytest.mark.qconform_operation("interop")
-INTEROP_SPECS = tuple(QuantSpec(fmt, bs, dq) for fmt in ("nf4", "fp4") for bs in (64, 128) for dq in (False, True))
 
 
 @pytest.mark.qconform_dtype("fp32")

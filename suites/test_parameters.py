@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 import torch
 
-from pytest_qconform.backends.base import QuantSpec
 from pytest_qconform.outcomes import NOT_CLAIMED_PREFIX
 from pytest_qconform.reference import bnb4, bounds, linear
 from pytest_qconform.strategies import WeightCase
@@ -26,7 +25,6 @@ from ._cases import DTYPES, dequantize_bound, dtype_id, reference_decode, requir
 pytestmark = pytest.mark.qconform_operation("parameters")
 
 # Both formats, both default blocksizes, double quantization on and off, in four specs.
-BNB_SPECS = (QuantSpec("nf4", 64), QuantSpec("nf4", 128, True), QuantSpec("fp4", 64, True), QuantSpec("fp4", 128))
 # One buffer, these calls in order: the dtype changes at every step and the shape at most.
 BUFFER_SEQUENCE = (((64, 128), torch.bfloat16), ((33, 47), torch.float16), ((64, 128), torch.float32),
                    ((1, 64), torch.bfloat16), ((33, 47), torch.float32), ((64, 128), torch.float16))

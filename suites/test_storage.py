@@ -22,8 +22,6 @@ from ._cases import dequantize_bound, reference_decode, require_claim, weight_er
 pytestmark = pytest.mark.qconform_operation("storage")
 
 STORAGES = (torch.bfloat16, torch.float16, torch.float32)
-STORAGE_SPECS = tuple(QuantSpec(fmt, bs, dq, quant_storage=storage) for storage in STORAGES
-                      for fmt, bs, dq in (("nf4", 64, True), ("fp4", 128, False)))
 # Element counts whose packed bytes divide into 4-byte elements: 8192 and 1568 elements.
 STORAGE_SHAPES = ((64, 128), (32, 49))
 
@@ -36,7 +34,7 @@ def _safetensors_round_trip(state: dict[str, torch.Tensor]) -> dict[str, torch.T
 
 
 @pytest.mark.qconform_axes("format", "double_quant", "quant_storage", format=("nf4", "fp4"),  # a view of the bytes
-                           quant_storage=(torch.bfloat16, torch.float16, torch.float32))
+                           quant_storage=STORAGES)
 def test_storage_dtype_keeps_the_bytes(qtarget, qbackend, qdevice, qcheck, spec):
     """quantize -> bytes identical to uint8 storage's; dequantize and matmul (1 and 5 rows)
     within bound, in the storage dtype itself (the FSDP setup: bf16 storage, bf16 compute;

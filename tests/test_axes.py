@@ -9,6 +9,8 @@ from itertools import combinations, product
 import pytest
 import torch
 
+from fake_backend import FAKE_BACKEND
+
 from pytest_qconform import axes
 from pytest_qconform.backends.base import Capabilities
 
@@ -56,20 +58,12 @@ def test_unknown_axis_is_a_usage_error() -> None:
         axes.CheckAxes.from_marker(pytest.mark.qconform_axes("format", "colour").mark)
 
 
-CONFTEST = textwrap.dedent('''
-    import torch
-    from pytest_qconform.backends.base import Availability, Backend, Capabilities
-
-    class Claims(Backend):
+CONFTEST = FAKE_BACKEND + textwrap.dedent('''
+    class Claims(FakeBackend):
         name = "claims"
-        def availability(self):
-            return Availability(True, "1.0")
+
         def capabilities(self, device):
             return Capabilities(("nf4",), (64, 128), True, (torch.float32, torch.float16), ("cpu",))
-        def quantize(self, weight, spec): raise NotImplementedError
-        def dequantize(self, q, dtype): raise NotImplementedError
-        def matmul(self, x, q, bias, compute_dtype): raise NotImplementedError
-        def export_packed(self, q): raise NotImplementedError
 
     def pytest_qconform_backends(config):
         return {"claims": Claims}
