@@ -48,6 +48,7 @@ _QUANT_TYPES = ("nf4", "fp4")
 # code * absmax in fp32, the tensor-core kernel rounds it once to the compute dtype.
 FUSED_MAX_ROWS = 16
 INTERPRETED_BLOCKSIZES: tuple[int, ...] = (64, 128)  # claimed on the CPU (Triton's interpreter)
+INTERPRETED_MAX_OUT_FEATURES = 4096
 
 @dataclass(frozen=True)
 class Nf4State:
@@ -160,8 +161,11 @@ class TritonNf4Backend(Backend):
         # slower than compiled code: there the backend claims the CUDA and ROCm default
         # blocksizes only, so that a CPU run of every check stays short (the project's
         # tests/test_kernels.py runs the kernels at 32 to 256 in the interpreter; a GPU run, at all).
+        # Its run time grows with the weight too (40 to 120 s for one lm_head-wide matmul), so
+        # there it claims no weight wider than INTERPRETED_MAX_OUT_FEATURES.
         blocksizes = tuple(kernels.SUPPORTED_BLOCKSIZES) if device.type != "cpu" else INTERPRETED_BLOCKSIZES
-        return Capabilities(formats=_QUANT_TYPES, blocksizes=blocksizes, double_quant=True,
+        max_out = None if device.type != "cpu" else INTERPRETED_MAX_OUT_FEATURES
+        return Capabilities(formats=_QUANT_TYPES, blocksizes=blocksizes, double_quant=True, max_out_features=max_out,
                             dtypes=DTYPES, devices=devices, backward=True, serialize=True,
                             max_gemv_rows=min(FUSED_MAX_ROWS, kernels.MAX_ROWS), out_arguments=("dequantize",),
                             compiled=PATH_OPERATIONS, captured=PATH_OPERATIONS,
