@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, strategies as st
 
 @pytest.mark.qconform_operation("dequantize")
-@given(value=st.integers(min_value=0, max_value=2**62))
+@given(value=st.integers(min_value=10**6, max_value=2**62))
 def test_small(qtarget, qbackend, value):
     with open("drawn.jsonl", "a") as log:
         log.write(json.dumps(value) + "\\n")
-    assert value < 1000, "a counterexample a runner finds once"
+    assert value < 1000, "every draw is a counterexample: the first run fails on its first"
 """
 
 
@@ -41,9 +41,10 @@ def test_a_failing_example_is_saved_and_replayed_first_by_the_next_run(fake_back
     assert found, "the first run drew no failing example"
     assert any((fake_backend_project.path / "ci-cache" / "examples").rglob("*")), "nothing was saved"
 
-    second = run(fake_backend_project, "--qconform-hypothesis-db=ci-cache/examples")
+    second = run(fake_backend_project, "--qconform-hypothesis-db=ci-cache/examples", "--hypothesis-show-statistics")
     second.assert_outcomes(failed=1)
     assert drawn(fake_backend_project)[0] in found  # replayed before any new draw
+    second.stdout.fnmatch_lines(["*during reuse phase*", "*1 failing*"])  # from the database, not drawn anew
 
 
 def test_without_a_database_the_ci_profile_saves_nothing(fake_backend_project) -> None:
