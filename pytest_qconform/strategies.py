@@ -33,11 +33,24 @@ def fewer_examples(divisor: int = 3) -> settings:
     return settings(settings.default, max_examples=max(1, settings.default.max_examples // divisor))
 
 
-def load_profile(name: str) -> None:
-    """Register every profile under ``qconform-<name>`` and load the chosen one."""
+def load_profile(name: str, database: str | None = None) -> None:
+    """Register every profile under ``qconform-<name>`` and load the chosen one.
+
+    ``database``: a folder for hypothesis' example database, or None for none. With one,
+    every failing example is saved there and replayed first by every later run that
+    finds the folder (CI keeps it between runs), so ``derandomize`` is turned off: a
+    database and derandomization exclude each other in hypothesis, and with the failures
+    replayed, draws that differ per run add coverage instead of repeating it.
+    """
     if name not in PROFILE_SETTINGS:
         raise ValueError(f"unknown qconform profile {name!r}; choose one of {', '.join(PROFILE_SETTINGS)}")
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
     for profile, kwargs in PROFILE_SETTINGS.items():
+        if database is not None:
+            kwargs = {**kwargs, "derandomize": False, "database": DirectoryBasedExampleDatabase(database)}
+        else:
+            kwargs = {**kwargs, "database": None}
         settings.register_profile(f"qconform-{profile}", **kwargs)
     settings.load_profile(f"qconform-{name}")
 

@@ -62,7 +62,7 @@ def test_plain_run_skips_every_benchmark_with_the_reason(pytester: pytest.Pytest
     result.stdout.fnmatch_lines(["qconform: nothing was checked*record no matrix cell (benchmarks*"])
     report = only_report(pytester)
     assert report.benchmarks == () and report.cells == ()  # skipped benchmarks are no matrix cells
-    assert json.loads(Path(report.source).read_text())["schema_version"] == 1
+    assert json.loads(Path(report.source).read_text())["schema_version"] == 3
 
 
 def test_full_shapes_skip_on_the_cpu_and_name_the_option(pytester: pytest.Pytester) -> None:
@@ -81,7 +81,7 @@ def test_small_shapes_run_on_the_cpu_into_report_and_extra_info(pytester: pytest
     result.stdout.fnmatch_lines(["*benchmarks (copy bandwidth*", "*% floor*vs bnb*"])
     report = only_report(pytester)
     assert report.cells == ()  # the conformance tests pytest-benchmark skipped are not recorded
-    assert json.loads(Path(report.source).read_text())["schema_version"] == 2
+    assert json.loads(Path(report.source).read_text())["schema_version"] == 3
     by_key = {(e.backend, e.operation): e for e in report.benchmarks}
     assert set(by_key) == {(b, op) for b in ("bitsandbytes", "bnb-twin") for op in ("dequantize", "matmul")}
     for entry in report.benchmarks:
