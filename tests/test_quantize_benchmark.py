@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from test_benchmarks import NF4_128_WEIGHT_BYTES, TWIN_PLUGIN, only_report
 
 # This checkout's suite (the same file as the installed pytest_qconform.suites' after

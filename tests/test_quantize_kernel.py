@@ -19,12 +19,12 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
-from hypothesis import example, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from pytest_qconform.reference import bnb4
 
-from pytest_qconform.backends import _torch_util, triton_nf4  # noqa: E402
-from pytest_qconform.kernels.nf4_quantize import code_boundaries, quantize_4bit  # noqa: E402
-from pytest_qconform.reference import bnb4  # noqa: E402
+from pytest_qconform.backends import _torch_util, triton_nf4
+from pytest_qconform.kernels.nf4_quantize import code_boundaries, quantize_4bit
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 FORMATS = ("nf4", "fp4")

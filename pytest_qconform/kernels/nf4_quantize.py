@@ -26,6 +26,7 @@ it wrong boundaries to show that the conformance suite notices (``tests/zoo.py``
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -60,7 +61,7 @@ class CodeBoundaries:
     zero_rank: int
     negative_zero_code: int
 
-    def to(self, device: torch.device) -> "CodeBoundaries":
+    def to(self, device: torch.device) -> CodeBoundaries:
         return CodeBoundaries(self.midpoints.to(device), self.rank_codes.to(device), self.zero_rank,
                               self.negative_zero_code)
 
@@ -85,7 +86,7 @@ def code_boundaries(code: torch.Tensor) -> CodeBoundaries:
             continue
         distinct.append(values[c])
         rank_codes.append(c)
-    midpoints = [(a + b) / 2 for a, b in zip(distinct, distinct[1:])]  # exact: float64 mean of two float32
+    midpoints = [(a + b) / 2 for a, b in itertools.pairwise(distinct)]  # exact: float64 mean of two float32
     return CodeBoundaries(
         midpoints=torch.tensor(midpoints, dtype=torch.float64),
         rank_codes=torch.tensor(rank_codes, dtype=torch.int32),
@@ -133,7 +134,7 @@ def _quantize_4bit_kernel(
     # max |w| is exact in fp32 (every input dtype widens exactly). A block holding NaN
     # stores NaN (a plain max may drop it), so that the caller sees and refuses it.
     absmax = tl.max(tl.abs(w), axis=1)  # [R]
-    absmax = tl.where(tl.max((w != w).to(tl.int32), axis=1) > 0, float("nan"), absmax)
+    absmax = tl.where(tl.max((w != w).to(tl.int32), axis=1) > 0, float("nan"), absmax)  # noqa: PLR0124 - NaN test
     if MASKED:
         tl.store(absmax_ptr + block, absmax, mask=block < num_blocks)
     else:
