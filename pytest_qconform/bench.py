@@ -313,6 +313,20 @@ class Harness:
                           lambda i: backend.matmul(xs[i], weights[i], None, dtype), count,
                           weight_bytes, activation_bytes, output_bytes)
 
+    def quantize(self, benchmark: Any, backend: Backend, spec: QuantSpec, shape: tuple[int, int],
+                 dtype: torch.dtype) -> Benchmark:
+        """Quantize a float weight: what loading a 4-bit model costs per layer. The float
+        weight read is ``weight_bytes`` (its copies rotate), the stored state written
+        ``output_bytes``; no activations."""
+        facts = device_facts(self.config, self.device)
+        generator = torch.Generator(device=self.device).manual_seed(SEED)
+        weight = torch.randn(shape, generator=generator, device=self.device, dtype=torch.float32).to(dtype)
+        input_bytes = weight.numel() * dtype.itemsize
+        state_bytes = weight_state_bytes(backend.export_packed(backend.quantize(weight, spec)))
+        weights = [weight] + [weight.clone() for _ in range(copies_for(input_bytes, facts.cache_bytes) - 1)]
+        return self._time(benchmark, backend, "quantize", spec, shape, None, dtype, facts,
+                          lambda i: backend.quantize(weights[i], spec), len(weights), input_bytes, 0, state_bytes)
+
     @staticmethod
     def _check(out: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, what: str) -> None:
         """Timing a call that returns the wrong thing would be meaningless (correctness

@@ -7,7 +7,7 @@ from typing import Any, Iterable
 
 from pytest_qconform.schema import SchemaError, count, json_object, positive, required, string, type_name
 
-BENCH_OPERATIONS: tuple[str, ...] = ("dequantize", "matmul")
+BENCH_OPERATIONS: tuple[str, ...] = ("dequantize", "matmul", "quantize")
 BENCH_TIMINGS: tuple[str, ...] = ("cuda-events", "host-timer")
 RATIO_BASELINE = "bitsandbytes"
 _DERIVED_TOLERANCE = 1e-6  # relative: derived fields are written from the base fields, so they agree
@@ -27,7 +27,7 @@ class Benchmark:
     """
 
     backend: str
-    operation: str  # "dequantize" | "matmul"
+    operation: str  # "dequantize" | "matmul" | "quantize"
     format: str  # spec label, e.g. "nf4-b64-dq"
     dtype: str
     target: str
@@ -114,8 +114,8 @@ class Benchmark:
                 or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in shape)):
             raise SchemaError(f"{where}.shape: expected [N, K], two positive integers, got {shape!r}")
         batch = count(data, "batch", where, minimum=1, nullable=True)
-        if (batch is None) != (operation == "dequantize"):
-            raise SchemaError(f"{where}.batch: {operation} needs " + ("null" if operation == "dequantize"
+        if (batch is None) != (operation != "matmul"):
+            raise SchemaError(f"{where}.batch: {operation} needs " + ("null" if operation != "matmul"
                                                                         else "the activation rows (an integer >= 1)")
                               + f", got {batch!r}")
         launch_hidden = required(data, "launch_hidden", where)

@@ -55,7 +55,7 @@ def render(report: RunReport, png_path: str | Path, metric: str = "percent") -> 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    operations = [op for op in ("dequantize", "matmul") if any(e.operation == op for e in report.benchmarks)]
+    operations = [op for op in ("dequantize", "matmul", "quantize") if any(e.operation == op for e in report.benchmarks)]
     series = sorted({_series(e) for e in report.benchmarks})
     widest = max(len({_case(e) for e in report.benchmarks if e.operation == op}) for op in operations)
     fig = Figure(figsize=(max(7.0, 1.0 + 0.32 * widest * len(series)), 3.4 * len(operations)), dpi=100)

@@ -17,8 +17,10 @@ import torch
 import torch.nn.functional as F
 from qconform_example_nf4.backend import TorchNF4Backend
 
+from pytest_qconform.backends._torch_util import code_table
 from pytest_qconform.backends.base import Quantized
 from pytest_qconform.backends.functional_layer import PREFIX, FunctionalLayers, FunctionalLinear
+from pytest_qconform.backends.triton_nf4 import TritonNf4Backend
 
 
 class KeepsFirstDtypeBuffer(TorchNF4Backend):
@@ -743,3 +745,32 @@ class CheckpointAfterMoveSavesKernelCache(_LayerMutant):
 
 
 MUTANTS = MUTANTS + (CheckpointAfterMoveSavesKernelCache,)
+
+
+# -- issue 28: our own quantize kernel -------------------------------------------------------------------------
+# Mutants of our Triton backend rather than of the plain-PyTorch one: the bug is in our kernel
+# (``kernels.nf4_quantize``), reached with wrong data, the kernel itself unchanged. On the CPU
+# the kernels run in Triton's interpreter, too slow for the zoo's full runs, so
+# tests/test_mutant_zoo.py runs these checks against them and the real triton-nf4 alone.
+KERNEL_SUITES: tuple[str, ...] = ("test_quantize_codes_and_absmax_match_reference",)
+
+
+class KernelRoundsTowardZero(TritonNf4Backend):
+    """Our quantize kernel picks the wrong code at one boundary: the one between 0 and the
+    first positive code sits on that code instead of midway, so a scaled value in between
+    (NF4: 0.0398 to 0.0796, a few % of a normal weight) rounds toward zero. Every byte
+    still decodes consistently with the absmax stored; only the reference's codes show it."""
+
+    name = "mutant-kernel-toward-zero"
+    catches = "quantize"
+    suites = KERNEL_SUITES
+
+    def code_boundaries(self, quant_type, device):
+        right = super().code_boundaries(quant_type, device)
+        table = code_table(quant_type, right.midpoints.device).double()
+        midpoints = right.midpoints.clone()
+        midpoints[right.zero_rank] = table[int(right.rank_codes[right.zero_rank + 1])]
+        return dataclasses.replace(right, midpoints=midpoints)
+
+
+KERNEL_MUTANTS: tuple[type[TritonNf4Backend], ...] = (KernelRoundsTowardZero,)

@@ -3,9 +3,11 @@
 The kernels read bitsandbytes' packed layout, so this backend stores exactly that:
 the flattened weight two codes per byte (even element in the high nibble), fp32 absmax
 per block, optionally double-quantized (uint8 codes into the signed 8-bit dynamic map,
-blocks of 256, plus the mean offset). Quantization is not what the kernels are for: it
-uses the reference quantizer (``reference.bnb4.encode``) when it is importable, else the
-plain-PyTorch one in ``_torch_util``; double quantization of absmax is ``_torch_util``'s.
+blocks of 256, plus the mean offset). Quantization is our kernel's too
+(``kernels.nf4_quantize``, on the weight's device): the suites check its codes against the
+reference quantizer, which this module never calls. Double quantization of the fp32 absmax
+(one value per block: a 64th of the weight at the default blocksize) is
+``_torch_util.nest_absmax``, plain PyTorch on the same device.
 ``from_packed`` adopts bytes bitsandbytes produced, which is the interop the suites check.
 
 Matmul: as many rows as ``kernels.fused_rows_limit`` says the fused ``gemv_4bit`` serves
@@ -76,19 +78,6 @@ class Nf4State:
                 "nested_blocksize": self.nested_blocksize, "offset": self.offset}
 
 
-def _encode(weight: torch.Tensor, quant_type: str, blocksize: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(packed, absmax, code) from the reference quantizer, or ``_torch_util``'s without it."""
-    try:
-        from pytest_qconform.reference.bnb4 import encode
-    except ImportError:
-        return _torch_util.quantize_bnb4(weight, quant_type, blocksize)
-    packed = encode(weight.detach(), quant_type, blocksize)  # on the weight's device: layer shapes on a GPU
-    device = weight.device
-    return (torch.as_tensor(np.asarray(packed.packed, dtype=np.uint8)).reshape(-1).to(device),
-            torch.as_tensor(np.asarray(packed.absmax, dtype=np.float32)).reshape(-1).to(device),
-            torch.as_tensor(np.asarray(packed.code, dtype=np.float32)).reshape(-1).to(device))
-
-
 class _Nf4Linear(torch.autograd.Function):
     """``y = x W^T + b`` through the kernels; gradients for x and bias (W is frozen)."""
 
@@ -127,6 +116,22 @@ class TritonNf4Backend(Backend):
 
     def __init__(self) -> None:
         self._buffer: Any = None  # kernels.WeightBuffer, built on first use (the import is lazy)
+        # (format, device) -> (code table, nf4_quantize.CodeBoundaries), made once: building
+        # them per call would copy host lists to the device at every quantize.
+        self._tables: dict[tuple[str, str], tuple[torch.Tensor, Any]] = {}
+
+    def code_boundaries(self, quant_type: str, device: torch.device) -> Any:
+        """The quantize kernel's view of ``quant_type``'s table on ``device``."""
+        return self._table(quant_type, device)[1]
+
+    def _table(self, quant_type: str, device: torch.device) -> tuple[torch.Tensor, Any]:
+        from pytest_qconform.kernels.nf4_quantize import code_boundaries
+
+        key = (quant_type, str(device))
+        if key not in self._tables:
+            code = _torch_util.code_table(quant_type, device)
+            self._tables[key] = (code, code_boundaries(code).to(device))
+        return self._tables[key]
 
     def availability(self) -> Availability:
         try:
@@ -177,7 +182,11 @@ class TritonNf4Backend(Backend):
     def quantize(self, weight: torch.Tensor, spec: QuantSpec) -> Quantized:
         if spec.format not in _QUANT_TYPES:
             raise ValueError(f"{self.name}: format {spec.format!r} is not supported; the kernels read nf4 and fp4")
-        packed, absmax, code = _encode(weight, spec.format, spec.blocksize)
+        from pytest_qconform.kernels.nf4_quantize import quantize_4bit
+
+        packed, absmax = quantize_4bit(weight, blocksize=spec.blocksize,
+                                       boundaries=self.code_boundaries(spec.format, weight.device))
+        code = self._table(spec.format, weight.device)[0].clone()  # each state owns its table
         nested: dict[str, Any] = {}
         if spec.double_quant:
             codes, nested_absmax, nested_code, offset = _torch_util.nest_absmax(absmax)
