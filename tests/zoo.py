@@ -573,16 +573,21 @@ MUTANTS: tuple[type[TorchNF4Backend], ...] = (
 # The blocksizes the zoo's backends claim: the CUDA and ROCm defaults, unless a mutant's
 # bug needs others (``zoo_blocksizes``). Every check depends on the blocksize, so every
 # claimed blocksize multiplies the zoo's run time; the full range is the correct backend's
-# in the downstream example's own run (nox -s downstream).
+# in the downstream example's own run (nox -s downstream). Likewise the widest weight: the
+# two narrower lm_head widths (one of them odd), unless a mutant needs the widest.
 ZOO_BLOCKSIZES: tuple[int, ...] = (64, 128)
+ZOO_MAX_OUT_FEATURES = 50257
 
 
 def narrowed(backend: type[TorchNF4Backend]) -> type[TorchNF4Backend]:
-    """``backend`` claiming only ``ZOO_BLOCKSIZES`` (or its own ``zoo_blocksizes``)."""
+    """``backend`` claiming only ``ZOO_BLOCKSIZES`` (or its own ``zoo_blocksizes``) and
+    weights up to ``ZOO_MAX_OUT_FEATURES`` wide (or its own ``zoo_max_out_features``)."""
     blocksizes = getattr(backend, "zoo_blocksizes", ZOO_BLOCKSIZES)
+    max_out_features = getattr(backend, "zoo_max_out_features", ZOO_MAX_OUT_FEATURES)
 
     def capabilities(self, device):
-        return dataclasses.replace(backend.capabilities(self, device), blocksizes=blocksizes)
+        return dataclasses.replace(backend.capabilities(self, device), blocksizes=blocksizes,
+                                   max_out_features=max_out_features)
 
     return type(backend.__name__, (backend,), {"capabilities": capabilities})
 
@@ -661,7 +666,26 @@ class LayerForwardAssumesBlocksize64(_LayerMutant):
     layer_class = _Blocksize64ForwardLinear
 
 
-MUTANTS += (Fp32AbsmaxMean, TruncatingBf16Matmul, MisalignedActivation, LayerForwardAssumesBlocksize64)
+class OutputsPastGridLimit(TorchNF4Backend):
+    """A matmul kernel launched with one program per output feature on a grid axis that
+    CUDA caps at 65535: the outputs past it are never written (left zero). No drawn or
+    layer shape comes near; a real vocabulary does (Qwen2's lm_head: 151936)."""
+
+    name = "mutant-outputs-past-grid-limit"
+    catches = "matmul"
+    zoo_max_out_features = None  # the widest lm_head too
+    GRID_LIMIT = 65535
+
+    def matmul(self, x, q, bias, compute_dtype):
+        y = super().matmul(x, q, bias, compute_dtype)
+        if y.shape[-1] > self.GRID_LIMIT:
+            y = y.clone()
+            y[..., self.GRID_LIMIT:] = 0
+        return y
+
+
+MUTANTS += (Fp32AbsmaxMean, TruncatingBf16Matmul, MisalignedActivation, LayerForwardAssumesBlocksize64,
+            OutputsPastGridLimit)
 
 
 # -- compiled and captured paths (issue 26) ------------------------------------------------------
