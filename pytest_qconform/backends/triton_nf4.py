@@ -264,12 +264,15 @@ class TritonNf4Backend(Backend):
                compute_dtype: torch.dtype) -> torch.Tensor:
         """x and bias cast to ``compute_dtype``; the result cast back to x's dtype."""
         inp_dtype = x.dtype
-        x = x.to(compute_dtype)
-        if bias is not None:
+        if inp_dtype != compute_dtype:  # a no-op .to() still costs host time per call
+            x = x.to(compute_dtype)
+        if bias is not None and bias.dtype != compute_dtype:
             bias = bias.to(compute_dtype)
         if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
-            return _Nf4Linear.apply(x, bias, self, q.handle).to(inp_dtype)
-        return self.linear(x, q.handle, bias).to(inp_dtype)  # no graph to record: no autograd.Function
+            y = _Nf4Linear.apply(x, bias, self, q.handle)
+        else:
+            y = self.linear(x, q.handle, bias)  # no graph to record: no autograd.Function
+        return y if y.dtype == inp_dtype else y.to(inp_dtype)
 
     # -- packed state, serialization -------------------------------------------------------------
     def export_packed(self, q: Quantized) -> PackedBnb4:
