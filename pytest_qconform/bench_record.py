@@ -46,6 +46,9 @@ class Benchmark:
     launch_hidden: bool | None = None  # GPU: every timed call was queued before the device reached it
     time_ratio_to_bitsandbytes: float | None = None
     nodeid: str = ""
+    # GPU: per call in an eager loop (calls issued back to back from Python, nothing queued
+    # ahead: host and device cost together, what a model's forward without a CUDA graph sees)
+    eager_median_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.operation not in BENCH_OPERATIONS:
@@ -93,7 +96,7 @@ class Benchmark:
             "copy_bandwidth_bytes_per_s": self.copy_bandwidth_bytes_per_s, "floor_s": self.floor_s,
             "percent_of_floor": self.percent_of_floor, "host_median_s": self.host_median_s,
             "launch_hidden": self.launch_hidden, "time_ratio_to_bitsandbytes": self.time_ratio_to_bitsandbytes,
-            "nodeid": self.nodeid,
+            "nodeid": self.nodeid, "eager_median_s": self.eager_median_s,
         }
 
     @classmethod
@@ -132,6 +135,8 @@ class Benchmark:
             copy_bandwidth_bytes_per_s=positive(data, "copy_bandwidth_bytes_per_s", where),
             host_median_s=positive(data, "host_median_s", where, nullable=True), launch_hidden=launch_hidden,
             time_ratio_to_bitsandbytes=positive(data, "time_ratio_to_bitsandbytes", where, nullable=True),
+            eager_median_s=(positive(data, "eager_median_s", where, nullable=True)  # absent before issue 27
+                            if "eager_median_s" in data else None),
             nodeid=string(data, "nodeid", where), **names)
         for key in ("bytes_moved", "bandwidth_bytes_per_s", "floor_s", "percent_of_floor"):
             stored, derived = positive(data, key, where), float(getattr(entry, key))

@@ -140,6 +140,15 @@ def test_report_with_benchmarks_round_trips(tmp_path: Path) -> None:
     assert back == report and back.benchmarks[1].time_ratio_to_bitsandbytes is None
 
 
+def test_eager_time_round_trips_and_older_entries_read_without_it(tmp_path: Path) -> None:
+    report = bench_report(entry(eager_median_s=41e-6), entry(backend="torch-int4-tinygemm", format="int4-g64"))
+    back = read_report(write_report(report, tmp_path))
+    assert back == report and back.benchmarks[0].eager_median_s == 41e-6
+    older = entry().to_dict()
+    del older["eager_median_s"]  # reports written before issue 27
+    assert Benchmark.from_dict(older).eager_median_s is None
+
+
 def test_copies_exceed_the_cache() -> None:
     assert bench.copies_for(35_700_000, 50 * 2**20) * 35_700_000 >= 2 * 50 * 2**20
     assert bench.copies_for(10, 50 * 2**20) == bench.MAX_COPIES and bench.copies_for(10**12, 1) == bench.MIN_COPIES

@@ -23,15 +23,22 @@ eager calls and CUDA-graph capture call them directly.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
 import torch
 
-from pytest_qconform.backends import _torch_util, triton_nf4_ops
+from pytest_qconform.backends import _torch_util, triton_nf4_ops, triton_nf4_plans
 from pytest_qconform.backends._torch_util import import_failure, to_numpy
-from pytest_qconform.backends.base import Availability, Backend, Capabilities, Quantized, QuantSpec
+from pytest_qconform.backends.base import (
+    Availability,
+    Backend,
+    Capabilities,
+    Quantized,
+    QuantSpec,
+)
 from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 
 PATH_OPERATIONS: tuple[str, ...] = ("dequantize", "matmul", "layer-forward")  # claimed compiled and captured
@@ -66,6 +73,12 @@ class Nf4State:
     nested_code: torch.Tensor | None = None
     nested_blocksize: int = _torch_util.NESTED_BLOCKSIZE
     offset: float | None = None
+    # Eager-call plans by activation layout (triton_nf4_plans): filled by the adapter.
+    plans: dict[Any, Any] = field(init=False, default_factory=dict, compare=False, repr=False)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Nf4State:
+        """A copy of the tensors with no plans: a plan binds the tensors it was made for."""
+        return Nf4State(**{f.name: copy.deepcopy(getattr(self, f.name), memo) for f in fields(self) if f.init})
 
     @property
     def double_quant(self) -> bool:
@@ -82,7 +95,7 @@ class _Nf4Linear(torch.autograd.Function):
     """``y = x W^T + b`` through the kernels; gradients for x and bias (W is frozen)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, bias: torch.Tensor | None, backend: "TritonNf4Backend",
+    def forward(ctx: Any, x: torch.Tensor, bias: torch.Tensor | None, backend: TritonNf4Backend,
                 state: Nf4State) -> torch.Tensor:
         ctx.backend, ctx.state, ctx.has_bias = backend, state, bias is not None
         return backend.linear(x, state, bias)
@@ -209,7 +222,20 @@ class TritonNf4Backend(Backend):
         if torch.compiler.is_compiling():
             result = triton_nf4_ops.dequantize(state, dtype)
             return result if out is None else out.copy_(result)
-        return kernels.dequantize_4bit(state.packed, state.absmax, out_dtype=dtype, out=out, **state.kernel_args())
+        plan = state.plans.get(("dequantize", dtype)) if out is None else None
+        if plan is not None:
+            result = torch.empty(state.shape, dtype=dtype, device=state.packed.device)
+            plan(result)
+            return result
+        result = kernels.dequantize_4bit(state.packed, state.absmax, out_dtype=dtype, out=out, **state.kernel_args())
+        self._remember(state, ("dequantize", dtype), lambda: triton_nf4_plans.dequantize_plan(state, dtype))
+        return result
+
+    @staticmethod
+    def _remember(state: Nf4State, key: Any, make: Any) -> None:
+        """Store ``make()`` as ``state``'s plan for ``key`` (None: the entry point stays the path)."""
+        if key not in state.plans:
+            state.plans[key] = make()
 
     def buffered_weight(self, state: Nf4State, dtype: torch.dtype) -> torch.Tensor:
         """The weight dequantized into this backend's reusable buffer; valid until the next call.
@@ -220,7 +246,14 @@ class TritonNf4Backend(Backend):
             return triton_nf4_ops.dequantize(state, dtype)
         if self._buffer is None:
             self._buffer = kernels.WeightBuffer()
-        return self._buffer.dequantize(state.packed, state.absmax, out_dtype=dtype, **state.kernel_args())
+        plan = state.plans.get(("dequantize", dtype))
+        if plan is not None:
+            view = self._buffer.view(state.shape, dtype, state.packed.device)
+            plan(view)
+            return view
+        result = self._buffer.dequantize(state.packed, state.absmax, out_dtype=dtype, **state.kernel_args())
+        self._remember(state, ("dequantize", dtype), lambda: triton_nf4_plans.dequantize_plan(state, dtype))
+        return result
 
     def linear(self, x: torch.Tensor, state: Nf4State, bias: torch.Tensor | None) -> torch.Tensor:
         """Forward only: fused gemv for few rows, else buffer dequantize + ``torch.matmul``."""
@@ -228,17 +261,31 @@ class TritonNf4Backend(Backend):
             raise ValueError(f"{self.name}: matmul needs a 2-D (out, in) weight, got shape {state.shape}")
         if torch.compiler.is_compiling():
             return triton_nf4_ops.linear(x, state, bias, FUSED_MAX_ROWS)
-        return triton_nf4_ops.fused_or_dequantized(x, state.packed, state.absmax, state.kernel_args(), bias,
-                                                   lambda dtype: self.buffered_weight(state, dtype), FUSED_MAX_ROWS)
+        key = ("linear", triton_nf4_plans.tensor_key(x), triton_nf4_plans.tensor_key(bias))
+        plan = state.plans.get(key)
+        if plan is not None:
+            return plan(x, bias)
+        def buffered(dtype: torch.dtype) -> torch.Tensor:
+            return self.buffered_weight(state, dtype)
+
+        y = triton_nf4_ops.fused_or_dequantized(x, state.packed, state.absmax, state.kernel_args(), bias, buffered,
+                                                FUSED_MAX_ROWS)
+        self._remember(state, key, lambda: triton_nf4_plans.linear_plan(x, state, bias, FUSED_MAX_ROWS, buffered))
+        return y
 
     def matmul(self, x: torch.Tensor, q: Quantized, bias: torch.Tensor | None,
                compute_dtype: torch.dtype) -> torch.Tensor:
         """x and bias cast to ``compute_dtype``; the result cast back to x's dtype."""
         inp_dtype = x.dtype
-        x = x.to(compute_dtype)
-        if bias is not None:
+        if inp_dtype != compute_dtype:  # a no-op .to() still costs host time per call
+            x = x.to(compute_dtype)
+        if bias is not None and bias.dtype != compute_dtype:
             bias = bias.to(compute_dtype)
-        return _Nf4Linear.apply(x, bias, self, q.handle).to(inp_dtype)
+        if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
+            y = _Nf4Linear.apply(x, bias, self, q.handle)
+        else:
+            y = self.linear(x, q.handle, bias)  # no graph to record: no autograd.Function
+        return y if y.dtype == inp_dtype else y.to(inp_dtype)
 
     # -- packed state, serialization -------------------------------------------------------------
     def export_packed(self, q: Quantized) -> PackedBnb4:
