@@ -109,7 +109,7 @@ def launch_sites() -> set[str]:
 
 
 def extra_calls() -> list[dict]:
-    """Entry-point calls beyond a default run's: ``gemv_4bit`` with ``MAX_ROWS`` rows, one
+    """Entry-point calls beyond a default run's log: ``quantize_calls()``, and ``gemv_4bit`` with ``MAX_ROWS`` rows, one
     call per x dtype, on a weight deep enough (8 chunks of 64 columns) that the
     tensor-core kernel splits K, so ``_sum_splits_kernel`` is compiled too (a default
     run's weights are at most 256 deep there)."""
@@ -122,9 +122,30 @@ def extra_calls() -> list[dict]:
     weight = (torch.empty(features * depth // 2, dtype=torch.uint8, device=meta),
               torch.empty(features * depth // blocksize, dtype=torch.float32, device=meta))
     code = torch.empty(16, dtype=torch.float32, device=meta)
-    return [kernel_calls.record("gemv_4bit", (torch.empty(rows, depth, dtype=dtype, device=meta), *weight),
-                                {"blocksize": blocksize, "shape": (features, depth), "code": code})
-            for dtype in (torch.bfloat16, torch.float16, torch.float32)]
+    calls = [kernel_calls.record("gemv_4bit", (torch.empty(rows, depth, dtype=dtype, device=meta), *weight),
+                                 {"blocksize": blocksize, "shape": (features, depth), "code": code})
+             for dtype in (torch.bfloat16, torch.float16, torch.float32)]
+    return calls + quantize_calls()
+
+
+def quantize_calls() -> list[dict]:
+    """``quantize_4bit`` calls: a default run quantizes through the kernel, but the log
+    records the entry points that read the packed format. Each weight dtype and format
+    (NF4 has one zero code, FP4 a signed zero), the smallest and largest blocksize, and a
+    weight whose last program is partial."""
+    import torch
+
+    from pytest_qconform.backends._torch_util import code_table
+    from pytest_qconform.kernels import SUPPORTED_BLOCKSIZES
+    from pytest_qconform.kernels.nf4_quantize import code_boundaries
+
+    meta = torch.device("meta")
+    cases = [(fmt, dtype, 64, (3, 4096)) for fmt in ("nf4", "fp4")
+             for dtype in (torch.bfloat16, torch.float16, torch.float32)]
+    cases += [("nf4", torch.bfloat16, max(SUPPORTED_BLOCKSIZES), (3, 4096)), ("nf4", torch.bfloat16, 64, (3, 4000))]
+    return [kernel_calls.record("quantize_4bit", (torch.empty(shape, dtype=dtype, device=meta),),
+                                {"blocksize": blocksize, "boundaries": code_boundaries(code_table(fmt, "cpu"))})
+            for fmt, dtype, blocksize, shape in cases]
 
 
 @contextlib.contextmanager

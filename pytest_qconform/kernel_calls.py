@@ -38,7 +38,7 @@ import torch
 
 from pytest_qconform.backends._torch_util import dtype_from_name, dtype_name
 
-ENTRY_POINTS: tuple[str, ...] = ("dequantize_4bit", "gemv_4bit")
+ENTRY_POINTS: tuple[str, ...] = ("dequantize_4bit", "gemv_4bit", "quantize_4bit")
 DEFAULT_RUN_CALLS = Path(__file__).with_name("default_run_kernel_calls.json")
 _ALIGNMENT = 16
 
@@ -55,6 +55,9 @@ def encode(value: Any) -> Any:
                            "align": value.data_ptr() % _ALIGNMENT}}
     if isinstance(value, torch.dtype):
         return {"dtype": dtype_name(value)}
+    if type(value).__name__ == "CodeBoundaries":  # the quantize kernel's view of a code table
+        return {"boundaries": {"midpoints": encode(value.midpoints), "rank_codes": encode(value.rank_codes),
+                               "zero_rank": value.zero_rank, "negative_zero_code": value.negative_zero_code}}
     if isinstance(value, (tuple, list)):
         return {"tuple": [encode(v) for v in value]}
     if isinstance(value, float):
@@ -94,6 +97,12 @@ def decode(value: Any, device: torch.device) -> Any:
             return _dtype(value["dtype"])
         if "tuple" in value:
             return tuple(decode(v, device) for v in value["tuple"])
+        if "boundaries" in value:
+            from pytest_qconform.kernels.nf4_quantize import CodeBoundaries
+
+            found = value["boundaries"]
+            return CodeBoundaries(decode(found["midpoints"], device), decode(found["rank_codes"], device),
+                                  int(found["zero_rank"]), int(found["negative_zero_code"]))
         raise CallLogError(f"unknown argument form {sorted(value)}")
     return value
 

@@ -19,6 +19,7 @@ bnb_functional = pytest.importorskip("bitsandbytes.functional")
 
 from pytest_qconform import kernels  # noqa: E402  (after TRITON_INTERPRET)
 from pytest_qconform import kernel_calls  # noqa: E402
+from pytest_qconform.backends import _torch_util  # noqa: E402
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -123,7 +124,9 @@ def test_an_unknown_dtype_in_a_log_is_named() -> None:
 
 def test_the_packaged_log_loads_and_every_call_rebuilds() -> None:
     calls = kernel_calls.load(kernel_calls.DEFAULT_RUN_CALLS)
-    assert {c["fn"] for c in calls} == set(kernel_calls.ENTRY_POINTS)
+    # The recorder logs the entry points that read the packed format; quantize_4bit's calls
+    # are the compile check's own (compile_check.quantize_calls).
+    assert {c["fn"] for c in calls} == set(kernel_calls.ENTRY_POINTS) - {"quantize_4bit"}
     for entry in calls:
         [kernel_calls.decode(a, torch.device("cpu")) for a in entry["args"]]
         {k: kernel_calls.decode(v, torch.device("cpu")) for k, v in entry["kwargs"].items()}
@@ -143,3 +146,23 @@ def test_command_line_replays_one_shard(tmp_path: Path, capsys: pytest.CaptureFi
     with pytest.raises(SystemExit):
         kernel_calls.main(["replay", str(tmp_path / "calls.json"), "--shard", "2", "--shards", "2"])
     assert "--shard must be in [0, 2)" in capsys.readouterr().err
+
+
+def test_a_quantize_call_round_trips_through_the_log() -> None:
+    """The quantize kernel's code boundaries are logged and rebuilt like a tensor argument,
+    so the compile check can replay its calls."""
+    from pytest_qconform.compile_check import quantize_calls
+    from pytest_qconform.kernels import code_boundaries, quantize_4bit
+
+    boundaries = code_boundaries(_torch_util.code_table("fp4"))
+    weight = torch.randn(3, 128, dtype=torch.bfloat16)
+    entry = json.loads(json.dumps(kernel_calls.record("quantize_4bit", (weight,),
+                                                      {"blocksize": 64, "boundaries": boundaries})))
+    rebuilt = kernel_calls.decode(entry["kwargs"]["boundaries"], DEVICE)
+    assert torch.equal(rebuilt.midpoints.cpu(), torch.zeros_like(boundaries.midpoints))  # values are not logged
+    assert (rebuilt.zero_rank, rebuilt.negative_zero_code) == (boundaries.zero_rank, boundaries.negative_zero_code)
+    assert rebuilt.rank_codes.dtype == torch.int32 and rebuilt.midpoints.shape == boundaries.midpoints.shape
+    assert kernel_calls.replay([entry], DEVICE)["failed"] == 0
+    packed, absmax = quantize_4bit(weight.to(DEVICE), blocksize=64, boundaries=boundaries.to(DEVICE))
+    assert packed.numel() == 3 * 64 and absmax.numel() == 6
+    assert {c["fn"] for c in quantize_calls()} == {"quantize_4bit"}

@@ -22,7 +22,8 @@ source compiles for ROCm. ROCm builds are not routed to the tensor-core kernel.
 """
 from pytest_qconform.kernels.nf4_dequant import SUPPORTED_BLOCKSIZES, dequantize_4bit, interpreter_active
 from pytest_qconform.kernels.nf4_gemv import MAX_ROWS, fused_rows_limit, gemv_4bit
+from pytest_qconform.kernels.nf4_quantize import CodeBoundaries, code_boundaries, quantize_4bit
 from pytest_qconform.kernels.weight_buffer import WeightBuffer
 
-__all__ = ["MAX_ROWS", "SUPPORTED_BLOCKSIZES", "WeightBuffer", "dequantize_4bit", "fused_rows_limit", "gemv_4bit",
+__all__ = ["MAX_ROWS", "SUPPORTED_BLOCKSIZES", "CodeBoundaries", "WeightBuffer", "code_boundaries", "dequantize_4bit", "fused_rows_limit", "gemv_4bit", "quantize_4bit",
            "interpreter_active"]
