@@ -25,6 +25,10 @@ PROFILES: tuple[str, ...] = ("ci", "thorough")
 BENCH_SHAPES: tuple[str, ...] = ("full", "small")
 AFTER_CRASH_RULES: tuple[str, ...] = ("operation", "backend", "continue")  # short_circuit.RULES
 ACTIVATING_OPTION = "--qconform"
+# Where a run's report goes unless --qconform-report-dir or the ini setting says otherwise: a
+# local run is scratch, not evidence. reports/ holds only what someone chose to merge into the
+# matrix (nox -s matrix reads every JSON there), so a report gets there by a deliberate copy.
+LOCAL_REPORT_DIR = ".qconform/reports"
 
 
 def choice(allowed: tuple[str, ...], aliases: dict[str, str] | None = None) -> Callable[[str], str]:
@@ -70,7 +74,8 @@ def _options() -> tuple[tuple[str, dict[str, Any]], ...]:
                                          "qconform_profile")),
         ("--qconform-report-dir", dict(default=None, metavar="DIR",
                                        help="folder for the run report JSON; ini qconform_report_dir (default: "
-                                            "reports). CI: a fresh folder per job")),
+                                            f"{LOCAL_REPORT_DIR}, which ignores itself in git). CI: a fresh folder "
+                                            "per job")),
         ("--qconform-no-report", dict(action="store_true", default=False, help="do not write a run report")),
         ("--qconform-known-failures", dict(action="append", default=[], metavar="FILE",
                                            help="extra known-failures TOML file (repeatable), added to the packaged "
@@ -120,6 +125,6 @@ def add_options(parser: pytest.Parser) -> None:
                     help="run the conformance suites shipped with pytest-qconform (off: the plugin changes nothing)")
     for flag, kwargs in _options():
         group.addoption(flag, **kwargs)
-    parser.addini("qconform_report_dir", "folder for run reports", default="reports")
+    parser.addini("qconform_report_dir", "folder for run reports", default=LOCAL_REPORT_DIR)
     parser.addini("qconform_profile", "hypothesis profile (ci or thorough)", default="ci")
     parser.addini("qconform_backends", "backends to test (default: all)", type="args", default=[])

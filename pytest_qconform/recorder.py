@@ -10,6 +10,7 @@ import pytest
 
 from pytest_qconform import outcomes, state
 from pytest_qconform.applicability import NOT_HERE
+from pytest_qconform.options import LOCAL_REPORT_DIR
 
 # pytest-benchmark's skip of every non-benchmark test under --benchmark-only: it says
 # nothing about conformance, so a benchmark run's report holds no cells.
@@ -137,9 +138,7 @@ class RunRecorder:
         from pytest_qconform.bench_record import Benchmark, with_bitsandbytes_ratios
         from pytest_qconform.report import RunReport, write_report
 
-        folder = Path(self.config.getoption("qconform_report_dir") or self.config.getini("qconform_report_dir"))
-        if not folder.is_absolute():
-            folder = Path(self.config.invocation_params.dir) / folder
+        folder = _report_folder(self.config)
         created = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         benchmarks = with_bitsandbytes_ratios(Benchmark.from_dict(data, f"benchmark of {data.get('nodeid')}")
                                               for data in self.benchmarks)
@@ -181,3 +180,24 @@ def _timeout_limit(config: pytest.Config) -> float | None:
     from pytest_timeout import get_env_settings
 
     return get_env_settings(config).timeout or None
+
+
+def _report_folder(config: pytest.Config) -> Path:
+    """The run report's folder, relative paths taken from where pytest was started.
+
+    The default folder (``options.LOCAL_REPORT_DIR``) gets a ``.gitignore`` of ``*`` in its
+    top folder, as ``.pytest_cache`` does: a project that runs us needs no ignore line of its own.
+    """
+    start = Path(config.invocation_params.dir)
+    chosen = config.getoption("qconform_report_dir") or config.getini("qconform_report_dir")
+    folder = Path(chosen)
+    if not folder.is_absolute():
+        folder = start / folder
+    if Path(chosen) == Path(LOCAL_REPORT_DIR):
+        top = start / Path(LOCAL_REPORT_DIR).parts[0]
+        top.mkdir(parents=True, exist_ok=True)
+        ignore = top / ".gitignore"
+        if not ignore.exists():
+            ignore.write_text("# Written by pytest-qconform: local run reports are not evidence (see README).\n*\n",
+                              encoding="utf-8")
+    return folder
