@@ -41,7 +41,7 @@ _HEADER = re.compile(r"^\s*\[\[\s*failure\s*\]\]\s*(#.*)?$")
 _TOML_POSITION = re.compile(r"\(at line (\d+), column \d+\)")
 
 
-class KnownFailuresError(pytest.UsageError):
+class KnownFailuresError(pytest.UsageError):  # type: ignore[misc]  # pytest marks it final; we want its exit code
     """A malformed known-failures file; the message names the file and line."""
 
 
@@ -202,7 +202,7 @@ def apply(config: pytest.Config, items: list[pytest.Item]) -> None:
         return
     probe = state.probe(config)
     for item in items:
-        key = dict(item.user_properties).get(outcomes.KEY_PROPERTY)
+        key = outcomes.cell_key_of(item)
         if not key:
             continue
         status = probe.backend(key["backend"])
@@ -228,5 +228,5 @@ def _native_repr_failure(item: pytest.Item):
     reported with its reason only, so nobody reads that traceback; an unexpected pass
     has no traceback, and a failure in a fixture is formatted by pytest as usual."""
     def repr_failure(excinfo: pytest.ExceptionInfo[BaseException], style: str | None = None):
-        return item._repr_failure_py(excinfo, style="native")  # type: ignore[attr-defined]
+        return item._repr_failure_py(excinfo, style="native")
     return repr_failure

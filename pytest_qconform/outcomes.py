@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -62,12 +62,19 @@ class Case:
         return (self.backend, self.operation, self.format, self.dtype)
 
 
+def cell_key_of(item: pytest.Item) -> dict[str, str] | None:
+    """The cell key (backend, operation, format, dtype, target) the plugin attached to
+    ``item`` at collection, or None for a test outside the conformance cells."""
+    key = dict(item.user_properties).get(KEY_PROPERTY)
+    return key if isinstance(key, dict) else None
+
+
 def _props(report: pytest.TestReport) -> dict[str, Any]:
     props: dict[str, Any] = {}
     multiples: list[float] = []
     for name, value in report.user_properties:
         if name == MULTIPLE_PROPERTY:
-            multiples.append(float(value))
+            multiples.append(float(cast(float, value)))
         else:
             props[name] = value
     props[MULTIPLE_PROPERTY] = max(multiples) if multiples else None

@@ -6,6 +6,7 @@ outcomes, report). Without ``--qconform`` the plugin only registers its markers.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -101,7 +102,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
                   for t in config.stash[state.TARGETS]]
         metafunc.parametrize("qtarget", params, indirect=True)
     if "qbackend" in metafunc.fixturenames and axes_marker is None:
-        names = sorted(config.stash[state.BACKEND_FACTORIES])
+        names = sorted(config.stash[state.BACKEND_FACTORIES].keys())
         metafunc.parametrize("qbackend", names, indirect=True)
     if "qbench_shape" in metafunc.fixturenames:
         from pytest_qconform import bench
@@ -162,7 +163,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     from pytest_qconform import instances
 
-    keep, drop, claims_cache = [], [], {}
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
+    claims_cache: dict[Any, Any] = {}
     for item in items:
         key = _cell_key(item)
         if key is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import time
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -56,7 +57,7 @@ class RunRecorder:
         if report.when == "call" and report.passed:
             from pytest_qconform.bench import PROPERTY
 
-            self.benchmarks += [value for name, value in report.user_properties if name == PROPERTY]
+            self.benchmarks += [cast(dict, value) for name, value in report.user_properties if name == PROPERTY]
         if report.skipped and BENCHMARK_ONLY_SKIP in str(report.longrepr):
             return
         if outcomes.is_worker_crash(report):
@@ -65,7 +66,8 @@ class RunRecorder:
                 return  # died before its setup reported: no cell to charge (pytest reports the crash)
             start = self.started.get(report.nodeid)
             elapsed = time.monotonic() - start if start is not None else None
-            case = outcomes.crash_case(report, *identity, elapsed, _timeout_limit(self.config))
+            case: outcomes.Case | None = outcomes.crash_case(report, *identity, elapsed,
+                                                             _timeout_limit(self.config))
         else:
             identity = outcomes.identity_of(report)
             if identity is not None:
@@ -139,7 +141,7 @@ class RunRecorder:
         from pytest_qconform.report import RunReport, write_report
 
         folder = _report_folder(self.config)
-        created = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        created = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         benchmarks = with_bitsandbytes_ratios(Benchmark.from_dict(data, f"benchmark of {data.get('nodeid')}")
                                               for data in self.benchmarks)
         from pytest_qconform.coverage import from_cases

@@ -82,7 +82,7 @@ class ShortCircuit:
     def pytest_runtest_call(self, item: pytest.Item) -> None:
         if self.rule == "continue":
             return
-        key = dict(item.user_properties).get(outcomes.KEY_PROPERTY)
+        key = outcomes.cell_key_of(item)
         if not key:
             return
         trip = self._tripped(key["backend"], key["operation"])
