@@ -27,7 +27,8 @@ def _python(session: nox.Session) -> str:
 
 @nox.session(python=False)
 def matrix(session: nox.Session) -> None:
-    """Merge reports/ into reports/MATRIX.md, reports/matrix.png and the README matrix.
+    """Merge reports/ into reports/MATRIX.md and reports/matrix.png (the README links both:
+    the full matrix grows with every cell, so it lives beside the reports, not in the README).
 
     Runs in the current environment (pytest-qconform and matplotlib installed): the
     merge reads JSON only. Pass report files or folders to merge others:
@@ -38,7 +39,7 @@ def matrix(session: nox.Session) -> None:
 
     summary = ["--step-summary"] if os.environ.get("GITHUB_STEP_SUMMARY") else []
     session.run(_python(session), "-m", "pytest_qconform.matrix", *(session.posargs or ["reports/"]),
-                "--readme", "README.md", "--out", "reports/MATRIX.md", "--png", "reports/matrix.png", *summary)
+                "--out", "reports/MATRIX.md", "--png", "reports/matrix.png", *summary)
 
 
 @nox.session(python=False)

@@ -119,7 +119,7 @@ class ActivationCase:
         bitsandbytes' CUDA matmul fault with 'misaligned address' on an fp16 activation one
         element into its storage, which poisons the CUDA context for the rest of the session
         (554 later failures on the H100); that fault is to be isolated and contained first
-        (README "What it has found")."""
+        (docs/findings.md)."""
         gen = torch.Generator().manual_seed(self.seed)
         shape = (*self.leading, k)
         if self.layout == "transposed":  # a non-contiguous view with the same values layout-agnostic
