@@ -7,7 +7,7 @@ in the matrix, and an unexpected pass is a ``fail`` of the run (the message says
 passed unexpectedly) so a fix upstream surfaces and the entry gets removed. A known
 failure never hides a new one: only the listed check of the listed backend is marked.
 
-The files are read once, at start-up (``configure``): a malformed entry stops the run
+The files are read once, at start-up (``read_at_startup``): a malformed entry stops the run
 before anything is computed, with the file and line of the offending key. An entry
 for a backend this runner does not have is fine (a shared file lists every runner's
 failures); it simply matches nothing here.
@@ -188,7 +188,7 @@ def load(extra_files: list[str] | tuple[str, ...]) -> tuple[KnownFailure, ...]:
     return entries
 
 
-def configure(config: pytest.Config) -> None:
+def read_at_startup(config: pytest.Config) -> None:
     """Read every known-failures file at start-up, so a malformed one stops the run early."""
     config.stash[ENTRIES] = load(config.getoption("qconform_known_failures"))
 

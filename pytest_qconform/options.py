@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
+from pytest_qconform import vocabulary
 from pytest_qconform.probe import SIMULATE_ENV
+from pytest_qconform.vocabulary import DtypeLabel
 
-DTYPE_NAMES: tuple[str, ...] = ("bf16", "fp16", "fp32")
-DTYPE_ALIASES: dict[str, str] = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32",
-                                 "float": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16",
-                                 "torch.float32": "fp32"}
+DTYPE_NAMES: tuple[str, ...] = tuple(label.value for label in DtypeLabel)
+# What --qconform-dtype also accepts: torch's names, with or without "torch.".
+DTYPE_ALIASES: dict[str, str] = {**vocabulary.DTYPE_ALIASES,
+                                 **{f"torch.{name}": label for name, label in vocabulary.DTYPE_ALIASES.items()}}
 FORMATS: tuple[str, ...] = ("nf4", "fp4", "hqq4")
 PROFILES: tuple[str, ...] = ("ci", "thorough")
 BENCH_SHAPES: tuple[str, ...] = ("full", "small")

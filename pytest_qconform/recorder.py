@@ -12,6 +12,7 @@ import pytest
 from pytest_qconform import outcomes, state
 from pytest_qconform.applicability import NOT_HERE
 from pytest_qconform.options import LOCAL_REPORT_DIR
+from pytest_qconform.vocabulary import FAILING
 
 # pytest-benchmark's skip of every non-benchmark test under --benchmark-only: it says
 # nothing about conformance, so a benchmark run's report holds no cells.
@@ -87,7 +88,7 @@ class RunRecorder:
 
         grouped: dict[tuple[str, str, str, str], list] = {}
         for case in self.config.stash[state.CASES].values():
-            failed = case.verdict in ("fail", "crashed", "timeout")
+            failed = case.verdict in FAILING
             cell = Cell(backend=case.backend, operation=case.operation, format=case.format, dtype=case.dtype,
                         verdict=case.verdict, cases=1, worst_error_multiple=case.worst_error_multiple,
                         first_failure={"message": case.message, "repro": case.repro} if failed else None,

@@ -27,10 +27,11 @@ import pytest
 
 from pytest_qconform import outcomes
 from pytest_qconform.options import AFTER_CRASH_RULES as RULES
+from pytest_qconform.vocabulary import Verdict
 
 DEFAULT_RULE = RULES[0]
 _WORKER_KEY = "qconform_trips_file"
-_NOUN = {"crashed": "crash", "timeout": "timeout"}
+_NOUN: dict[str, str] = {Verdict.CRASHED: "crash", Verdict.TIMEOUT: "timeout"}
 
 
 class ShortCircuit:

@@ -217,7 +217,7 @@ class Warmup:
 
 
 
-def configure(config: pytest.Config) -> None:
+def start_warmup(config: pytest.Config) -> None:
     """Start the warm-up when ``skip_reason`` finds none; install the call recorder if asked."""
     from pytest_qconform import kernel_calls
 

@@ -9,8 +9,6 @@ quantizes the rest with the signed 8-bit dynamic map in blocks of 256.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -140,7 +138,3 @@ def nest_absmax(absmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch
     nested_code = dynamic_map_signed(absmax.device)
     codes = nearest_code(scale_by_block(centered, nested_absmax, NESTED_BLOCKSIZE), nested_code)
     return codes, nested_absmax, nested_code, float(offset)
-
-
-def num_blocks(shape: tuple[int, ...], blocksize: int) -> int:
-    return math.ceil(math.prod(shape) / blocksize)
