@@ -41,6 +41,11 @@ VALUE_RANGES: tuple[str, ...] = ("near-max", "near-smallest-normal", "subnormal"
 # other column of a wider one, rows of a wider one from an offset (a shard of a fused weight).
 WEIGHT_LAYOUTS: tuple[str, ...] = ("transposed", "column-strided", "offset-rows")
 
+# The output widths of real lm_heads (config.json "vocab_size"): Llama 2 and Mistral 7B, GPT-2
+# (odd), Qwen2 (past 2^17). Cheap with a small K; a kernel that assumes N fits a grid
+# dimension, a multiple of its tile or a 16-bit index meets them.
+LM_HEAD_WIDTHS: tuple[int, ...] = (32000, 50257, 151936)
+
 _STORAGE_LABELS = {torch.uint8: "u8", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
@@ -79,6 +84,9 @@ AXES: dict[str, Axis] = {axis.name: axis for axis in (
          lambda v: DTYPE_LABELS.get(v, str(v))),
     Axis("rows", "activation rows: every route change the backend declares, its neighbours, 1, 128, a prefill",
          lambda caps, bf16: _rows(caps), lambda v: f"M{v}"),
+    Axis("out_features", "output width N: the lm_head widths of real models (up to the claimed maximum)",
+         lambda caps, bf16: tuple(n for n in LM_HEAD_WIDTHS if caps.max_out_features is None
+                                  or n <= caps.max_out_features), lambda v: f"N{v}"),
     Axis("x_layout", "activation memory: contiguous, transposed, sliced, storage offset",
          lambda caps, bf16: X_LAYOUTS),
     Axis("value_range", "where in the dtype's range the values lie", lambda caps, bf16: VALUE_RANGES),
@@ -192,7 +200,8 @@ def default_row(check: CheckAxes) -> dict[str, Any]:
     """The instance of a backend whose claims are unknown (it cannot load): the first
     allowed value of each axis, so that its one cell says why."""
     defaults = {"format": "nf4", "blocksize": 64, "double_quant": False, "hqq_axis": 1,
-                "quant_storage": torch.uint8, "dtype": torch.float32, "rows": 1, "x_layout": "contiguous",
+                "quant_storage": torch.uint8, "dtype": torch.float32, "rows": 1, "out_features": LM_HEAD_WIDTHS[0],
+                "x_layout": "contiguous",
                 "value_range": "near-max", "distribution": "normal", "weight_layout": "transposed"}
     return {name: check.only.get(name, (defaults[name],))[0] for name in check.names}
 

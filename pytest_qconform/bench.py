@@ -65,6 +65,7 @@ GPU_SAMPLES = 200  # timed calls per case (median)
 GPU_QUEUE = 50  # calls queued behind one sleep
 GPU_WARMUP_CALLS = 10
 HOST_ROUNDS = 20  # pytest-benchmark rounds of a synchronized call (GPU)
+EAGER_LOOPS, EAGER_CALLS = 7, 100  # eager time: median over loops of this many back-to-back calls
 CPU_ROUNDS, CPU_WARMUP_ROUNDS = 20, 2
 GPU_COPY_MIN_BYTES, CPU_COPY_BYTES = 256 * 2**20, 64 * 2**20
 SEED = 0
@@ -208,6 +209,25 @@ def device_times(call: Callable[[int], Any], n_inputs: int, samples: int, facts:
     return times, hidden
 
 
+def eager_time(call: Callable[[int], Any], n_inputs: int, device: torch.device) -> float:
+    """Seconds per call of ``call(i % n_inputs)`` issued back to back from Python with
+    nothing queued ahead: the median over ``EAGER_LOOPS`` loops of ``EAGER_CALLS`` calls,
+    each loop closed by one synchronize. Whichever is slower, the host issuing a call or
+    the device running it, sets this time: it is what a model's forward sees without a
+    CUDA graph (issue 27), where ``device_times`` hides the host."""
+    for i in range(max(GPU_WARMUP_CALLS, n_inputs)):
+        call(i % n_inputs)
+    torch.cuda.synchronize(device)
+    loops = []
+    for _ in range(EAGER_LOOPS):
+        started = time.perf_counter()
+        for i in range(EAGER_CALLS):
+            call(i % n_inputs)
+        torch.cuda.synchronize(device)
+        loops.append((time.perf_counter() - started) / EAGER_CALLS)
+    return statistics.median(loops)
+
+
 def _sleep_rate(device: torch.device) -> float:
     """Cycles per second of ``torch.cuda._sleep`` (the SM clock under load)."""
     cycles = 20_000_000
@@ -309,9 +329,27 @@ class Harness:
         xs = [torch.randn(batch, k, generator=generator, device=self.device, dtype=torch.float32).to(dtype)
               for _ in range(count)]
         self._check(backend.matmul(xs[0], weights[0], None, dtype), (batch, n), dtype, "matmul")
+        if self.device.type == "cuda":
+            from pytest_qconform.bench_peer import time_peer_once
+
+            time_peer_once(self, shape, batch, dtype, facts)
         return self._time(benchmark, backend, "matmul", spec, shape, batch, dtype, facts,
                           lambda i: backend.matmul(xs[i], weights[i], None, dtype), count,
                           weight_bytes, activation_bytes, output_bytes)
+
+    def quantize(self, benchmark: Any, backend: Backend, spec: QuantSpec, shape: tuple[int, int],
+                 dtype: torch.dtype) -> Benchmark:
+        """Quantize a float weight: what loading a 4-bit model costs per layer. The float
+        weight read is ``weight_bytes`` (its copies rotate), the stored state written
+        ``output_bytes``; no activations."""
+        facts = device_facts(self.config, self.device)
+        generator = torch.Generator(device=self.device).manual_seed(SEED)
+        weight = torch.randn(shape, generator=generator, device=self.device, dtype=torch.float32).to(dtype)
+        input_bytes = weight.numel() * dtype.itemsize
+        state_bytes = weight_state_bytes(backend.export_packed(backend.quantize(weight, spec)))
+        weights = [weight] + [weight.clone() for _ in range(copies_for(input_bytes, facts.cache_bytes) - 1)]
+        return self._time(benchmark, backend, "quantize", spec, shape, None, dtype, facts,
+                          lambda i: backend.quantize(weights[i], spec), len(weights), input_bytes, 0, state_bytes)
 
     @staticmethod
     def _check(out: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, what: str) -> None:
@@ -333,6 +371,7 @@ class Harness:
             if self.device.type == "cuda":
                 with torch.cuda.device(self.device):
                     times, hidden = device_times(call, count, GPU_SAMPLES, facts, self.device)
+                    eager = eager_time(call, count, self.device)
 
                     def synchronized(i: int) -> None:
                         call(i)
@@ -342,6 +381,7 @@ class Harness:
                 median, samples, timing, launch_hidden = statistics.median(times), len(times), "cuda-events", hidden
                 host_median = _pytest_benchmark_median(benchmark)
             else:
+                eager = None
                 benchmark.pedantic(call, setup=next_args, rounds=CPU_ROUNDS, warmup_rounds=CPU_WARMUP_ROUNDS)
                 median, samples, timing, launch_hidden = _pytest_benchmark_median(benchmark), CPU_ROUNDS, \
                     "host-timer", None
@@ -354,7 +394,7 @@ class Harness:
             copies=count, rotated_bytes=count * (weight_bytes + activation_bytes), weight_bytes=weight_bytes,
             activation_bytes=activation_bytes, output_bytes=output_bytes,
             copy_bandwidth_bytes_per_s=facts.copy_bandwidth_bytes_per_s, host_median_s=host_median,
-            launch_hidden=launch_hidden, nodeid=self.item.nodeid)
+            launch_hidden=launch_hidden, nodeid=self.item.nodeid, eager_median_s=eager)
         baselines = self.config.stash.setdefault(_BASELINES, {})
         if backend.name == RATIO_BASELINE:
             baselines[entry.case_key] = entry.median_s

@@ -7,7 +7,7 @@ from typing import Any, Iterable
 
 from pytest_qconform.schema import SchemaError, count, json_object, positive, required, string, type_name
 
-BENCH_OPERATIONS: tuple[str, ...] = ("dequantize", "matmul")
+BENCH_OPERATIONS: tuple[str, ...] = ("dequantize", "matmul", "quantize")
 BENCH_TIMINGS: tuple[str, ...] = ("cuda-events", "host-timer")
 RATIO_BASELINE = "bitsandbytes"
 _DERIVED_TOLERANCE = 1e-6  # relative: derived fields are written from the base fields, so they agree
@@ -27,7 +27,7 @@ class Benchmark:
     """
 
     backend: str
-    operation: str  # "dequantize" | "matmul"
+    operation: str  # "dequantize" | "matmul" | "quantize"
     format: str  # spec label, e.g. "nf4-b64-dq"
     dtype: str
     target: str
@@ -46,6 +46,9 @@ class Benchmark:
     launch_hidden: bool | None = None  # GPU: every timed call was queued before the device reached it
     time_ratio_to_bitsandbytes: float | None = None
     nodeid: str = ""
+    # GPU: per call in an eager loop (calls issued back to back from Python, nothing queued
+    # ahead: host and device cost together, what a model's forward without a CUDA graph sees)
+    eager_median_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.operation not in BENCH_OPERATIONS:
@@ -93,7 +96,7 @@ class Benchmark:
             "copy_bandwidth_bytes_per_s": self.copy_bandwidth_bytes_per_s, "floor_s": self.floor_s,
             "percent_of_floor": self.percent_of_floor, "host_median_s": self.host_median_s,
             "launch_hidden": self.launch_hidden, "time_ratio_to_bitsandbytes": self.time_ratio_to_bitsandbytes,
-            "nodeid": self.nodeid,
+            "nodeid": self.nodeid, "eager_median_s": self.eager_median_s,
         }
 
     @classmethod
@@ -114,8 +117,8 @@ class Benchmark:
                 or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in shape)):
             raise SchemaError(f"{where}.shape: expected [N, K], two positive integers, got {shape!r}")
         batch = count(data, "batch", where, minimum=1, nullable=True)
-        if (batch is None) != (operation == "dequantize"):
-            raise SchemaError(f"{where}.batch: {operation} needs " + ("null" if operation == "dequantize"
+        if (batch is None) != (operation != "matmul"):
+            raise SchemaError(f"{where}.batch: {operation} needs " + ("null" if operation != "matmul"
                                                                         else "the activation rows (an integer >= 1)")
                               + f", got {batch!r}")
         launch_hidden = required(data, "launch_hidden", where)
@@ -132,6 +135,8 @@ class Benchmark:
             copy_bandwidth_bytes_per_s=positive(data, "copy_bandwidth_bytes_per_s", where),
             host_median_s=positive(data, "host_median_s", where, nullable=True), launch_hidden=launch_hidden,
             time_ratio_to_bitsandbytes=positive(data, "time_ratio_to_bitsandbytes", where, nullable=True),
+            eager_median_s=(positive(data, "eager_median_s", where, nullable=True)  # absent before issue 27
+                            if "eager_median_s" in data else None),
             nodeid=string(data, "nodeid", where), **names)
         for key in ("bytes_moved", "bandwidth_bytes_per_s", "floor_s", "percent_of_floor"):
             stored, derived = positive(data, key, where), float(getattr(entry, key))

@@ -5,6 +5,8 @@ Writes ``<report-stem>-bench.png`` next to the report unless ``--out`` says othe
 One panel per operation; cases (shape, batch, format family) along x, one bar per
 backend and format. ``percent`` (default) is ``percent_of_floor``: 100 means the
 backend moved its unavoidable bytes as fast as the run's device-to-device copy.
+``time`` draws the device time as bars and, where the report has it, the eager per-call
+time (a loop of calls from Python, nothing queued) as a tick over each bar.
 """
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ def render(report: RunReport, png_path: str | Path, metric: str = "percent") -> 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    operations = [op for op in ("dequantize", "matmul") if any(e.operation == op for e in report.benchmarks)]
+    operations = [op for op in ("dequantize", "matmul", "quantize") if any(e.operation == op for e in report.benchmarks)]
     series = sorted({_series(e) for e in report.benchmarks})
     widest = max(len({_case(e) for e in report.benchmarks if e.operation == op}) for op in operations)
     fig = Figure(figsize=(max(7.0, 1.0 + 0.32 * widest * len(series)), 3.4 * len(operations)), dpi=100)
@@ -74,12 +76,18 @@ def render(report: RunReport, png_path: str | Path, metric: str = "percent") -> 
             xs = [i + (s_index - (len(series) - 1) / 2) * width for i, case in enumerate(cases) if case in values]
             ys = [values[case] for case in cases if case in values]
             if xs:
-                ax.bar(xs, ys, width=width, label=name)
+                bars = ax.bar(xs, ys, width=width, label=name)
+            eager = {_case(e): e.eager_median_s * 1e6 for e in entries
+                     if _series(e) == name and e.eager_median_s is not None}
+            if metric == "time" and eager and xs:  # eager time: a tick over the bar, in the bar's colour
+                ex = [i + (s_index - (len(series) - 1) / 2) * width for i, case in enumerate(cases) if case in eager]
+                ax.scatter(ex, [eager[case] for case in cases if case in eager], marker="_", s=120, linewidths=2,
+                           color=bars.patches[0].get_facecolor(), zorder=3)
         if metric == "percent":
             ax.axhline(100.0, color="black", linewidth=0.8, linestyle="--")
             ax.set_ylabel("% of copy floor")
         else:
-            ax.set_ylabel("median time (us)")
+            ax.set_ylabel("us per call: bar device, tick eager")
             ax.set_yscale("log")
         ax.set_title(f"{op} ({entries[0].dtype})", fontsize=9)
         ax.set_xticks(range(len(cases)), labels=cases, rotation=30, ha="right", fontsize=7)

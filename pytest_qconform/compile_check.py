@@ -17,6 +17,9 @@ specialization and options are what a launch on that device would get, down to t
 object (AMD: hsaco, NVIDIA: cubin through ptxas). Kernels are found, not listed: every
 kernel launched in ``pytest_qconform/kernels`` must be reached by a replayed call, or the
 check fails saying which (a new kernel is covered once the log is recorded again).
+The AMD machine code of each compiled variant is also scanned for instructions that round
+bf16 toward zero (``bf16_rounding``); a hit is written into the results and the matrix
+as that arch's expected bf16 rounding failure, not as a compile failure.
 
 CLI (CI runs it through tests/test_compile_check.py; ``nox -s compile-check`` also writes
 the committed results and docs/kernels-compiled.md)::
@@ -44,6 +47,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from pytest_qconform import archs, kernel_calls
+from pytest_qconform.bf16_rounding import truncating_instructions
 from pytest_qconform.compile_report import ArchResult, CompileCheck, Variant, write_doc, write_results
 from pytest_qconform.kernel_resources import amd_resources, nvidia_resources
 from pytest_qconform.unsupported_targets import rejection
@@ -335,6 +339,7 @@ def check_arch(arch: str, calls: list[dict]) -> ArchResult:
         launches = _first_per_kernel(launches)
     target = triton_target(facts)
     variants: dict[str, Variant] = {}
+    truncating: set[tuple[str, str]] = set()
     with _driver_for(target):
         for launch in launches:
             specialization = _specialization(launch)
@@ -348,6 +353,8 @@ def check_arch(arch: str, calls: list[dict]) -> ArchResult:
                 problem = _silent_failure(compiled, facts, "".join(stderr))
                 if problem is not None:
                     raise RuntimeError(problem)
+                if facts.kind == "rocm":
+                    truncating.update((launch.kernel_name, op) for op in truncating_instructions(compiled.asm["amdgcn"]))
                 key = compiled.hash
                 if key not in variants:
                     variants[key] = Variant(launch.kernel_name, specialization, int(compiled.metadata.num_warps),
@@ -358,6 +365,7 @@ def check_arch(arch: str, calls: list[dict]) -> ArchResult:
     return ArchResult.of(arch, facts.kind, facts.family, facts.wave_size, variants.values(),
                          replay_errors=tuple(replay_errors), unsupported=expected.reason if expected else None,
                          unsupported_message=expected.message if expected else None,
+                         truncating_bf16=tuple(sorted(truncating)),
                          seconds=round(time.perf_counter() - started, 1))
 
 
@@ -439,6 +447,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     problems = failures(check)
     for result in check.archs:
         print(f"{result.arch}: {result.compiled}/{result.variants} variants compiled ({result.seconds} s)")
+        if result.truncating_bf16:
+            print(f"  bf16 rounding: {result.truncation_note()}")
     for problem in problems:
         print(f"FAILED {problem}", file=sys.stderr)
     return 1 if problems else 0

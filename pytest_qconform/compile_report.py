@@ -93,6 +93,9 @@ class ArchResult:
     # and what each compile error says.
     unsupported: str | None = None
     unsupported_message: str | None = None
+    # (kernel, instruction) for each compiled kernel whose machine code holds an instruction
+    # that rounds bf16 toward zero (bf16_rounding.py): its bf16 results cannot round to nearest.
+    truncating_bf16: tuple[tuple[str, str], ...] = ()
     seconds: float | None = field(default=None, compare=False)  # printed, not stored: results stay reproducible
 
     @classmethod
@@ -135,14 +138,28 @@ class ArchResult:
         return {"arch": self.arch, "kind": self.kind, "family": self.family, "wave_size": self.wave_size,
                 "ok": self.ok, "unsupported": self.unsupported, "unsupported_message": self.unsupported_message,
                 "kernels": [k.to_dict() for k in self.kernels], "failed": [v.to_dict() for v in self.failed],
-                "replay_errors": list(self.replay_errors)}
+                "replay_errors": list(self.replay_errors),
+                "truncating_bf16": [list(pair) for pair in self.truncating_bf16]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ArchResult":
         return cls(data["arch"], data["kind"], data["family"], int(data["wave_size"]),
                    tuple(KernelSummary.from_dict(k) for k in data["kernels"]),
                    tuple(Variant.from_dict(v) for v in data.get("failed", ())), tuple(data.get("replay_errors", ())),
-                   data.get("unsupported"), data.get("unsupported_message"))
+                   data.get("unsupported"), data.get("unsupported_message"),
+                   tuple((str(k), str(i)) for k, i in data.get("truncating_bf16", ())))
+
+    def truncation_note(self) -> str | None:
+        """One sentence on the truncating instructions found, or None."""
+        if not self.truncating_bf16:
+            return None
+        from pytest_qconform.bf16_rounding import TRUNCATING_BF16
+
+        kernels = ", ".join(sorted({f"`{k.rsplit('.', 1)[-1]}`" for k, _ in self.truncating_bf16}))
+        instructions = sorted({i for _, i in self.truncating_bf16})
+        why = "; ".join(f"`{i}` {TRUNCATING_BF16.get(i, 'truncates')}" for i in instructions)
+        return (f"{self.arch}: {kernels} execute {why}: our bf16 results on {self.arch} are expected to fail the "
+                f"rounding check (compiled, not run)")
 
 
 @dataclass(frozen=True)
@@ -268,6 +285,12 @@ def doc_markdown(check: CompileCheck) -> str:
                 "per thread; max over the variants). Spills cost speed, not correctness:", ""]
         out += [f"- {arch}: `{k.kernel.rsplit('.', 1)[-1]}`: {k.spills} ({_range(k.registers or (0, 0))} registers)"
                 for arch, k in spilling]
+    truncating = [r.truncation_note() for r in check.archs if r.truncating_bf16]
+    out += ["", "## bf16 rounding", "",
+            "The AMD machine code of every variant is scanned for instructions known to round bf16 toward zero "
+            "(`pytest_qconform/bf16_rounding.py`). "
+            + ("Found:" if truncating else f"None found with Triton {check.triton}."), ""]
+    out += [f"- {note}" for note in truncating]
     unsupported = [r for r in check.archs if r.unsupported]
     if unsupported:
         out += ["", f"## Archs Triton {check.triton} cannot compile for", "",
@@ -313,9 +336,12 @@ def matrix_lines(check: CompileCheck, run_archs: Iterable[str]) -> list[str]:
             ours = (f"{NOT_RUN_SYMBOL} not run (the compile check failed: {len(result.failed)} of "
                     f"{result.variants} variants)")
         rows.append([result.arch, result.family, str(result.wave_size), ours, f"{NOT_RUN_SYMBOL} not run"])
+    notes = [f"- {r.truncation_note()}" for r in check.archs if r.truncating_bf16]
+    if notes:
+        notes = ["", f"**bf16 rounding** (the compile check, Triton {check.triton}):", "", *notes]
     if not rows:
-        return []
-    return ["", f"**Compiled, not run** (archs without a run report: {COMPILED_SYMBOL} our Triton kernels compile "
+        return notes
+    return notes + ["", f"**Compiled, not run** (archs without a run report: {COMPILED_SYMBOL} our Triton kernels compile "
             f"for the arch, checked on a CPU with Triton {check.triton}; nothing was computed on it, so no "
             f"verdict. Registers, spills, occupancy: docs/kernels-compiled.md)", "",
             *_table(["arch", "family", "wave", BACKEND, "other backends"], rows)]

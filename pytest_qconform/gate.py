@@ -19,6 +19,12 @@ is what the job requires:
   cells are exempt from ``--require``. For a deliberately broken backend, a mutant, or a
   bug you track without a known-failures entry.
 
+- ``--min-version PACKAGE=VERSION`` (repeatable): judge only cells computed with at least
+  that version: PACKAGE is a backend (its library version, for its own cells) or torch,
+  triton, cuda, hip or driver (every cell). A report computed with an older version is
+  left out with a line saying so; when no report has a cell that meets it, the gate is
+  not met ("no cell was computed with bitsandbytes >= 0.50.0"), never passed by default.
+
 A folder given as REPORT must hold exactly one report: a folder reused across runs
 holds old reports, and an old green report must not pass a run that wrote none. Give
 each CI job a fresh ``--qconform-report-dir``.
@@ -29,6 +35,7 @@ Exit status: 0 requirements met, 1 not met (each problem on its own line), 2 bad
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import fnmatch
 import sys
 from collections import Counter
@@ -37,6 +44,7 @@ from pathlib import Path
 from typing import Sequence
 
 from pytest_qconform.report import FAILING_VERDICTS, VERDICTS, Cell, ReportError, RunReport, read_report
+from pytest_qconform.versions import MinVersion
 
 PROG = "qconform check"
 REQUIREMENTS: tuple[str, ...] = ("no-fail", "pass", "any")
@@ -138,6 +146,20 @@ def reports_in(paths: Sequence[str | Path]) -> list[Path]:
     return files
 
 
+def meeting(report: RunReport, minimums: Sequence[MinVersion]) -> RunReport:
+    """``report`` with only the cells computed with at least every version in ``minimums``."""
+    if not minimums:
+        return report
+    kept = tuple(c for c in report.cells if all(m.met_by(report, c.backend) for m in minimums))
+    return dataclasses.replace(report, cells=kept)
+
+
+def _found_versions(reports: Sequence[RunReport], minimums: Sequence[MinVersion]) -> str:
+    """``bitsandbytes 0.49.2 in a.json``: what the reports were computed with instead."""
+    return "; ".join(f"{m.package} {m.found_in(r) or 'not recorded'} in {r.source or r.label}"
+                     for m in minimums for r in reports)
+
+
 def _summary(report: RunReport, backends: Sequence[str]) -> str:
     counts = _counts([c for c in report.cells if not backends or c.backend in backends])
     return f"{report.source} ({report.arch}): {counts or 'no cells'}"
@@ -157,6 +179,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--expect-fail", action="append", default=[], metavar="CELL",
                         help="backend/operation[/format[/dtype]] (globs): these cells must exist and fail "
                              "(repeatable); they are exempt from --require")
+    parser.add_argument("--min-version", action="append", default=[], metavar="PACKAGE=VERSION",
+                        help="judge only cells computed with at least this version (repeatable): PACKAGE is a "
+                             "backend (its own cells) or torch, triton, cuda, hip, driver (every cell); fails when "
+                             "no cell meets it")
     return parser
 
 
@@ -164,11 +190,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         patterns = [CellPattern.parse(text) for text in args.expect_fail]
+        minimums = [MinVersion.parse(text) for text in args.min_version]
         reports = [read_report(path) for path in reports_in(args.reports)]
-    except (GateUsageError, ReportError) as exc:
+    except (GateUsageError, ReportError, ValueError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     failed = False
+    judged = [meeting(report, minimums) for report in reports]
+    if minimums:
+        wanted = ", ".join(m.text for m in minimums)
+        for original, report in zip(reports, judged):
+            if original.cells and not report.cells:
+                print(f"{PROG}: {original.source} ({original.arch}): left out: no cell computed with {wanted} "
+                      f"({_found_versions([original], minimums)})")
+        reports = [report for original, report in zip(reports, judged) if report.cells or not original.cells]
+        if not any(report.cells for report in reports):
+            print(f"{PROG}: no cell was computed with {wanted} ({_found_versions(judged, minimums)}): NOT MET",
+                  file=sys.stderr)
+            return 1
     for report in reports:
         found = problems(report, args.backend, args.require, patterns)
         print(f"{PROG}: {_summary(report, args.backend)}: {'NOT MET' if found else 'ok'}")

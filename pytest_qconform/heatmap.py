@@ -7,6 +7,10 @@ readable at 100 % zoom: panels are laid out at most two abreast (a README column
 about 900 pixels wide) and every label is at least 9 pt at 100 dpi. Drawn on the Agg
 canvas directly (no pyplot, no global backend switch) and saved without matplotlib's
 version, so the same reports give the same bytes.
+
+Where an arch was tested with several versions of a backend, the box also says what the
+versions say (``matrix_versions``): ``≥ 0.50.0`` (the floor), ``same in all versions`` or a
+regression (``0.49.2 ✓ → 0.50.2 ✗``, drawn with a thick outline, so it shows at a glance).
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from pathlib import Path
 from pytest_qconform.figures import write_figure_png
 from pytest_qconform.matrix_model import Matrix
 from pytest_qconform.matrix_summary import DISAGREE, SummaryEntry, summarize
+from pytest_qconform.matrix_versions import VersionRange, ranges
 from pytest_qconform.report import VERDICTS
 from pytest_qconform.tables import format_multiple
 
@@ -31,6 +36,7 @@ HEAT_COLORS: dict[str, str] = {
     DISAGREE: "#ec407a",
 }
 OTHER_COLOR = "#b0bec5"  # a status this version does not know (a newer report's)
+REGRESSION_EDGE = "#000000"  # outline of a box with a version regression
 DARK = frozenset({"pass", "fail", "crashed", "timeout", DISAGREE})  # white text on these
 WORDS = {"pass": "pass", "fail": "fail", "known-failure": "known", "crashed": "crashed", "timeout": "timeout",
          "skipped": "skipped", "unavailable": "n/a", "not-claimed": "none", DISAGREE: "≠"}
@@ -40,12 +46,27 @@ BOX_W, BOX_H, LABEL_W, TITLE_H = 1.55, 0.48, 1.45, 0.45  # inches
 MAX_PANELS_ABREAST = 2
 
 
-def box_label(entry: SummaryEntry) -> str:
-    """``22 pass · 2 known`` over ``worst 0.48``."""
-    counts = " · ".join(f"{n} {WORDS.get(name, name)}" for name, n in entry.counts)
-    if entry.worst_judged_multiple is None:
-        return counts
-    return f"{counts}\nworst {format_multiple(entry.worst_judged_multiple)}"
+def versions_label(found: VersionRange | None) -> str:
+    """What the backend's versions say about the box: a floor, a regression, or nothing."""
+    if found is None or not found.compared:
+        return ""
+    if found.regressions:
+        first = found.regressions[0]
+        return f"{first.good} ✓ → {first.bad} ✗"
+    if found.floor is not None:
+        return f"≥ {found.floor}"
+    return "same in all versions"
+
+
+def box_label(entry: SummaryEntry, found: VersionRange | None = None) -> str:
+    """``22 pass · 2 known`` over ``worst 0.48``, over the versions' word (``≥ 0.50.0``)."""
+    lines = [" · ".join(f"{n} {WORDS.get(name, name)}" for name, n in entry.counts)]
+    if entry.worst_judged_multiple is not None:
+        lines.append(f"worst {format_multiple(entry.worst_judged_multiple)}")
+    versions = versions_label(found)
+    if versions:
+        lines.append(versions)
+    return "\n".join(lines)
 
 
 def render_heatmap(matrix: Matrix, png_path: Path) -> Path:
@@ -55,6 +76,7 @@ def render_heatmap(matrix: Matrix, png_path: Path) -> Path:
     from matplotlib.patches import Patch, Rectangle
 
     summary = summarize(matrix)
+    by_operation = {(r.arch, r.backend, r.operation): r for r in ranges(matrix, by_operation=True)}
     backends = sorted({backend for backend, _ in summary.rows})
     cols = list(summary.columns)
     if not backends or not cols:
@@ -96,15 +118,20 @@ def render_heatmap(matrix: Matrix, png_path: Path) -> Path:
                                            edgecolor="#cfd8dc", linewidth=0.8))
                     continue
                 state = entry.worst
+                found = by_operation.get((arch, backend, operation))
+                regressed = found is not None and bool(found.regressions)
                 ax.add_patch(Rectangle((x + 0.03, y + 0.04), 0.94, 0.92,
-                                       facecolor=HEAT_COLORS.get(state, OTHER_COLOR), edgecolor="none"))
-                ax.text(x + 0.5, y + 0.5, box_label(entry), ha="center", va="center", fontsize=FONT_PT - 1,
+                                       facecolor=HEAT_COLORS.get(state, OTHER_COLOR),
+                                       edgecolor=REGRESSION_EDGE if regressed else "none",
+                                       linewidth=2.5 if regressed else 0))
+                ax.text(x + 0.5, y + 0.5, box_label(entry, found), ha="center", va="center", fontsize=FONT_PT - 1,
                         color="white" if state in DARK else "black", linespacing=1.15)
     states = [*VERDICTS, DISAGREE]
     handles = [Patch(facecolor=HEAT_COLORS[s], label=WORDS[s] if s != DISAGREE else "runs disagree")
                for s in states]
     fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=FONT_PT, frameon=False,
-               title="colour: the worst verdict of the operation's cells on that arch; worst: the largest error of "
-                     "its pass/fail cells as a multiple of the bound",
+               title="colour: the worst verdict of the operation's cells on that arch (its newest backend "
+                     "version); worst: the largest error of its pass/fail cells as a multiple of the bound;\n"
+                     "≥ v: works from backend version v; a ✓ → b ✗ (thick outline): passed in a, fails in b",
                title_fontsize=FONT_PT - 1)
     return write_figure_png(fig, png_path)

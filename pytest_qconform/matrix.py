@@ -2,10 +2,13 @@
 the full table (``matrix_markdown``), the heatmap (``heatmap``) and the step summary.
 
 CLI: ``python -m pytest_qconform.matrix [PATHS...] [--readme README.md]
-[--out reports/MATRIX.md] [--png reports/matrix.png] [--step-summary] [--ignore-invalid]``:
+[--out reports/MATRIX.md] [--png reports/matrix.png] [--step-summary] [--ignore-invalid]
+[--max-age-days N]``:
 the README and the step summary get the summary (``matrix_summary``, one screen), the
 ``--out`` file the full per-cell table as well (``matrix_markdown``), the PNG the summary
-heatmap (``heatmap``).
+heatmap (``heatmap``). Stale reports (older than ``--max-age-days``), empty reports (zero
+cells) and reports of different contract revisions are printed as warnings and written
+in the notes, never merged silently.
 """
 from __future__ import annotations
 
@@ -19,9 +22,11 @@ from pytest_qconform import compile_report
 from pytest_qconform.atomic import write_text_atomically
 from pytest_qconform.matrix_markdown import readme_markdown, to_markdown, update_readme
 from pytest_qconform.matrix_model import Entry, Matrix, MatrixError, find_report_files, merge
+from pytest_qconform.matrix_versions import contract_revisions
 from pytest_qconform.report import ReportError, read_report
 
 __all__ = ["Entry", "Matrix", "MatrixError", "main", "merge"]
+DEFAULT_MAX_AGE_DAYS = 30.0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -38,7 +43,35 @@ def _parser() -> argparse.ArgumentParser:
                         help="append the summary to the file named by $GITHUB_STEP_SUMMARY")
     parser.add_argument("--ignore-invalid", action="store_true",
                         help="skip malformed report files with a warning instead of failing")
+    parser.add_argument("--max-age-days", type=_age, default=DEFAULT_MAX_AGE_DAYS, metavar="N",
+                        help="flag reports created more than N days ago as stale (default: %(default)g; "
+                             "0 flags every report; they are still merged)")
     return parser
+
+
+def _age(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of days >= 0, got {text!r}")
+    return value
+
+
+def _warnings(matrix: Matrix) -> list[str]:
+    """One line per report the merge flags: stale, empty, of another contract revision."""
+    lines = [f"stale report {r.source or r.label}: created {r.created}, more than {matrix.max_age_days:g} days "
+             "ago (merged, and flagged in the notes)" for r in matrix.stale]
+    lines += [f"empty report {r.source or r.label}: zero cells"
+              + (f" ({len(r.benchmarks)} benchmarks only)" if r.benchmarks else "") + "; not merged"
+              for r in matrix.empty]
+    revisions = contract_revisions(matrix.runs)
+    if len(revisions) > 1:
+        said = "; ".join(f"{'no revision' if rev is None else f'revision {rev}'}: {', '.join(labels)}"
+                         for rev, labels in sorted(revisions.items(), key=lambda kv: -1 if kv[0] is None else kv[0]))
+        lines.append(f"the merged reports were judged against different contract revisions ({said})")
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -64,7 +97,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.step_summary and not summary_file:
             raise MatrixError("--step-summary: $GITHUB_STEP_SUMMARY is not set (it is set inside GitHub Actions); "
                               "drop the option to run elsewhere")
-        matrix = merge(reports)
+        matrix = merge(reports, max_age_days=args.max_age_days)
+        for line in _warnings(matrix):
+            print(f"{prog}: warning: {line}", file=sys.stderr)
         markdown = to_markdown(matrix, compiled)
         summary = readme_markdown(matrix, compiled)
         written = []

@@ -13,6 +13,7 @@ from pytest_qconform.atomic import write_text_atomically
 from pytest_qconform.compile_report import CompileCheck, matrix_lines
 from pytest_qconform.matrix_model import Entry, Matrix, MatrixError, known_archs, natural_key
 from pytest_qconform.matrix_summary import DISAGREE, Summary, SummaryEntry, summarize
+from pytest_qconform.matrix_versions import contract_revisions, other_differences, ranges
 from pytest_qconform.report import VERDICTS
 from pytest_qconform.tables import format_multiple
 
@@ -46,29 +47,39 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list
 
 
 def format_entry(entry: Entry | None) -> str:
-    """``✅ 0.31``; a disagreement ``❌ fail ×1 ≠ ✅ pass ×1 (2 runs)``; blank when no run covered it."""
+    """``✅ 0.31``; a disagreement ``❌ fail ×1 ≠ ✅ pass ×1 (2 runs)``; blank when no run covered it.
+    Older backend versions that said something else follow: ``✅ 0.31 · 0.49.2 ❌``."""
     if entry is None:
         return ""
     if entry.agreed:
         verdict = entry.verdicts[0]
         multiple = "" if entry.worst_error_multiple is None else f" {format_multiple(entry.worst_error_multiple)}"
-        return f"{SYMBOLS[verdict]}{multiple}"
-    distinct = sorted(set(entry.verdicts), key=VERDICTS.index)
-    parts = [f"{SYMBOLS[v]} {v} ×{entry.verdicts.count(v)}" for v in distinct]
-    return " ≠ ".join(parts) + f" ({entry.runs} runs)"
+        text = f"{SYMBOLS[verdict]}{multiple}"
+    else:
+        distinct = sorted(set(entry.verdicts), key=VERDICTS.index)
+        parts = [f"{SYMBOLS[v]} {v} ×{entry.verdicts.count(v)}" for v in distinct]
+        text = " ≠ ".join(parts) + f" ({entry.runs} runs)"
+    newest = set(entry.verdicts)
+    older: dict[str, list[str]] = {}
+    for version, verdict, source in entry.history:
+        if source not in entry.sources and verdict not in newest:
+            older.setdefault(str(version), []).append(SYMBOLS[verdict])
+    return text + "".join(f" · {version} {''.join(sorted(set(marks)))}" for version, marks in older.items())
 
 
 def _accel_version(probe: dict[str, Any]) -> str:
+    driver = f", driver {probe['driver']}" if probe.get("driver") else ""
     if probe.get("hip"):
-        return f"hip {probe['hip']}"
+        return f"hip {probe['hip']}{driver}"
     if probe.get("cuda"):
-        return f"cuda {probe['cuda']}"
+        return f"cuda {probe['cuda']}{driver}"
     return "-"
 
 
 def _versions_table(matrix: Matrix) -> list[str]:
     backends = sorted({name for run in matrix.runs for name in run.probe["backends"]})
-    header = ["arch", "host", "device", "torch", "cuda/hip", *backends, "created", "report"]
+    header = ["arch", "host", "device", "torch", "triton", "cuda/hip", *backends, "suite", "created", "report"]
+    stale = {id(run) for run in matrix.stale}
     rows = []
     for run in matrix.runs:
         p = run.probe
@@ -81,8 +92,10 @@ def _versions_table(matrix: Matrix) -> list[str]:
                 versions.append(str(status["version"] or "?"))
             else:
                 versions.append("unavailable")
-        rows.append([run.arch, run.host, p["device_name"], str(p["torch"]), _accel_version(p), *versions,
-                     run.created, f"`{run.label}`"])
+        suite = f"{run.suite.version} r{run.suite.contract_revision}" if run.suite else "-"
+        rows.append([run.arch, run.host, p["device_name"], str(p["torch"]), str(p.get("triton") or "-"),
+                     _accel_version(p), *versions, suite, run.created + (" (stale)" if id(run) in stale else ""),
+                     f"`{run.label}`"])
     return markdown_table(header, rows)
 
 
@@ -117,6 +130,17 @@ def _notes(matrix: Matrix, compiled: CompileCheck | None) -> list[str]:
     if compiled is not None:
         out += matrix_lines(compiled, run_archs)
 
+    out += _contract_notes(matrix)
+    if matrix.stale:
+        out += ["", f"**Stale reports** (created more than {matrix.max_age_days:g} days before this merge; still "
+                    "counted: rerun them, or remove them if that runner is gone):", ""]
+        out += [f"- `{r.label}` ({r.arch}, created {r.created})" for r in matrix.stale]
+    if matrix.empty:
+        out += ["", "**Empty reports** (zero cells, not merged: a `--benchmark-only` run, a selection that matched "
+                    "nothing, or a backend that never loaded):", ""]
+        out += [f"- `{r.label}` ({r.arch}, {r.created})" + (f": {len(r.benchmarks)} benchmarks only"
+                                                            if r.benchmarks else ": nothing at all")
+                for r in matrix.empty]
     if matrix.superseded:
         out += ["", "**Superseded reports** (a newer report of the same arch, host and versions counts instead):", ""]
         out += [f"- `{s.old.label}` ({s.old.created}), superseded by `{s.new.label}` ({s.new.created})"
@@ -127,6 +151,36 @@ def _notes(matrix: Matrix, compiled: CompileCheck | None) -> list[str]:
     return out
 
 
+def _contract_notes(matrix: Matrix) -> list[str]:
+    """Say so when the counted reports were judged against different contract revisions."""
+    revisions = contract_revisions(matrix.runs)
+    if len(revisions) < 2:
+        return []
+    out = ["", "**Different contract revisions** (the reports were judged against different sets of checks, bounds "
+               "or axes: a verdict that differs between them may come from the contract, not the library; "
+               "docs/report-schema.md lists what changed):", ""]
+    for revision in sorted(revisions, key=lambda r: -1 if r is None else r):
+        said = "no revision (a report older than schema version 3)" if revision is None else f"revision {revision}"
+        out.append(f"- {said}: " + ", ".join(f"`{label}`" for label in revisions[revision]))
+    return out
+
+
+def versions_markdown(matrix: Matrix) -> list[str]:
+    """Per arch and backend tested with more than one version: the versions, the floor and
+    the regressions (matrix_versions); one line when there is none."""
+    found = [r for r in ranges(matrix) if r.compared]
+    head = ["**Versions** (per arch and backend tested with several of its versions: the newest version's verdicts "
+            "are shown above; a floor is the version from which every cell that passes now passed)", ""]
+    if not found:
+        return head + ["Every arch and backend was tested with one version of it: no floor or regression to read."]
+    rows = [[r.arch, r.backend, ", ".join(str(v) for v in r.versions), r.floor_text()
+             + (f" ({r.failing_below} cells fail below)" if r.floor else ""),
+             r.regressions_text(), f"{r.failing_newest} ({r.known_newest} known failures)", "; ".join(other_differences(matrix, r.arch, r.backend))
+             or "-"] for r in found]
+    return head + markdown_table(["arch", "backend", "versions tested", "works from", "regressions",
+                                  "cells failing in the newest", "other versions that differ"], rows)
+
+
 _NO_RUNS = ("No run reports merged yet: run `pytest --qconform` on a runner, commit its report under `reports/`, "
             "then `nox -s matrix`.")
 
@@ -134,7 +188,8 @@ _NO_RUNS = ("No run reports merged yet: run `pytest --qconform` on a runner, com
 def _runs_and_summary(matrix: Matrix) -> list[str]:
     out = ["**Runs** (one row per counted report: the versions behind each arch column)", ""]
     out += _versions_table(matrix)
-    out += ["", "**Summary** (operation × backend · arch)", ""]
+    out += ["", *versions_markdown(matrix)]
+    out += ["", "**Summary** (operation × backend · arch; the newest backend version's verdicts)", ""]
     return out + summary_markdown(summarize(matrix))
 
 

@@ -6,12 +6,19 @@ hides evidence: a report replaced by a newer one of the same machine and version
 listed as superseded, runs that disagree on a cell show the disagreement instead of
 one of them, and simulated-probe reports (nothing was computed) are excluded with a
 note. Reports without cells (a ``--benchmark-only`` run, a selection that matched
-nothing) are left out: they would otherwise supersede their machine's conformance
-report with nothing. Output is deterministic (no clock, stable order) so regenerating
-an unchanged matrix changes no bytes in the repository.
+nothing) are left out, and listed as empty: they would otherwise supersede their
+machine's conformance report with nothing.
+
+Reports of different backend versions on one arch are all counted: each entry shows the
+verdicts of the newest backend version that covered it (``versions.version_key``) and
+keeps every version's verdict in ``Entry.history``, from which ``matrix_versions`` reads
+floors and regressions. Reports older than ``max_age_days`` are counted and listed as
+stale. Output is deterministic (the only clock is ``now``, which only decides staleness)
+so regenerating an unchanged matrix changes no bytes in the repository.
 """
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import math
 import os
@@ -21,6 +28,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from pytest_qconform.report import VERDICTS, RunReport
+from pytest_qconform.versions import backend_version, version_key
 
 FALLBACK_ARCHS: tuple[str, ...] = ("gfx1200", "gfx1201", "gfx1100", "gfx942", "gfx90a", "sm90", "sm80")
 
@@ -43,6 +51,9 @@ class Entry:
     sources: tuple[str, ...]
     worst_error_multiple: float | None
     reasons: tuple[str, ...] = ()  # each run's cell reason, in the same order (why skipped, known failure...)
+    # Every counted run's (backend version, verdict, source), oldest version first, the
+    # older versions' runs included: ``verdicts`` holds only the newest version's.
+    history: tuple[tuple[str | None, str, str], ...] = ()
 
     @property
     def agreed(self) -> bool:
@@ -71,6 +82,9 @@ class Matrix:
     runs: tuple[RunReport, ...]
     superseded: tuple[Supersession, ...]
     simulated: tuple[RunReport, ...]
+    empty: tuple[RunReport, ...] = ()  # reports with zero cells: not merged
+    stale: tuple[RunReport, ...] = ()  # counted reports older than max_age_days
+    max_age_days: float | None = None
 
     def entry(self, row: RowKey, arch: str) -> Entry | None:
         return self.entries.get((row, arch))
@@ -98,13 +112,22 @@ def _run_order(report: RunReport) -> tuple[Any, ...]:
     return (natural_key(report.arch), report.host, report.created_at, report.label)
 
 
-def merge(reports: Iterable[RunReport]) -> Matrix:
-    """Merge reports (in any order) into a Matrix; see the module docstring for the rules."""
+def is_stale(report: RunReport, now: _dt.datetime, max_age_days: float) -> bool:
+    return now - report.created_at > _dt.timedelta(days=max_age_days)
+
+
+def merge(reports: Iterable[RunReport], *, max_age_days: float | None = None,
+          now: _dt.datetime | None = None) -> Matrix:
+    """Merge reports (in any order) into a Matrix; see the module docstring for the rules.
+    ``max_age_days``: reports created longer ago than this before ``now`` (default: the
+    current time) are listed as stale; None lists none."""
     real: list[RunReport] = []
     simulated: list[RunReport] = []
+    empty: list[RunReport] = []
     for report in reports:
         if not report.cells:
-            continue  # e.g. a --benchmark-only run: no conformance evidence to merge, nor to supersede with
+            empty.append(report)  # e.g. a --benchmark-only run: no conformance evidence to merge or supersede with
+            continue
         (simulated if report.simulated else real).append(report)
 
     newest: dict[tuple[Any, ...], list[RunReport]] = {}
@@ -121,24 +144,32 @@ def merge(reports: Iterable[RunReport]) -> Matrix:
     superseded.sort(key=lambda s: (_run_order(s.old), s.new.label))
     simulated.sort(key=_run_order)
 
-    per_cell: dict[tuple[RowKey, str], list[tuple[str, Any, str, str]]] = {}
+    per_cell: dict[tuple[RowKey, str], list[tuple[str, Any, str, str, str | None]]] = {}
     for report in counted:
         for cell in report.cells:
             per_cell.setdefault((cell.key, report.arch), []).append(
-                (cell.verdict, cell.worst_error_multiple, report.label, cell.reason))
+                (cell.verdict, cell.worst_error_multiple, report.label, cell.reason,
+                 backend_version(report, cell.backend)))
     entries: dict[tuple[RowKey, str], Entry] = {}
     for key, found in per_cell.items():
-        found.sort(key=lambda item: (VERDICTS.index(item[0]), item[2]))
-        multiples = [m for _, m, _, _ in found if m is not None]
+        history = tuple(sorted(((f[4], f[0], f[2]) for f in found),
+                               key=lambda h: (version_key(h[0]), VERDICTS.index(h[1]), h[2])))
+        newest = max(version_key(f[4]) for f in found)
+        found = sorted((f for f in found if version_key(f[4]) == newest), key=lambda f: (VERDICTS.index(f[0]), f[2]))
+        multiples = [f[1] for f in found if f[1] is not None]
         worst = None
         if multiples:
             worst = math.nan if any(math.isnan(m) for m in multiples) else max(multiples)
         entries[key] = Entry(tuple(f[0] for f in found), tuple(f[2] for f in found), worst,
-                             tuple(f[3] for f in found))
+                             tuple(f[3] for f in found), history)
 
     rows = tuple(sorted({row for row, _ in entries}))
     columns = tuple(sorted({r.arch for r in counted}, key=natural_key))
-    return Matrix(rows, columns, entries, tuple(counted), tuple(superseded), tuple(simulated))
+    now = now or _dt.datetime.now(_dt.timezone.utc)
+    stale = tuple(r for r in counted if max_age_days is not None and is_stale(r, now, max_age_days))
+    empty.sort(key=_run_order)
+    return Matrix(rows, columns, entries, tuple(counted), tuple(superseded), tuple(simulated), tuple(empty), stale,
+                  max_age_days)
 
 
 def known_archs() -> tuple[str, ...]:

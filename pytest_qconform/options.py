@@ -75,6 +75,12 @@ def _options() -> tuple[tuple[str, dict[str, Any]], ...]:
         ("--qconform-profile", dict(default=None, type=choice(PROFILES), metavar="{ci,thorough}",
                                     help="hypothesis profile: ci (fast, default) or thorough (nightly); ini "
                                          "qconform_profile")),
+        ("--qconform-hypothesis-db", dict(default=None, metavar="PATH",
+                                          help="hypothesis example database folder: failing examples are saved "
+                                               "there and replayed first in later runs (keep it between CI runs); "
+                                               "the draws then vary per run. 'none': no database. ini "
+                                               "qconform_hypothesis_db (default: none for ci, "
+                                               "<rootdir>/.hypothesis/examples for thorough)")),
         ("--qconform-report-dir", dict(default=None, metavar="DIR",
                                        help="folder for the run report JSON; ini qconform_report_dir (default: "
                                             f"{LOCAL_REPORT_DIR}, which ignores itself in git). CI: a fresh folder "
@@ -130,4 +136,6 @@ def add_options(parser: pytest.Parser) -> None:
         group.addoption(flag, **kwargs)
     parser.addini("qconform_report_dir", "folder for run reports", default=LOCAL_REPORT_DIR)
     parser.addini("qconform_profile", "hypothesis profile (ci or thorough)", default="ci")
+    parser.addini("qconform_hypothesis_db", "hypothesis example database folder, relative to the rootdir, or none",
+                  default="")
     parser.addini("qconform_backends", "backends to test (default: all)", type="args", default=[])

@@ -33,6 +33,7 @@ OTHER_DEVICE_PREFIX = "other device:"  # an instance for a device this run does 
 TIMEOUT_MESSAGE = "from pytest-timeout"  # pytest-timeout's signal-method failure message ends so
 XPASS_STRICT_PREFIX = "[XPASS(strict)]"  # pytest's longrepr of a strict xfail that passed
 WORKER_CRASH_MARK = "crashed while running"  # pytest-xdist's report of a dead worker
+DEVICE_LOST_PREFIX = "device lost:"  # a test after which its device is unusable (device_loss.py)
 # A test not run because its backend crashed or hung earlier (short_circuit.py) keeps that verdict.
 _SHORT_CIRCUIT = re.compile(r"\b(crashed|timeout) after an earlier (?:crash|timeout) in ")
 
@@ -122,6 +123,8 @@ def verdict_of(report: pytest.TestReport) -> tuple[Verdict, str] | None:
         short_circuited = _SHORT_CIRCUIT.search(message)
         if short_circuited:
             return Verdict(short_circuited.group(1)), message
+        if message.startswith(DEVICE_LOST_PREFIX):
+            return Verdict.CRASHED, message
         if TIMEOUT_MESSAGE in message:
             return Verdict.TIMEOUT, f"{message} (stopped in phase {report.when}: {report.nodeid})"
         return Verdict.FAIL, message

@@ -68,6 +68,7 @@ def pytest_configure(config: pytest.Config) -> None:
     triton_warmup.start_warmup(config)
     config.pluginmanager.import_plugin("pytest_qconform.fixtures")
     config.pluginmanager.import_plugin("pytest_qconform.oom")
+    config.pluginmanager.import_plugin("pytest_qconform.device_loss")
     from pytest_qconform.recorder import SHORT_CIRCUIT_PLUGIN, RunRecorder
     from pytest_qconform.short_circuit import ShortCircuit
 

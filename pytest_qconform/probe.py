@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import platform
+import re
 import socket
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +59,9 @@ class Probe:
     # The GPU's memory in bytes (``total_memory``): sizes what a runner can hold (the warm-up's
     # workers, the largest shapes); None on a CPU or simulated probe.
     device_memory: int | None = None
+    # The GPU driver's version (NVIDIA kernel module, or amdgpu's), where the host exposes it:
+    # a backend can work with one driver and fail with another on the same arch and wheels.
+    driver: str | None = None
     backends: tuple[BackendStatus, ...] = field(default=())
     notes: tuple[str, ...] = ()  # warnings and log lines probing the hardware emitted
 
@@ -95,7 +99,8 @@ class Probe:
             + (" [SIMULATED: nothing runs on this device]" if self.simulated else ""),
             f"  device: {self.device_name}"
             + (f" ({self.device_memory / 2**30:.1f} GiB)" if self.device_memory else "") + f"  host: {self.host}",
-            f"  torch {self.torch}  cuda {self.cuda}  hip {self.hip}  triton {self.triton}  python {self.python}",
+            f"  torch {self.torch}  cuda {self.cuda}  hip {self.hip}  triton {self.triton}  python {self.python}"
+            + (f"  driver {self.driver}" if self.driver else ""),
             f"  bf16: {'yes' if self.bf16 else 'no'}  default 4-bit blocksize: {self.default_blocksize}"
             + (f"  wave size: {facts.wave_size}" if facts else "") + f"  cpu capability: {self.cpu_capability}",
         ]
@@ -152,10 +157,28 @@ def probe_hardware(simulate: str | None = None) -> Probe:
         memory = getattr(props, "total_memory", None)
         return Probe(kind, arch, facts.family if facts else None, props.name, host, torch_version,
                      None if hip else cuda, hip, bf16, blocksize, triton=triton_version,
-                     cpu_capability=cpu_capability, device_memory=int(memory) if memory else None)
+                     cpu_capability=cpu_capability, device_memory=int(memory) if memory else None,
+                     driver=gpu_driver_version("rocm" if hip else "cuda"))
     return Probe("cpu", platform.machine() or "cpu", None, platform.processor() or platform.machine(), host,
                  torch_version, cuda, hip, True, archs.CPU_DEFAULT_BLOCKSIZE, triton=triton_version,
                  cpu_capability=cpu_capability)
+
+
+DRIVER_FILES = {"cuda": "/proc/driver/nvidia/version", "rocm": "/sys/module/amdgpu/version"}
+
+
+def gpu_driver_version(kind: str, files: dict[str, str] = DRIVER_FILES) -> str | None:
+    """The kernel driver's version from the file the driver publishes; None where absent
+    (a container without it, an amdgpu built into the kernel)."""
+    try:
+        with open(files[kind], encoding="utf-8", errors="replace") as handle:
+            text = handle.read()
+    except (OSError, KeyError):
+        return None
+    if kind == "cuda":  # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar ..."
+        match = re.search(r"Kernel Module(?: for [\w-]+)?\s+([0-9][0-9.]*)", text)
+        return match.group(1) if match else None
+    return text.strip() or None
 
 
 def _cpu_capability(torch_module: Any) -> str | None:

@@ -147,8 +147,11 @@ class RunRecorder:
                                               for data in self.benchmarks)
         from pytest_qconform.coverage import from_cases
 
+        from pytest_qconform.contract import current_suite
+
         report = RunReport(probe=state.probe(self.config).to_dict(), cells=tuple(self.cells()), created=created,
-                           benchmarks=benchmarks, coverage=from_cases(self.config.stash[state.CASES].values()))
+                           benchmarks=benchmarks, coverage=from_cases(self.config.stash[state.CASES].values()),
+                           suite=current_suite())
         self.config.stash[state.REPORT_PATH] = str(write_report(report, folder))
         self.report = report
 

@@ -19,6 +19,7 @@ from typing import Any, Iterable
 
 from pytest_qconform.atomic import write_text_atomically
 from pytest_qconform.bench_record import Benchmark
+from pytest_qconform.contract import Suite
 from pytest_qconform.coverage import Coverage
 from pytest_qconform.schema import (
     SchemaError,
@@ -33,13 +34,15 @@ from pytest_qconform.schema import (
 )
 
 SCHEMA = "pytest-qconform/report"
-SCHEMA_VERSION = 2
-# Version 2 adds the optional top-level ``benchmarks`` list and nothing else. A report is
-# written with the lowest version that holds its content: conformance runs stay version 1
-# (readable by every release), a benchmark run is version 2, which older releases refuse
-# with "upgrade" instead of merging it as an empty conformance run.
-READABLE_VERSIONS: tuple[int, ...] = (1, 2)
+SCHEMA_VERSION = 3
+# Version 2 adds the optional top-level ``benchmarks`` list; version 3 adds ``suite`` (the
+# suite version and contract revision the run was judged against, ``contract``), which a
+# report written now always carries. A report is written with the lowest version that holds
+# its content (one without ``suite``, built in memory from an old one, keeps version 1 or 2),
+# so an older release refuses a newer report with "upgrade" instead of misreading it.
+READABLE_VERSIONS: tuple[int, ...] = (1, 2, 3)
 BENCHMARKS_SINCE_VERSION = 2
+SUITE_SINCE_VERSION = 3
 
 # Folding precedence, worst first: a cell is as bad as its worst case. A crash or a
 # timeout hides what the remaining cases would have said, so they outrank a plain
@@ -176,6 +179,7 @@ class RunReport:
     source: str = field(default="", compare=False)
     benchmarks: tuple["Benchmark", ...] = ()
     coverage: tuple["Coverage", ...] = ()  # what each declared axis was checked at (coverage.py)
+    suite: Suite | None = None  # what judged the run (contract.py); None in reports older than version 3
 
     @property
     def arch(self) -> str:
@@ -201,7 +205,7 @@ class RunReport:
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
             "schema": SCHEMA,
-            "schema_version": BENCHMARKS_SINCE_VERSION if self.benchmarks else 1,
+            "schema_version": self.schema_version,
             "created": self.created,
             "probe": dict(self.probe),
             "cells": [cell.to_dict() for cell in self.cells],
@@ -210,7 +214,16 @@ class RunReport:
             data["benchmarks"] = [entry.to_dict() for entry in self.benchmarks]
         if self.coverage:
             data["coverage"] = [entry.to_dict() for entry in self.coverage]
+        if self.suite is not None:
+            data["suite"] = self.suite.to_dict()
         return data
+
+    @property
+    def schema_version(self) -> int:
+        """The lowest schema version that holds this report's content."""
+        if self.suite is not None:
+            return SUITE_SINCE_VERSION
+        return BENCHMARKS_SINCE_VERSION if self.benchmarks else 1
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "") -> "RunReport":
@@ -252,8 +265,18 @@ class RunReport:
             if not isinstance(raw, list):
                 raise SchemaError(f"report.coverage: expected a JSON array, got {type_name(raw)}")
             coverage = tuple(Coverage.from_dict(entry, f"coverage[{i}]") for i, entry in enumerate(raw))
+        suite = None
+        if "suite" in data:
+            if version < SUITE_SINCE_VERSION:
+                raise SchemaError(f"report.suite: not part of schema_version {version} (added in version "
+                                  f"{SUITE_SINCE_VERSION}); a report with a suite says schema_version "
+                                  f"{SUITE_SINCE_VERSION}")
+            suite = Suite.from_dict(data["suite"], "report.suite")
+        elif version >= SUITE_SINCE_VERSION:
+            raise SchemaError(f"report: missing field 'suite' (required since schema_version {SUITE_SINCE_VERSION}: "
+                              "the suite version and contract revision the run was judged against)")
         return cls(probe=probe, cells=cells, created=created, source=source, benchmarks=benchmarks,
-                   coverage=coverage)
+                   coverage=coverage, suite=suite)
 
 
 # ---------------------------------------------------------------- files

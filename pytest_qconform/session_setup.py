@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -31,6 +32,19 @@ def _profile(config: pytest.Config) -> str:
     if name not in PROFILES:
         raise pytest.UsageError(f"ini qconform_profile: {name!r} is not one of {', '.join(PROFILES)}")
     return name
+
+
+def _example_database(config: pytest.Config, profile: str) -> str | None:
+    """The example database folder (absolute), or None for none: the option, else the ini
+    (relative to the rootdir), else none for ``ci`` (derandomized) and the rootdir's
+    ``.hypothesis/examples`` for ``thorough``, so that it does not move with the cwd."""
+    given = config.getoption("qconform_hypothesis_db") or str(config.getini("qconform_hypothesis_db")).strip()
+    if not given:
+        given = "none" if profile == "ci" else ".hypothesis/examples"
+    if given.lower() == "none":
+        return None
+    path = Path(given).expanduser()
+    return str(path if path.is_absolute() else Path(config.rootpath) / path)
 
 
 def _discover_backends(config: pytest.Config) -> dict:
@@ -84,4 +98,4 @@ def start_session(config: pytest.Config) -> None:
     config.stash[state.CASES] = {}
     from pytest_qconform import strategies
 
-    strategies.load_profile(profile)
+    strategies.load_profile(profile, _example_database(config, profile))

@@ -36,11 +36,24 @@ def fewer_examples(divisor: int = 3) -> settings:
     return settings(loaded, max_examples=max(1, loaded.max_examples // divisor))
 
 
-def load_profile(name: str) -> None:
-    """Register every profile under ``qconform-<name>`` and load the chosen one."""
+def load_profile(name: str, database: str | None = None) -> None:
+    """Register every profile under ``qconform-<name>`` and load the chosen one.
+
+    ``database``: a folder for hypothesis' example database, or None for none. With one,
+    every failing example is saved there and replayed first by every later run that
+    finds the folder (CI keeps it between runs), so ``derandomize`` is turned off: a
+    database and derandomization exclude each other in hypothesis, and with the failures
+    replayed, draws that differ per run add coverage instead of repeating it.
+    """
     if name not in PROFILE_SETTINGS:
         raise ValueError(f"unknown qconform profile {name!r}; choose one of {', '.join(PROFILE_SETTINGS)}")
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
     for profile, kwargs in PROFILE_SETTINGS.items():
+        if database is not None:
+            kwargs = {**kwargs, "derandomize": False, "database": DirectoryBasedExampleDatabase(database)}
+        else:
+            kwargs = {**kwargs, "database": None}
         settings.register_profile(f"qconform-{profile}", **kwargs)
     settings.load_profile(f"qconform-{name}")
 
@@ -112,29 +125,26 @@ class ActivationCase:
     seed: int
 
     def make(self, k: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
-        """The activation in ``dtype`` on ``device``. Known gap: the view is taken before the
-        conversion, and converting a sliced or offset view to another dtype or device copies
-        it into a fresh contiguous tensor, so those two layouts reach a backend as such only
-        in fp32 on the CPU. Taking the view after the conversion (tried 2026-11-25) made
-        bitsandbytes' CUDA matmul fault with 'misaligned address' on an fp16 activation one
-        element into its storage, which poisons the CUDA context for the rest of the session
-        (554 later failures on the H100); that fault is to be isolated and contained first
-        (docs/findings.md)."""
+        """The activation in ``dtype`` on ``device``, laid out as ``layout`` there: the view is
+        taken after the conversion, which would otherwise copy it into a fresh contiguous
+        tensor (a sliced or offset view would then reach a backend as such only in fp32 on
+        the CPU)."""
         gen = torch.Generator().manual_seed(self.seed)
         shape = (*self.leading, k)
+        numel = 1
+        for n in shape:
+            numel *= n
+
+        def placed(values: torch.Tensor) -> torch.Tensor:
+            return values.to(dtype=dtype, device=device)
+
         if self.layout == "transposed":  # a non-contiguous view with the same values layout-agnostic
-            base = torch.randn(*reversed(shape), generator=gen)
-            x = base.permute(*reversed(range(len(shape))))
-        elif self.layout == "sliced":  # every other column of a wider tensor
-            x = torch.randn(*self.leading, 2 * k, generator=gen)[..., ::2]
-        elif self.layout == "offset":  # contiguous, but one element into its storage: vector loads misalign
-            numel = 1
-            for n in shape:
-                numel *= n
-            x = torch.randn(numel + 1, generator=gen)[1:].reshape(shape)
-        else:
-            x = torch.randn(*shape, generator=gen)
-        return x.to(dtype=dtype, device=device)
+            return placed(torch.randn(*reversed(shape), generator=gen)).permute(*reversed(range(len(shape))))
+        if self.layout == "sliced":  # every other column of a wider tensor
+            return placed(torch.randn(*self.leading, 2 * k, generator=gen))[..., ::2]
+        if self.layout == "offset":  # contiguous, but one element into its storage: vector loads misalign
+            return placed(torch.randn(numel + 1, generator=gen))[1:].reshape(shape)
+        return placed(torch.randn(*shape, generator=gen))
 
     def describe(self) -> dict[str, object]:
         return {"x_leading": self.leading, "x_layout": self.layout, "x_seed": self.seed}

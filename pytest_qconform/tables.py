@@ -44,8 +44,10 @@ def format_bench_table(report: RunReport) -> str:
     ratio to bitsandbytes."""
     if not report.benchmarks:
         return "(no benchmarks recorded)"
-    header = ("backend", "case", "median us", "GB/s", "% floor", "vs bnb")
-    rows = [(e.backend, e.label, f"{e.median_s * 1e6:.1f}", f"{e.bandwidth_bytes_per_s / 1e9:.1f}",
+    header = ("backend", "case", "median us", "eager us", "GB/s", "% floor", "vs bnb")
+    rows = [(e.backend, e.label, f"{e.median_s * 1e6:.1f}",
+             f"{e.eager_median_s * 1e6:.1f}" if e.eager_median_s is not None else "-",
+             f"{e.bandwidth_bytes_per_s / 1e9:.1f}",
              f"{e.percent_of_floor:.0f}",
              f"{e.time_ratio_to_bitsandbytes:.2f}x" if e.time_ratio_to_bitsandbytes is not None else "-")
             for e in sorted(report.benchmarks, key=lambda e: (e.operation, e.shape, e.batch or 0, e.format, e.backend))]

@@ -1,11 +1,12 @@
-"""Benchmarks: dequantize and matmul time, bandwidth and % of the copy floor, per backend.
+"""Benchmarks: dequantize, matmul and quantize time, bandwidth and % of the copy floor, per backend.
 
 Run only with ``pytest --qconform --benchmark-only`` (``nox -s bench``); a plain
 ``--qconform`` run skips them with the reason, as does a CPU run without
 ``--qconform-bench-shapes=small``. Weights N x K (out x in) of 4096x4096, 8192x8192
 and 14336x4096 (the shapes of 7-8B models' projections), bf16; matmul at batch 1
 (decoding: the gemv path), 4 (a few rows: the fused gemv too), 16 and 128. NF4 at blocksize 64, the CUDA default, plain and
-(dequantize) double-quantized; HQQ has no NF4 and is timed on its own 4-bit format at
+(dequantize) double-quantized; quantize of the bf16 weight at NF4 blocksize 64 (load time);
+HQQ has no NF4 and is timed on its own 4-bit format at
 group 64, which stores the same 4.5 bits per weight. What is timed and how (CUDA
 events, inputs rotated out of L2, the floor) is in ``pytest_qconform.bench``; the
 results go to pytest-benchmark's ``extra_info`` and the run report's ``benchmarks``.
@@ -47,3 +48,13 @@ def test_benchmark_dequantize(qbench, qtarget, qbackend, benchmark, spec, dtype,
 def test_benchmark_matmul(qbench, qtarget, qbackend, benchmark, spec, dtype, qbench_shape, batch):
     require_claim(qbackend, qtarget, spec, dtype)
     qbench.matmul(benchmark, qbackend, spec, qbench_shape, batch, dtype)
+
+
+@pytest.mark.qconform_benchmark
+@pytest.mark.qconform_operation("quantize")
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("spec", (NF4,), ids=spec_id)
+def test_benchmark_quantize(qbench, qtarget, qbackend, benchmark, spec, dtype, qbench_shape):
+    """Quantizing a float weight at load time, beside bitsandbytes' ``quantize_4bit``."""
+    require_claim(qbackend, qtarget, spec, dtype)
+    qbench.quantize(benchmark, qbackend, spec, qbench_shape, dtype)

@@ -23,10 +23,15 @@ MATMUL_DISTRIBUTIONS = ("normal", "outliers", "zero_blocks")  # listed: each run
 
 
 def check_matmul(qbackend, qdevice, qcheck, spec, compute_dtype, x_dtype, case, act, with_bias) -> None:
-    qcheck.describe(**case.describe(), **act.describe(), bias=with_bias, x_dtype=dtype_id(x_dtype))
-    weight = case.make(qdevice)
-    n, k = case.shape
-    quantized = qbackend.quantize(weight, spec)
+    qcheck.describe(**case.describe())
+    quantized = qbackend.quantize(case.make(qdevice), spec)
+    check_product(qbackend, qdevice, qcheck, compute_dtype, x_dtype, quantized, act, with_bias)
+
+
+def check_product(qbackend, qdevice, qcheck, compute_dtype, x_dtype, quantized, act, with_bias) -> None:
+    """One matmul of a quantized weight against float64 ``x W^T + b``."""
+    qcheck.describe(**act.describe(), bias=with_bias, x_dtype=dtype_id(x_dtype))
+    n, k = quantized.shape
     x = act.make(k, x_dtype, qdevice)
     bias = (torch.randn(n, generator=torch.Generator().manual_seed(act.seed)).to(compute_dtype).to(qdevice)
             if with_bias else None)
@@ -101,3 +106,22 @@ def test_matmul_every_route(qtarget, qbackend, qdevice, qcheck, spec, dtype, row
     case = WeightCase(SMALL_BATCH_SHAPES.get(qdevice.type, SMALL_BATCH_SHAPES["cpu"]), "normal", seed=17)
     check_matmul(qbackend, qdevice, qcheck, spec, dtype, dtype, case, ActivationCase((rows,), "contiguous", rows),
                  with_bias=True)
+
+
+LM_HEAD_K = 64  # a small K keeps a 151936-wide weight cheap; a block spans rows once the blocksize passes it
+LM_HEAD_ROWS = (1, 20)  # a decoded token, and a prefill chunk past every fused small-batch kernel
+
+
+@pytest.mark.qconform_operation("matmul")
+@pytest.mark.qconform_axes("format", "double_quant", "hqq_axis", "dtype", "out_features")
+def test_matmul_lm_head_widths(qtarget, qbackend, qdevice, qcheck, spec, dtype, out_features):
+    """The output widths of real lm_heads (``axes.LM_HEAD_WIDTHS``), at one decoded row and
+    a prefill chunk: grids, index arithmetic and a last partial tile at N that no drawn
+    shape reaches."""
+    require_claim(qbackend, qtarget, spec, dtype)
+    case = WeightCase((out_features, LM_HEAD_K), "normal", seed=out_features)
+    qcheck.describe(**case.describe())
+    quantized = qbackend.quantize(case.make(qdevice), spec)
+    for rows in LM_HEAD_ROWS:
+        check_product(qbackend, qdevice, qcheck, dtype, dtype, quantized, ActivationCase((rows,), "contiguous", rows),
+                      with_bias=True)

@@ -28,7 +28,7 @@ from pytest_qconform.outcomes import NOT_CLAIMED_PREFIX, OOM_PREFIX
 from pytest_qconform.reference import bounds, linear
 from pytest_qconform.strategies import WeightCase
 
-from ._cases import reference_decode, require_claim, spec_id, weight_error
+from ._cases import reference_decode, require_claim, weight_error
 from ._isolated import run_isolated
 from ._large import check_in_chunks
 
@@ -97,12 +97,13 @@ def test_layer_shapes(qtarget, qbackend, qdevice, qcheck, qprofile, spec, dtype)
 
 # 2^31 + 2^25 elements: past the int32 index range by more than one program's tile.
 LARGE_SHAPE = (65537, 32768)
-LARGE_SPECS = (QuantSpec("nf4", 64, True),)  # the nested index too; each case takes about a minute
 
 
+# One spec, the one with the most index arithmetic (the nested absmax index too): each
+# instance takes about a minute.
 @pytest.mark.qconform_operation("large-tensor")
 @pytest.mark.qconform_dtype("bf16")
-@pytest.mark.parametrize("spec", LARGE_SPECS, ids=spec_id)
+@pytest.mark.qconform_axes("format", "double_quant", format=("nf4",), double_quant=(True,))
 def test_more_than_2_31_elements(qtarget, qbackend, qdevice, qcheck, qprofile, spec):
     """Dequantize and batch-1 matmul of a 65537 x 32768 weight (2^31 + 2^25 elements)
     adopted from random bytes in bitsandbytes' layout (``from_packed``), compared with

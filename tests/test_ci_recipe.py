@@ -60,6 +60,19 @@ def test_one_job_per_runner_label_running_the_suites_in_a_worker() -> None:
     assert upload["if"] == "always()" and upload["with"]["if-no-files-found"] == "error"
 
 
+def test_the_example_database_is_restored_before_and_saved_after_every_run() -> None:
+    steps = workflow()["jobs"]["conformance"]["steps"]
+    uses = [step.get("uses", "").split("@")[0] for step in steps]
+    restore, run, save = (uses.index("actions/cache/restore"),
+                          next(i for i, s in enumerate(steps) if "--qconform-hypothesis-db" in s.get("run", "")),
+                          uses.index("actions/cache/save"))
+    assert restore < run < save
+    assert steps[save]["if"] == "always()"  # the failing run is the one that found the counterexample
+    folder = steps[run]["run"].split("--qconform-hypothesis-db")[1].split()[0]
+    assert steps[restore]["with"]["path"] == steps[save]["with"]["path"] == folder
+    assert steps[save]["with"]["key"].startswith(steps[restore]["with"]["restore-keys"])
+
+
 def test_the_merge_job_makes_the_matrix_and_applies_the_gate() -> None:
     job = workflow()["jobs"]["matrix"]
     assert job["needs"] == "conformance" and job["if"] == "always()"

@@ -20,6 +20,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from pytest_qconform import archs, compile_check, kernel_calls  # noqa: E402
+from pytest_qconform.bf16_rounding import truncating_instructions  # noqa: E402
 from pytest_qconform.compile_report import (  # noqa: E402
     ArchResult,
     CompileCheck,
@@ -251,3 +252,69 @@ def test_the_matrix_cli_reads_the_compile_results_beside_the_run_reports(tmp_pat
     text = out.read_text(encoding="utf-8")
     assert "| gfx1200 | rdna4 | 32 | 🛠 compiled, not run (1 variants of 1 kernels) | · not run |" in text
     assert "| x86_64 |" in text
+
+
+# A bf16 multiply compiled for gfx1200 by a Triton between triton-lang/triton#8444 and #11227
+# (see TRUNCATING_BF16_PROBE below): the product is one v_dot2_bf16_bf16 with a zeroed lane.
+TRUNCATING_AMDGCN = """
+	global_load_u16 v1, v0, s[0:1]
+	global_load_u16 v2, v0, s[2:3]
+	s_waitcnt vmcnt(0)
+	v_dot2_bf16_bf16 v1, v1, v2, 0
+	global_store_b16 v0, v1, s[4:5]
+"""
+
+# The planted bug of the class the scan exists for: a kernel that multiplies in bf16.
+TRUNCATING_BF16_PROBE = textwrap.dedent('''
+    import json
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from pytest_qconform.bf16_rounding import truncating_instructions
+
+    @triton.jit
+    def bf16_product(a_ptr, b_ptr, c_ptr, BLOCK: tl.constexpr):
+        i = tl.arange(0, BLOCK)
+        tl.store(c_ptr + i, tl.load(a_ptr + i) * tl.load(b_ptr + i))
+
+    source = triton.compiler.ASTSource(fn=bf16_product, constexprs={"BLOCK": 64},
+                                       signature={"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "BLOCK": "constexpr"})
+    compiled = triton.compile(source, target=GPUTarget("hip", "gfx1200", 32))
+    print(json.dumps(truncating_instructions(compiled.asm["amdgcn"])))
+''')
+
+
+def test_truncating_bf16_instructions_are_found_in_amd_machine_code() -> None:
+    assert truncating_instructions(TRUNCATING_AMDGCN) == ("v_dot2_bf16_bf16",)
+    assert truncating_instructions(TRUNCATING_AMDGCN.replace("v_dot2_bf16_bf16", "v_dot2_f32_bf16")) == ()
+    assert truncating_instructions("; v_dot2_bf16_bf16 in a comment\n") == ()
+
+
+def test_this_triton_compiles_a_bf16_multiply_as_the_scan_expects(tmp_path: Path) -> None:
+    """The planted bf16 multiply, compiled for gfx1200 by this Triton: Triton releases with
+    #8444 and without #11227 must be flagged, others must not (the scan agrees with the
+    compiler, whichever this is)."""
+    probe = tmp_path / "bf16_probe.py"  # Triton reads a kernel's source from its file
+    probe.write_text(TRUNCATING_BF16_PROBE, encoding="utf-8")
+    result = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True,
+                            env=_without_interpreter(), cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    from importlib.metadata import version
+
+    assert found in ([], ["v_dot2_bf16_bf16"])
+    print(f"triton {version('triton')}: a bf16 multiply for gfx1200 executes {found or 'no truncating instruction'}")
+
+
+def test_a_truncating_arch_is_named_in_the_results_doc_and_matrix(tmp_path: Path) -> None:
+    truncating = _arch_result("gfx1200", truncating_bf16=(("nf4_gemv._k", "v_dot2_bf16_bf16"),))
+    check = CompileCheck("3.6.0", "f", 1, (truncating, _arch_result("gfx942")))
+    path = tmp_path / "compile-check.json"
+    write_results(check, path)
+    assert read_results(path).archs[0].truncating_bf16 == (("nf4_gemv._k", "v_dot2_bf16_bf16"),)
+    note = truncating.truncation_note()
+    assert note is not None and note.startswith("gfx1200: `_k` execute `v_dot2_bf16_bf16` writes its bf16 result "
+                                                "truncated") and "expected to fail the rounding check" in note
+    assert f"- {note}" in doc_markdown(check)
+    assert f"- {note}" in matrix_lines(check, run_archs=["gfx1200", "gfx942"])
+    assert _arch_result("gfx942").truncation_note() is None

@@ -9,7 +9,13 @@ import re
 import textwrap
 
 import pytest
+import torch  # noqa: F401
 from fake_backend import FAKE_BACKEND
+
+import pytest_qconform.backends.base  # noqa: F401
+
+# torch and the backend base classes are held by this process: pytester's in-process runs
+# drop the modules they import, and torch cannot be imported twice in one process.
 
 BROKEN_BACKENDS_CONFTEST = FAKE_BACKEND + textwrap.dedent('''
     import ctypes
@@ -67,13 +73,31 @@ BROKEN_BACKENDS_CONFTEST = FAKE_BACKEND + textwrap.dedent('''
         def __init__(self):
             raise RuntimeError("libbroken.so: cannot open shared object file")
 
+    class SurvivorBackend(GoodBackend):
+        name = "survivor"
+
+    LOST_DEVICE = []  # the sticky error a faulting kernel leaves behind, in this process
+
+    class PoisonBackend(GoodBackend):
+        """Faults the way a misaligned CUDA load does: the device stays unusable afterwards."""
+        name = "poison"
+
+        def matmul(self, x, q, bias, compute_dtype):
+            LOST_DEVICE.append("CUDA error: misaligned address")
+            raise RuntimeError("CUDA error: misaligned address")
+
+    import pytest_qconform.device_loss
+
+    pytest_qconform.device_loss.device_error = lambda device: LOST_DEVICE[0] if LOST_DEVICE else None
+
     def import_missing_library():
         importlib.import_module("qconform_no_such_library")
 
     def pytest_qconform_backends(config):
         return {"good": GoodBackend, "nan": NanBackend, "oom": OomBackend, "abort": AbortBackend,
                 "segfault": SegfaultBackend, "hang": HangBackend, "nobinary": NoBinaryBackend,
-                "badinit": RaisingConstructorBackend, "noimport": import_missing_library}
+                "badinit": RaisingConstructorBackend, "noimport": import_missing_library,
+                "poison": PoisonBackend, "survivor": SurvivorBackend}
 ''')
 
 SUITE = """
@@ -256,3 +280,33 @@ def test_tests_that_xdist_never_ran_are_named_and_fail_the_run(broken_project: p
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["qconform: * of 8 collected tests never ran, so they have no verdict and this run "
                                  "fails: pytest-xdist stopped (after --max-worker-restart worker crashes*"])
+
+
+def test_a_test_that_leaves_its_device_unusable_is_a_crash_and_later_tests_end_at_once(
+        broken_project: pytest.Pytester) -> None:
+    """In one process, a sticky device error is charged to the test that caused it, not to
+    every later test: those end at once, naming it and the remedy."""
+    broken_project.makepyfile(test_suite=SHORT_CIRCUIT_SUITE)
+    result = run_in_process(broken_project, *backends("good", "poison", "survivor"))
+    cells = all_cells(broken_project)
+    assert cells["good", "matmul"]["verdict"] == "pass"
+    assert cells["poison", "matmul"]["verdict"] == "crashed"
+    assert cells["poison", "matmul"]["first_failure"]["message"].startswith(
+        "device lost: cpu became unusable in test_suite.py::test_matmul[poison-0] (CUDA error: misaligned address)")
+    assert cells["survivor", "matmul"]["verdict"] == "crashed"
+    result.stdout.fnmatch_lines(["*crashed after an earlier crash in test_suite.py::test_matmul?poison-0?: not run: "
+                                 "cpu is unusable in this process*run with -n 1*"])
+
+
+def test_under_xdist_a_lost_device_costs_one_worker(broken_project: pytest.Pytester) -> None:
+    """The worker ends itself on a lost device: xdist reports the test crashed, a fresh
+    worker (a fresh device context) runs the rest, and only that backend's operation ends."""
+    broken_project.makepyfile(test_suite=SHORT_CIRCUIT_SUITE)
+    broken_project.runpytest_subprocess(
+        str(broken_project.path / "test_suite.py"), "--qconform", "--qconform-report-dir=out", "-p",
+        "no:cacheprovider", *backends("good", "poison", "survivor"), "-n", "1", "--max-worker-restart=5")
+    cells = all_cells(broken_project)
+    assert cells["poison", "matmul"]["verdict"] == "crashed" and cells["poison", "matmul"]["cases"] == 3
+    assert {key: cell["verdict"] for key, cell in cells.items() if key != ("poison", "matmul")} == {
+        ("good", "matmul"): "pass", ("good", "dequantize"): "pass", ("poison", "dequantize"): "pass",
+        ("survivor", "matmul"): "pass", ("survivor", "dequantize"): "pass"}

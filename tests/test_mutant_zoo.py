@@ -20,7 +20,7 @@ import textwrap
 import pytest
 import torch
 
-from zoo import LAYER_SUITES, LIFECYCLE_SUITES, MUTANTS, PATH_SUITES, USER_INPUT_SUITES
+from zoo import KERNEL_MUTANTS, KERNEL_SUITES, LAYER_SUITES, LIFECYCLE_SUITES, MUTANTS, PATH_SUITES, USER_INPUT_SUITES
 
 GPU = torch.cuda.is_available()
 # Mutants whose class only a GPU can show (CUDA graphs): left out of a GPU-less zoo run.
@@ -166,3 +166,34 @@ def test_matmul_suite_catches_systematic_error_at_the_documented_threshold(tmp_p
         if cell["operation"] == "matmul":
             verdicts.setdefault(cell["dtype"], set()).add(cell["verdict"])
     assert verdicts == {"bf16": {"fail"}, "fp16": {"fail"}, "fp32": {"fail"}}, (verdicts, proc.stdout[-3000:])
+
+
+KERNEL_CONFTEST = textwrap.dedent("""
+    from zoo import KERNEL_MUTANTS, narrowed
+
+    def pytest_qconform_backends(config):
+        return {m.name: narrowed(m) for m in KERNEL_MUTANTS}
+""")
+
+
+@pytest.fixture(scope="module")
+def kernel_zoo_report(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The checks of our kernels' mutants (``KERNEL_SUITES``) against them and the real
+    triton-nf4, in one run (on the CPU the kernels run in Triton's interpreter)."""
+    pytest.importorskip("triton")
+    root = tmp_path_factory.mktemp("zoo-kernels")
+    (root / "conftest.py").write_text(KERNEL_CONFTEST)
+    return _run_zoo(root, ["triton-nf4"] + [m.name for m in KERNEL_MUTANTS], " or ".join(KERNEL_SUITES))
+
+
+def test_our_kernels_pass_the_checks_their_mutants_fail(kernel_zoo_report: dict) -> None:
+    verdicts = _verdicts(kernel_zoo_report, "triton-nf4")
+    assert verdicts.get("quantize") == {"pass"}, verdicts
+
+
+@pytest.mark.parametrize("mutant", KERNEL_MUTANTS, ids=lambda m: m.name)
+def test_kernel_mutant_is_caught_by_its_check(kernel_zoo_report: dict, mutant) -> None:
+    verdicts = _verdicts(kernel_zoo_report, mutant.name)
+    assert "fail" in verdicts.get(mutant.catches, set()), (
+        f"{mutant.name} ({mutant.__doc__.strip().splitlines()[0]}) was not caught by the "
+        f"{mutant.catches} suite: {verdicts}")

@@ -17,8 +17,10 @@ import torch
 import torch.nn.functional as F
 from qconform_example_nf4.backend import TorchNF4Backend
 
+from pytest_qconform.backends._torch_util import code_table
 from pytest_qconform.backends.base import Quantized
 from pytest_qconform.backends.functional_layer import PREFIX, FunctionalLayers, FunctionalLinear
+from pytest_qconform.backends.triton_nf4 import TritonNf4Backend
 
 
 class KeepsFirstDtypeBuffer(TorchNF4Backend):
@@ -571,16 +573,21 @@ MUTANTS: tuple[type[TorchNF4Backend], ...] = (
 # The blocksizes the zoo's backends claim: the CUDA and ROCm defaults, unless a mutant's
 # bug needs others (``zoo_blocksizes``). Every check depends on the blocksize, so every
 # claimed blocksize multiplies the zoo's run time; the full range is the correct backend's
-# in the downstream example's own run (nox -s downstream).
+# in the downstream example's own run (nox -s downstream). Likewise the widest weight: the
+# two narrower lm_head widths (one of them odd), unless a mutant needs the widest.
 ZOO_BLOCKSIZES: tuple[int, ...] = (64, 128)
+ZOO_MAX_OUT_FEATURES = 50257
 
 
 def narrowed(backend: type[TorchNF4Backend]) -> type[TorchNF4Backend]:
-    """``backend`` claiming only ``ZOO_BLOCKSIZES`` (or its own ``zoo_blocksizes``)."""
+    """``backend`` claiming only ``ZOO_BLOCKSIZES`` (or its own ``zoo_blocksizes``) and
+    weights up to ``ZOO_MAX_OUT_FEATURES`` wide (or its own ``zoo_max_out_features``)."""
     blocksizes = getattr(backend, "zoo_blocksizes", ZOO_BLOCKSIZES)
+    max_out_features = getattr(backend, "zoo_max_out_features", ZOO_MAX_OUT_FEATURES)
 
     def capabilities(self, device):
-        return dataclasses.replace(backend.capabilities(self, device), blocksizes=blocksizes)
+        return dataclasses.replace(backend.capabilities(self, device), blocksizes=blocksizes,
+                                   max_out_features=max_out_features)
 
     return type(backend.__name__, (backend,), {"capabilities": capabilities})
 
@@ -659,7 +666,26 @@ class LayerForwardAssumesBlocksize64(_LayerMutant):
     layer_class = _Blocksize64ForwardLinear
 
 
-MUTANTS += (Fp32AbsmaxMean, TruncatingBf16Matmul, MisalignedActivation, LayerForwardAssumesBlocksize64)
+class OutputsPastGridLimit(TorchNF4Backend):
+    """A matmul kernel launched with one program per output feature on a grid axis that
+    CUDA caps at 65535: the outputs past it are never written (left zero). No drawn or
+    layer shape comes near; a real vocabulary does (Qwen2's lm_head: 151936)."""
+
+    name = "mutant-outputs-past-grid-limit"
+    catches = "matmul"
+    zoo_max_out_features = None  # the widest lm_head too
+    GRID_LIMIT = 65535
+
+    def matmul(self, x, q, bias, compute_dtype):
+        y = super().matmul(x, q, bias, compute_dtype)
+        if y.shape[-1] > self.GRID_LIMIT:
+            y = y.clone()
+            y[..., self.GRID_LIMIT:] = 0
+        return y
+
+
+MUTANTS += (Fp32AbsmaxMean, TruncatingBf16Matmul, MisalignedActivation, LayerForwardAssumesBlocksize64,
+            OutputsPastGridLimit)
 
 
 # -- compiled and captured paths (issue 26) ------------------------------------------------------
@@ -743,3 +769,32 @@ class CheckpointAfterMoveSavesKernelCache(_LayerMutant):
 
 
 MUTANTS = MUTANTS + (CheckpointAfterMoveSavesKernelCache,)
+
+
+# -- issue 28: our own quantize kernel -------------------------------------------------------------------------
+# Mutants of our Triton backend rather than of the plain-PyTorch one: the bug is in our kernel
+# (``kernels.nf4_quantize``), reached with wrong data, the kernel itself unchanged. On the CPU
+# the kernels run in Triton's interpreter, too slow for the zoo's full runs, so
+# tests/test_mutant_zoo.py runs these checks against them and the real triton-nf4 alone.
+KERNEL_SUITES: tuple[str, ...] = ("test_quantize_codes_and_absmax_match_reference",)
+
+
+class KernelRoundsTowardZero(TritonNf4Backend):
+    """Our quantize kernel picks the wrong code at one boundary: the one between 0 and the
+    first positive code sits on that code instead of midway, so a scaled value in between
+    (NF4: 0.0398 to 0.0796, a few % of a normal weight) rounds toward zero. Every byte
+    still decodes consistently with the absmax stored; only the reference's codes show it."""
+
+    name = "mutant-kernel-toward-zero"
+    catches = "quantize"
+    suites = KERNEL_SUITES
+
+    def code_boundaries(self, quant_type, device):
+        right = super().code_boundaries(quant_type, device)
+        table = code_table(quant_type, right.midpoints.device).double()
+        midpoints = right.midpoints.clone()
+        midpoints[right.zero_rank] = table[int(right.rank_codes[right.zero_rank + 1])]
+        return dataclasses.replace(right, midpoints=midpoints)
+
+
+KERNEL_MUTANTS: tuple[type[TritonNf4Backend], ...] = (KernelRoundsTowardZero,)

@@ -1,11 +1,10 @@
 """Private helpers shared by the backend adapters (not public API).
 
 Two jobs only: turn an import failure into a one-line reason (``availability()`` must
-never raise), and a plain-PyTorch quantizer for bitsandbytes' 4-bit layout that the
-Triton adapter falls back on when the reference quantizer (``reference.bnb4.encode``)
-is not importable. The quantizer mirrors bitsandbytes 0.50.2: nearest code after
-scaling by the block's fp32 absmax; double quantization subtracts the mean absmax and
-quantizes the rest with the signed 8-bit dynamic map in blocks of 256.
+never raise), and bitsandbytes' tables and double quantization of absmax in plain
+PyTorch for the Triton adapter (whose 4-bit codes come from its own kernel,
+``kernels.nf4_quantize``). Double quantization mirrors bitsandbytes 0.50.2: subtract the
+mean absmax and quantize the rest with the signed 8-bit dynamic map in blocks of 256.
 """
 from __future__ import annotations
 
@@ -105,23 +104,6 @@ def scale_by_block(flat: torch.Tensor, absmax: torch.Tensor, blocksize: int) -> 
     """``flat / absmax[block]`` in fp32, 0 where the block is all zero."""
     scale = absmax.repeat_interleave(blocksize)[: flat.numel()]
     return torch.where(scale > 0, flat / torch.where(scale > 0, scale, torch.ones_like(scale)), torch.zeros_like(flat))
-
-
-def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
-    """Two codes per byte, even flat index in the high nibble; ceil(n / 2) bytes."""
-    if codes.numel() % 2:
-        codes = torch.cat([codes, codes.new_zeros(1)])
-    pairs = codes.reshape(-1, 2)
-    return (pairs[:, 0] << 4) | pairs[:, 1]
-
-
-def quantize_bnb4(weight: torch.Tensor, quant_type: str, blocksize: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(packed uint8, absmax float32, code float32[16]) of ``weight`` in bitsandbytes' layout."""
-    flat = weight.detach().reshape(-1).float()
-    table = code_table(quant_type, flat.device)
-    absmax = blockwise_absmax(flat, blocksize)
-    codes = nearest_code(scale_by_block(flat, absmax, blocksize), table)
-    return pack_nibbles(codes), absmax, table
 
 
 def nest_absmax(absmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:

@@ -57,6 +57,10 @@ class Capabilities:
     # give the eager results under torch.compile, and when captured in a CUDA graph and replayed.
     compiled: tuple[str, ...] = ()
     captured: tuple[str, ...] = ()
+    # The widest weight (output features) claimed on this device; None: any. A backend that
+    # only emulates a device (Triton's interpreter on a CPU) may claim less than real models'
+    # lm_heads (``axes.LM_HEAD_WIDTHS``), and its cell then says so.
+    max_out_features: int | None = None
 
 
 @dataclass

@@ -3,9 +3,11 @@
 The kernels read bitsandbytes' packed layout, so this backend stores exactly that:
 the flattened weight two codes per byte (even element in the high nibble), fp32 absmax
 per block, optionally double-quantized (uint8 codes into the signed 8-bit dynamic map,
-blocks of 256, plus the mean offset). Quantization is not what the kernels are for: it
-uses the reference quantizer (``reference.bnb4.encode``) when it is importable, else the
-plain-PyTorch one in ``_torch_util``; double quantization of absmax is ``_torch_util``'s.
+blocks of 256, plus the mean offset). Quantization is our kernel's too
+(``kernels.nf4_quantize``, on the weight's device): the suites check its codes against the
+reference quantizer, which this module never calls. Double quantization of the fp32 absmax
+(one value per block: a 64th of the weight at the default blocksize) is
+``_torch_util.nest_absmax``, plain PyTorch on the same device.
 ``from_packed`` adopts bytes bitsandbytes produced, which is the interop the suites check.
 
 Matmul: as many rows as ``kernels.fused_rows_limit`` says the fused ``gemv_4bit`` serves
@@ -21,15 +23,22 @@ eager calls and CUDA-graph capture call them directly.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
 import torch
 
-from pytest_qconform.backends import _torch_util, triton_nf4_ops
+from pytest_qconform.backends import _torch_util, triton_nf4_ops, triton_nf4_plans
 from pytest_qconform.backends._torch_util import import_failure, to_numpy
-from pytest_qconform.backends.base import Availability, Backend, Capabilities, Quantized, QuantSpec
+from pytest_qconform.backends.base import (
+    Availability,
+    Backend,
+    Capabilities,
+    Quantized,
+    QuantSpec,
+)
 from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 
 PATH_OPERATIONS: tuple[str, ...] = ("dequantize", "matmul", "layer-forward")  # claimed compiled and captured
@@ -48,6 +57,7 @@ _QUANT_TYPES = ("nf4", "fp4")
 # code * absmax in fp32, the tensor-core kernel rounds it once to the compute dtype.
 FUSED_MAX_ROWS = 16
 INTERPRETED_BLOCKSIZES: tuple[int, ...] = (64, 128)  # claimed on the CPU (Triton's interpreter)
+INTERPRETED_MAX_OUT_FEATURES = 4096
 
 @dataclass(frozen=True)
 class Nf4State:
@@ -63,6 +73,12 @@ class Nf4State:
     nested_code: torch.Tensor | None = None
     nested_blocksize: int = _torch_util.NESTED_BLOCKSIZE
     offset: float | None = None
+    # Eager-call plans by activation layout (triton_nf4_plans): filled by the adapter.
+    plans: dict[Any, Any] = field(init=False, default_factory=dict, compare=False, repr=False)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Nf4State:
+        """A copy of the tensors with no plans: a plan binds the tensors it was made for."""
+        return Nf4State(**{f.name: copy.deepcopy(getattr(self, f.name), memo) for f in fields(self) if f.init})
 
     @property
     def double_quant(self) -> bool:
@@ -75,24 +91,11 @@ class Nf4State:
                 "nested_blocksize": self.nested_blocksize, "offset": self.offset}
 
 
-def _encode(weight: torch.Tensor, quant_type: str, blocksize: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(packed, absmax, code) from the reference quantizer, or ``_torch_util``'s without it."""
-    try:
-        from pytest_qconform.reference.bnb4 import encode
-    except ImportError:
-        return _torch_util.quantize_bnb4(weight, quant_type, blocksize)
-    packed = encode(weight.detach(), quant_type, blocksize)  # on the weight's device: layer shapes on a GPU
-    device = weight.device
-    return (torch.as_tensor(np.asarray(packed.packed, dtype=np.uint8)).reshape(-1).to(device),
-            torch.as_tensor(np.asarray(packed.absmax, dtype=np.float32)).reshape(-1).to(device),
-            torch.as_tensor(np.asarray(packed.code, dtype=np.float32)).reshape(-1).to(device))
-
-
 class _Nf4Linear(torch.autograd.Function):
     """``y = x W^T + b`` through the kernels; gradients for x and bias (W is frozen)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, bias: torch.Tensor | None, backend: "TritonNf4Backend",
+    def forward(ctx: Any, x: torch.Tensor, bias: torch.Tensor | None, backend: TritonNf4Backend,
                 state: Nf4State) -> torch.Tensor:
         ctx.backend, ctx.state, ctx.has_bias = backend, state, bias is not None
         return backend.linear(x, state, bias)
@@ -126,6 +129,22 @@ class TritonNf4Backend(Backend):
 
     def __init__(self) -> None:
         self._buffer: Any = None  # kernels.WeightBuffer, built on first use (the import is lazy)
+        # (format, device) -> (code table, nf4_quantize.CodeBoundaries), made once: building
+        # them per call would copy host lists to the device at every quantize.
+        self._tables: dict[tuple[str, str], tuple[torch.Tensor, Any]] = {}
+
+    def code_boundaries(self, quant_type: str, device: torch.device) -> Any:
+        """The quantize kernel's view of ``quant_type``'s table on ``device``."""
+        return self._table(quant_type, device)[1]
+
+    def _table(self, quant_type: str, device: torch.device) -> tuple[torch.Tensor, Any]:
+        from pytest_qconform.kernels.nf4_quantize import code_boundaries
+
+        key = (quant_type, str(device))
+        if key not in self._tables:
+            code = _torch_util.code_table(quant_type, device)
+            self._tables[key] = (code, code_boundaries(code).to(device))
+        return self._tables[key]
 
     def availability(self) -> Availability:
         try:
@@ -160,8 +179,11 @@ class TritonNf4Backend(Backend):
         # slower than compiled code: there the backend claims the CUDA and ROCm default
         # blocksizes only, so that a CPU run of every check stays short (the project's
         # tests/test_kernels.py runs the kernels at 32 to 256 in the interpreter; a GPU run, at all).
+        # Its run time grows with the weight too (40 to 120 s for one lm_head-wide matmul), so
+        # there it claims no weight wider than INTERPRETED_MAX_OUT_FEATURES.
         blocksizes = tuple(kernels.SUPPORTED_BLOCKSIZES) if device.type != "cpu" else INTERPRETED_BLOCKSIZES
-        return Capabilities(formats=_QUANT_TYPES, blocksizes=blocksizes, double_quant=True,
+        max_out = None if device.type != "cpu" else INTERPRETED_MAX_OUT_FEATURES
+        return Capabilities(formats=_QUANT_TYPES, blocksizes=blocksizes, double_quant=True, max_out_features=max_out,
                             dtypes=DTYPES, devices=devices, backward=True, serialize=True,
                             max_gemv_rows=min(FUSED_MAX_ROWS, kernels.MAX_ROWS), out_arguments=("dequantize",),
                             compiled=PATH_OPERATIONS, captured=PATH_OPERATIONS,
@@ -173,7 +195,11 @@ class TritonNf4Backend(Backend):
     def quantize(self, weight: torch.Tensor, spec: QuantSpec) -> Quantized:
         if spec.format not in _QUANT_TYPES:
             raise ValueError(f"{self.name}: format {spec.format!r} is not supported; the kernels read nf4 and fp4")
-        packed, absmax, code = _encode(weight, spec.format, spec.blocksize)
+        from pytest_qconform.kernels.nf4_quantize import quantize_4bit
+
+        packed, absmax = quantize_4bit(weight, blocksize=spec.blocksize,
+                                       boundaries=self.code_boundaries(spec.format, weight.device))
+        code = self._table(spec.format, weight.device)[0].clone()  # each state owns its table
         nested: dict[str, Any] = {}
         if spec.double_quant:
             codes, nested_absmax, nested_code, offset = _torch_util.nest_absmax(absmax)
@@ -196,7 +222,20 @@ class TritonNf4Backend(Backend):
         if torch.compiler.is_compiling():
             result = triton_nf4_ops.dequantize(state, dtype)
             return result if out is None else out.copy_(result)
-        return kernels.dequantize_4bit(state.packed, state.absmax, out_dtype=dtype, out=out, **state.kernel_args())
+        plan = state.plans.get(("dequantize", dtype)) if out is None else None
+        if plan is not None:
+            result = torch.empty(state.shape, dtype=dtype, device=state.packed.device)
+            plan(result)
+            return result
+        result = kernels.dequantize_4bit(state.packed, state.absmax, out_dtype=dtype, out=out, **state.kernel_args())
+        self._remember(state, ("dequantize", dtype), lambda: triton_nf4_plans.dequantize_plan(state, dtype))
+        return result
+
+    @staticmethod
+    def _remember(state: Nf4State, key: Any, make: Any) -> None:
+        """Store ``make()`` as ``state``'s plan for ``key`` (None: the entry point stays the path)."""
+        if key not in state.plans:
+            state.plans[key] = make()
 
     def buffered_weight(self, state: Nf4State, dtype: torch.dtype) -> torch.Tensor:
         """The weight dequantized into this backend's reusable buffer; valid until the next call.
@@ -207,7 +246,14 @@ class TritonNf4Backend(Backend):
             return triton_nf4_ops.dequantize(state, dtype)
         if self._buffer is None:
             self._buffer = kernels.WeightBuffer()
-        return self._buffer.dequantize(state.packed, state.absmax, out_dtype=dtype, **state.kernel_args())
+        plan = state.plans.get(("dequantize", dtype))
+        if plan is not None:
+            view = self._buffer.view(state.shape, dtype, state.packed.device)
+            plan(view)
+            return view
+        result = self._buffer.dequantize(state.packed, state.absmax, out_dtype=dtype, **state.kernel_args())
+        self._remember(state, ("dequantize", dtype), lambda: triton_nf4_plans.dequantize_plan(state, dtype))
+        return result
 
     def linear(self, x: torch.Tensor, state: Nf4State, bias: torch.Tensor | None) -> torch.Tensor:
         """Forward only: fused gemv for few rows, else buffer dequantize + ``torch.matmul``."""
@@ -215,17 +261,31 @@ class TritonNf4Backend(Backend):
             raise ValueError(f"{self.name}: matmul needs a 2-D (out, in) weight, got shape {state.shape}")
         if torch.compiler.is_compiling():
             return triton_nf4_ops.linear(x, state, bias, FUSED_MAX_ROWS)
-        return triton_nf4_ops.fused_or_dequantized(x, state.packed, state.absmax, state.kernel_args(), bias,
-                                                   lambda dtype: self.buffered_weight(state, dtype), FUSED_MAX_ROWS)
+        key = ("linear", triton_nf4_plans.tensor_key(x), triton_nf4_plans.tensor_key(bias))
+        plan = state.plans.get(key)
+        if plan is not None:
+            return plan(x, bias)
+        def buffered(dtype: torch.dtype) -> torch.Tensor:
+            return self.buffered_weight(state, dtype)
+
+        y = triton_nf4_ops.fused_or_dequantized(x, state.packed, state.absmax, state.kernel_args(), bias, buffered,
+                                                FUSED_MAX_ROWS)
+        self._remember(state, key, lambda: triton_nf4_plans.linear_plan(x, state, bias, FUSED_MAX_ROWS, buffered))
+        return y
 
     def matmul(self, x: torch.Tensor, q: Quantized, bias: torch.Tensor | None,
                compute_dtype: torch.dtype) -> torch.Tensor:
         """x and bias cast to ``compute_dtype``; the result cast back to x's dtype."""
         inp_dtype = x.dtype
-        x = x.to(compute_dtype)
-        if bias is not None:
+        if inp_dtype != compute_dtype:  # a no-op .to() still costs host time per call
+            x = x.to(compute_dtype)
+        if bias is not None and bias.dtype != compute_dtype:
             bias = bias.to(compute_dtype)
-        return _Nf4Linear.apply(x, bias, self, q.handle).to(inp_dtype)
+        if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
+            y = _Nf4Linear.apply(x, bias, self, q.handle)
+        else:
+            y = self.linear(x, q.handle, bias)  # no graph to record: no autograd.Function
+        return y if y.dtype == inp_dtype else y.to(inp_dtype)
 
     # -- packed state, serialization -------------------------------------------------------------
     def export_packed(self, q: Quantized) -> PackedBnb4:

@@ -18,10 +18,14 @@ nibbles of every byte with one interleave.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
+
+from pytest_qconform.kernels.launch import BoundLaunch
 
 SUPPORTED_BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -295,30 +299,39 @@ def dequantize_4bit(
     if numel == 0:
         return out
     check_launchable(device, where)
+    plan_dequantize(packed, absmax, out_dtype, {
+        "blocksize": blocksize, "shape": shape, "code": code, "nested_absmax": nested_absmax,
+        "nested_code": nested_code, "nested_blocksize": nested_blocksize, "offset": offset})(out)
+    return out
 
+
+def plan_dequantize(packed: torch.Tensor, absmax: torch.Tensor, out_dtype: torch.dtype,
+                    kernel_args: Mapping[str, Any]) -> Callable[[torch.Tensor], None]:
+    """The launch of ``dequantize_4bit`` for this state and dtype, decided and bound once:
+    ``plan(out)`` decodes into ``out`` (contiguous, the state's shape, ``out_dtype`` and
+    device; not checked). ``kernel_args``: ``dequantize_4bit``'s keyword arguments from
+    ``blocksize`` to ``offset`` (``Nf4State.kernel_args()``). For a caller that decodes one
+    weight many times (the Triton adapter): nothing is validated here, so the state must
+    have passed ``dequantize_4bit`` once, and hold at least one element."""
+    blocksize, nested_blocksize = kernel_args["blocksize"], kernel_args["nested_blocksize"]
+    shape = tuple(int(s) for s in kernel_args["shape"])
+    code = kernel_args["code"]
+    numel = math.prod(shape)
+    device = packed.device
     packed_flat = packed.reshape(-1).contiguous()
     absmax_flat = absmax.reshape(-1).contiguous()
     nested_absmax_arg, nested_code_arg, offset_value, double_quant = nested_args(
-        absmax_flat, nested_absmax, nested_code, offset
+        absmax_flat, kernel_args["nested_absmax"], kernel_args["nested_code"], kernel_args["offset"]
     )
     half_blocksize = blocksize // 2
     bytes_per_program, num_warps = _GPU_TILE if device.type != "cpu" else _INTERPRETER_TILE
     blocks_per_program = max(1, bytes_per_program // half_blocksize)
     num_blocks = math.ceil(numel / blocksize)
     if num_blocks + blocks_per_program >= 2**31:
-        raise ValueError(f"{where}: {num_blocks} blocks exceed the kernel's int32 block index; use a larger blocksize")
-    grid = (math.ceil(num_blocks / blocks_per_program),)
+        raise ValueError(f"kernels.dequantize_4bit: {num_blocks} blocks exceed the kernel's int32 block index; "
+                         "use a larger blocksize")
     bf16_bits = out_dtype == torch.bfloat16 and interpreter_active()
-    _dequantize_4bit_kernel[grid](
-        packed_flat,
-        absmax_flat,
-        code.contiguous(),
-        out.view(torch.int16) if bf16_bits else out,
-        nested_absmax_arg,
-        nested_code_arg,
-        offset_value,
-        numel,
-        num_blocks,
+    launch = BoundLaunch(_dequantize_4bit_kernel, (math.ceil(num_blocks / blocks_per_program),), dict(
         HALF_BLOCKSIZE=half_blocksize,
         BLOCKS_PER_PROGRAM=blocks_per_program,
         NESTED_BLOCKSIZE=nested_blocksize,
@@ -327,5 +340,11 @@ def dequantize_4bit(
         MASKED=numel % (2 * blocks_per_program * half_blocksize) != 0,
         num_warps=num_warps,
         enable_fp_fusion=False,  # keep nested_code * scale + offset two roundings, like bitsandbytes
-    )
-    return out
+    ))
+    code_arg = code.contiguous()
+
+    def run(out: torch.Tensor) -> None:
+        launch(packed_flat, absmax_flat, code_arg, out.view(torch.int16) if bf16_bits else out,
+               nested_absmax_arg, nested_code_arg, offset_value, numel, num_blocks)
+
+    return run

@@ -25,12 +25,15 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
 import pytest_qconform.kernels.nf4_mma as nf4_mma
+from pytest_qconform.kernels.launch import BoundLaunch
 from pytest_qconform.kernels.nf4_dequant import (
     check_launchable,
     check_packed_state,
@@ -691,25 +694,45 @@ def gemv_4bit(
         out.copy_(bias.reshape(1, N).expand(M, N) if bias is not None else torch.zeros_like(out))
         return out.reshape(*x.shape[:-1], N)
     check_launchable(x.device, where)
-
     if N * K >= 2**31 * min(blocksize, 64):
         raise ValueError(f"{where}: a weight of {N} x {K} exceeds the kernel's int32 block index")
+    plan = plan_gemv(x2, packed, absmax, bias is not None, {
+        "blocksize": blocksize, "shape": (N, K), "code": code, "nested_absmax": nested_absmax,
+        "nested_code": nested_code, "nested_blocksize": nested_blocksize, "offset": offset})
+    plan(x2, out, bias.reshape(-1).contiguous() if bias is not None else None)
+    return out.reshape(*x.shape[:-1], N)
+
+
+def plan_gemv(x2: torch.Tensor, packed: torch.Tensor, absmax: torch.Tensor, has_bias: bool,
+              kernel_args: Mapping[str, Any]) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], None]:
+    """The launches of ``gemv_4bit`` for [M, K] activations like ``x2`` (dtype, shape,
+    strides, data-pointer alignment: what the kernel choice and Triton's specialization
+    read), decided and bound once: ``plan(x2, out, bias)`` writes ``out`` [M, N] (fresh,
+    x2's dtype) from ``x2`` and the flat ``bias`` (or None, as ``has_bias`` said). For a
+    caller that multiplies by one weight many times (the Triton adapter keys its plans on
+    those properties); ``gemv_4bit`` validates and plans on every call, and this function
+    validates nothing: the state must have passed ``gemv_4bit`` once, and 0 < M <= MAX_ROWS,
+    N, K > 0. ``kernel_args``: ``gemv_4bit``'s keyword arguments from ``blocksize`` to
+    ``offset`` (``Nf4State.kernel_args()``)."""
+    N, K = (int(s) for s in kernel_args["shape"])
+    blocksize, nested_blocksize, code = kernel_args["blocksize"], kernel_args["nested_blocksize"], kernel_args["code"]
+    M = x2.shape[0]
+    device = x2.device
     absmax_flat = absmax.reshape(-1).contiguous()
     nested_absmax_arg, nested_code_arg, offset_value, double_quant = nested_args(
-        absmax_flat, nested_absmax, nested_code, offset
+        absmax_flat, kernel_args["nested_absmax"], kernel_args["nested_code"], kernel_args["offset"]
     )
-    on_gpu = x.device.type != "cpu"
+    on_gpu = device.type != "cpu"
     packed_flat = packed.reshape(-1).contiguous()
-    multiprocessors = _multiprocessors(x.device) if on_gpu else 1
+    code_arg = code.contiguous()
+    multiprocessors = _multiprocessors(device) if on_gpu else 1
     if mma_route(x2, packed_flat, K):
-        out_2d = nf4_mma.gemm_4bit_mma(
-            x2, packed_flat, absmax_flat, out, bias=bias.reshape(-1).contiguous() if bias is not None else None,
-            blocksize=blocksize, nested_absmax=nested_absmax_arg, nested_code=nested_code_arg,
-            nested_blocksize=nested_blocksize, offset=offset_value, double_quant=double_quant,
-            code=code.contiguous(), multiprocessors=multiprocessors)
-        return out_2d.reshape(*x.shape[:-1], N)
-    shuffle = ptx_shuffle_ok(x.device)
-    bf16_bits = x.dtype == torch.bfloat16 and interpreter_active()
+        return nf4_mma.plan_gemm_4bit_mma(
+            x2, packed_flat, absmax_flat, N, has_bias=has_bias, blocksize=blocksize,
+            nested_absmax=nested_absmax_arg, nested_code=nested_code_arg, nested_blocksize=nested_blocksize,
+            offset=offset_value, double_quant=double_quant, code=code_arg, multiprocessors=multiprocessors)
+    shuffle = ptx_shuffle_ok(device)
+    bf16_bits = x2.dtype == torch.bfloat16 and interpreter_active()
     block_n, block_k, num_warps = _GPU_TILE if on_gpu else _INTERPRETER_TILE
     aligned = K % blocksize == 0
     if aligned:
@@ -719,27 +742,12 @@ def gemv_4bit(
     else:
         block_k = min(block_k, max(32, triton.next_power_of_2(K)))
     masked = not aligned or N % block_n != 0 or K % block_k != 0
-    args = (
-        x2,
-        packed_flat,
-        absmax_flat,
-        code.contiguous(),
-        bias.reshape(-1).contiguous() if bias is not None else absmax_flat,
-        out.view(torch.int16) if bf16_bits else out,
-        nested_absmax_arg,
-        nested_code_arg,
-        offset_value,
-        M,
-        N,
-        K,
-        x2.stride(0),
-        x2.stride(1),
-    )
+    stride_xm, stride_xk = x2.stride(0), x2.stride(1)
     meta = dict(
         BLOCKSIZE=blocksize,
         NESTED_BLOCKSIZE=nested_blocksize,
         DOUBLE_QUANT=double_quant,
-        HAS_BIAS=bias is not None,
+        HAS_BIAS=has_bias,
         BF16_BITS=bf16_bits,
         ALIGNED=aligned,
         MASKED=masked,
@@ -749,34 +757,40 @@ def gemv_4bit(
     )
     words_tile = _GPU_WORDS_TILE if on_gpu else _INTERPRETER_WORDS_TILE
     words_block_k = _largest_dividing_tile(K, words_tile[1]) if aligned else 0
-    words_ok = args[1].data_ptr() % 4 == 0 and args[1].numel() % 4 == 0
+    words_ok = packed_flat.data_ptr() % 4 == 0 and packed_flat.numel() % 4 == 0
     row_groups = math.ceil(N / 4) * M
-    pairs_ok = args[1].data_ptr() % 8 == 0 and args[1].numel() % 8 == 0
+    pairs_ok = packed_flat.data_ptr() % 8 == 0 and packed_flat.numel() % 8 == 0
     rows_words = _rows_words(K, row_groups, multiprocessors) if aligned and pairs_ok and _rows_x_ok(x2) else None
     if _ROWS_KERNEL and rows_words:
-        words_per_step, num_warps = rows_words
+        words_per_step, rows_warps = rows_words
         programs = _ROWS_PROGRAMS_PER_SM * multiprocessors if on_gpu else _INTERPRETER_ROWS_PROGRAMS
-        _gemv_4bit_rows_kernel[(_balanced_grid(row_groups, programs),)](
-            *args[:1], args[1].view(torch.int64), *args[2:13], 1, BLOCKSIZE=blocksize,
-            NESTED_BLOCKSIZE=nested_blocksize, DOUBLE_QUANT=double_quant, HAS_BIAS=bias is not None,
-            BF16_BITS=bf16_bits, WORDS=words_per_step, SHUFFLE=shuffle, num_warps=num_warps,
-        )
+        weight = packed_flat.view(torch.int64)
+        rows_launch = BoundLaunch(_gemv_4bit_rows_kernel, (_balanced_grid(row_groups, programs),), dict(
+            BLOCKSIZE=blocksize, NESTED_BLOCKSIZE=nested_blocksize, DOUBLE_QUANT=double_quant, HAS_BIAS=has_bias,
+            BF16_BITS=bf16_bits, WORDS=words_per_step, SHUFFLE=shuffle, num_warps=rows_warps))
+        tail: tuple = (nested_absmax_arg, nested_code_arg, offset_value, M, N, K, stride_xm, 1)
+        launch = rows_launch
     elif words_block_k and words_ok:
-        block_n, _, num_warps, prefetch = words_tile
+        block_n, _, words_warps, prefetch = words_tile
         while on_gpu and block_n > 4 and math.ceil(N / block_n) * M < _WORDS_MIN_PROGRAMS:
             block_n //= 2  # small N: more, smaller programs (v5's 4-row tiles won at 4096 x 4096)
-        meta.update(BLOCK_N=block_n, BLOCK_K=words_block_k, num_warps=num_warps, MASKED=N % block_n != 0)
+        meta.update(BLOCK_N=block_n, BLOCK_K=words_block_k, num_warps=words_warps, MASKED=N % block_n != 0)
         del meta["ALIGNED"]
-        words = args[1].view(torch.int32)
-        grid = (math.ceil(N / block_n) * M,)
-        _gemv_4bit_words_kernel[grid](
-            *args[:1], words, *args[2:], GROUP=min(blocksize, words_block_k) // 8, PREFETCH=prefetch,
+        weight = packed_flat.view(torch.int32)
+        launch = BoundLaunch(_gemv_4bit_words_kernel, (math.ceil(N / block_n) * M,), dict(
+            meta, GROUP=min(blocksize, words_block_k) // 8, PREFETCH=prefetch,
             GATHER=_WORDS_LOOKUP == "gather" or (_WORDS_LOOKUP == "shuffle" and not (shuffle and prefetch)),
             SHUFFLE=_WORDS_LOOKUP == "shuffle" and shuffle and prefetch,
-            X_PACKED=_X_PACKED and x.dtype != torch.float32 and x2.stride(1) == 1 and x2.stride(0) % 4 == 0
-            and x2.data_ptr() % 8 == 0, **meta,
-        )
+            X_PACKED=_X_PACKED and x2.dtype != torch.float32 and stride_xk == 1 and stride_xm % 4 == 0
+            and x2.data_ptr() % 8 == 0))
+        tail = (nested_absmax_arg, nested_code_arg, offset_value, M, N, K, stride_xm, stride_xk)
     else:
-        grid = (math.ceil(N / block_n) * M,)
-        _gemv_4bit_kernel[grid](*args, **meta)
-    return out.reshape(*x.shape[:-1], N)
+        weight = packed_flat
+        launch = BoundLaunch(_gemv_4bit_kernel, (math.ceil(N / block_n) * M,), meta)
+        tail = (nested_absmax_arg, nested_code_arg, offset_value, M, N, K, stride_xm, stride_xk)
+
+    def run(x2: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None) -> None:
+        launch(x2, weight, absmax_flat, code_arg, bias if bias is not None else absmax_flat,
+               out.view(torch.int16) if bf16_bits else out, *tail)
+
+    return run

@@ -36,12 +36,18 @@ timings: bench/notes.md "v11" and "v13".
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import triton
 import triton.language as tl
 
-from pytest_qconform.kernels.nf4_dequant import interpreter_active, load_block_absmax, store_as
+from pytest_qconform.kernels.launch import BoundLaunch
+from pytest_qconform.kernels.nf4_dequant import (
+    interpreter_active,
+    load_block_absmax,
+    store_as,
+)
 
 MAX_ROWS = 16  # two groups of 8 rows of x (B is 8 columns wide)
 CHUNK = 64  # columns of K per warp step: 4 products of 16 columns
@@ -383,28 +389,46 @@ def gemm_4bit_mma(x2: torch.Tensor, packed: torch.Tensor, absmax: torch.Tensor, 
                   multiprocessors: int) -> torch.Tensor:
     """``out = x2 @ W^T + bias`` for x2 [M <= 16, K] (``x_readable``), W (N, K)
     (``weight_readable``), ``out`` [M, N] in x2's dtype."""
+    plan_gemm_4bit_mma(x2, packed, absmax, out.shape[1], has_bias=bias is not None, blocksize=blocksize,
+                       nested_absmax=nested_absmax, nested_code=nested_code, nested_blocksize=nested_blocksize,
+                       offset=offset, double_quant=double_quant, code=code,
+                       multiprocessors=multiprocessors)(x2, out, bias)
+    return out
+
+
+def plan_gemm_4bit_mma(x2: torch.Tensor, packed: torch.Tensor, absmax: torch.Tensor, N: int, *, has_bias: bool,
+                       blocksize: int, nested_absmax: torch.Tensor, nested_code: torch.Tensor,
+                       nested_blocksize: int, offset: float, double_quant: bool, code: torch.Tensor,
+                       multiprocessors: int) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], None]:
+    """The launches of ``gemm_4bit_mma`` for x like ``x2`` (dtype, shape, row stride,
+    alignment), decided and bound once: ``plan(x2, out, bias)``."""
     M, K = x2.shape
-    N = out.shape[1]
     ptx = mma_ptx_ok(x2.device)
     x_groups = 1 if M <= 8 else 2
     row_tiles, num_warps, warps_per_sm = (_GPU_CONFIG if x2.device.type != "cpu" else _INTERPRETER_CONFIG)[x_groups]
     tiles = math.ceil(N / (16 * row_tiles))
     splits = splits_for(tiles, num_warps, warps_per_sm, K // CHUNK, multiprocessors)
     bf16_bits = x2.dtype == torch.bfloat16 and interpreter_active()
-    target = out if splits == 1 else torch.empty((splits, M, N), dtype=torch.float32, device=x2.device)
-    bias_arg = bias if bias is not None else absmax
-    _gemm_4bit_mma_kernel[(tiles, splits)](
-        x2, packed.view(torch.int64), absmax, code, bias_arg,
-        out.view(torch.int16) if bf16_bits and splits == 1 else target,
-        nested_absmax, nested_code, offset, M, N, K, x2.stride(0) if M > 1 else K, 1,
+    stride_xm = x2.stride(0) if M > 1 else K
+    pairs = packed.view(torch.int64)
+    device = x2.device
+    gemm = BoundLaunch(_gemm_4bit_mma_kernel, (tiles, splits), dict(
         BLOCKSIZE=blocksize, NESTED_BLOCKSIZE=nested_blocksize, DOUBLE_QUANT=double_quant,
-        HAS_BIAS=bias is not None, BF16_BITS=bf16_bits, X_FP16=x2.dtype == torch.float16,
+        HAS_BIAS=has_bias, BF16_BITS=bf16_bits, X_FP16=x2.dtype == torch.float16,
         X_GROUPS=x_groups, ROW_TILES=row_tiles, NUM_WARPS=num_warps, SPLIT_SUMS=splits > 1, PTX=ptx,
-        num_warps=num_warps,
-    )
-    if splits > 1:
-        block = 1024
-        _sum_splits_kernel[(math.ceil(M * N / block),)](
-            target, bias_arg, out.view(torch.int16) if bf16_bits else out, M * N, N, SPLITS=splits,
-            HAS_BIAS=bias is not None, BF16_BITS=bf16_bits, BLOCK=block, num_warps=4)
-    return out
+        num_warps=num_warps))
+    block = 1024
+    sums = BoundLaunch(_sum_splits_kernel, (math.ceil(M * N / block),), dict(
+        SPLITS=splits, HAS_BIAS=has_bias, BF16_BITS=bf16_bits, BLOCK=block, num_warps=4))
+
+    def run(x2: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None) -> None:
+        bias_arg = bias if bias is not None else absmax
+        if splits == 1:
+            gemm(x2, pairs, absmax, code, bias_arg, out.view(torch.int16) if bf16_bits else out,
+                 nested_absmax, nested_code, offset, M, N, K, stride_xm, 1)
+            return
+        partial = torch.empty((splits, M, N), dtype=torch.float32, device=device)
+        gemm(x2, pairs, absmax, code, bias_arg, partial, nested_absmax, nested_code, offset, M, N, K, stride_xm, 1)
+        sums(partial, bias_arg, out.view(torch.int16) if bf16_bits else out, M * N, N)
+
+    return run

@@ -39,7 +39,9 @@ class WeightBuffer:
         """Drop the storage (e.g. before a model is unloaded)."""
         self._storage = None
 
-    def _view(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    def view(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A ``shape`` view of the storage in ``dtype`` on ``device`` (reallocated when it does
+        not fit), for a caller that writes it itself (the Triton adapter's planned dequantize)."""
         numel = math.prod(shape)
         storage = self._storage
         if storage is None or storage.dtype != dtype or storage.device != device or storage.numel() < numel:
@@ -66,7 +68,7 @@ class WeightBuffer:
         The result is overwritten by the next call on this buffer.
         """
         shape = tuple(int(s) for s in shape)
-        out = self._view(shape, out_dtype, packed.device)
+        out = self.view(shape, out_dtype, packed.device)
         return dequantize_4bit(
             packed, absmax, blocksize=blocksize, shape=shape, code=code, out_dtype=out_dtype,
             nested_absmax=nested_absmax, nested_code=nested_code, nested_blocksize=nested_blocksize,
