@@ -1,8 +1,8 @@
 """Sessions for pytest-qconform.
 
-``nox -s matrix`` merges the committed run reports; ``nox -s tests`` runs the project's own
-tests in the current environment; ``nox -s downstream`` installs the example downstream
-backend into a fresh virtualenv and runs the suites on it (and on its broken twin);
+``nox -s matrix`` merges the committed run reports; ``nox -s lint`` runs ruff and mypy;
+``nox -s tests`` runs the project's own tests in the current environment; ``nox -s downstream``
+installs the example downstream backend into a fresh virtualenv and runs the suites on it (and on its broken twin);
 ``nox -s bench`` runs the benchmark suite into reports/ and plots it; ``nox -s kernel-calls``
 records the Triton warm-up's call log; ``nox -s compile-check`` compiles our Triton kernels
 for every listed arch and writes the results and docs/kernels-compiled.md.
@@ -27,7 +27,8 @@ def _python(session: nox.Session) -> str:
 
 @nox.session(python=False)
 def matrix(session: nox.Session) -> None:
-    """Merge reports/ into reports/MATRIX.md, reports/matrix.png and the README matrix.
+    """Merge reports/ into reports/MATRIX.md and reports/matrix.png (the README links both:
+    the full matrix grows with every cell, so it lives beside the reports, not in the README).
 
     Runs in the current environment (pytest-qconform and matplotlib installed): the
     merge reads JSON only. Pass report files or folders to merge others:
@@ -38,7 +39,16 @@ def matrix(session: nox.Session) -> None:
 
     summary = ["--step-summary"] if os.environ.get("GITHUB_STEP_SUMMARY") else []
     session.run(_python(session), "-m", "pytest_qconform.matrix", *(session.posargs or ["reports/"]),
-                "--readme", "README.md", "--out", "reports/MATRIX.md", "--png", "reports/matrix.png", *summary)
+                "--out", "reports/MATRIX.md", "--png", "reports/matrix.png", *summary)
+
+
+@nox.session(python=False)
+def lint(session: nox.Session) -> None:
+    """ruff (lint and format check) and mypy, configured in pyproject.toml, in the current
+    environment (the dev extra pins them through constraints/cpu.txt). .ci/run runs it first."""
+    session.run(_python(session), "-m", "ruff", "check", ".")
+    session.run(_python(session), "-m", "ruff", "format", "--check", ".")
+    session.run(_python(session), "-m", "mypy")
 
 
 @nox.session(python=False)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -91,7 +92,9 @@ def not_applying(config: pytest.Config, item: pytest.Item, caps_cache: dict) -> 
 def deselect(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Drop the instances that cannot apply here; remember how many of which kind."""
     summary = NotHere(probe=state.probe(config).summary())
-    keep, drop, cache = [], [], {}
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
+    cache: dict[Any, Any] = {}
     for item in items:
         found = not_applying(config, item, cache)
         if found is None:

@@ -7,19 +7,20 @@ from typing import TYPE_CHECKING
 import torch
 
 from pytest_qconform.backends.base import Capabilities, QuantSpec
+from pytest_qconform.vocabulary import DtypeLabel
 
 if TYPE_CHECKING:
     from pytest_qconform.targets import Target
 
-DTYPE_LABELS: dict[torch.dtype, str] = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+DTYPE_LABELS: dict[torch.dtype, str] = {label.torch_dtype(): label.value for label in DtypeLabel}
 
 
-def target_device(target: "Target") -> torch.device:
+def target_device(target: Target) -> torch.device:
     """The device a target's claims are asked about (an absent target's: the CPU's)."""
     return torch.device(target.torch_device or "cpu")
 
 
-def unclaimed(caps: Capabilities, target: "Target", spec: QuantSpec | None = None, dtype: torch.dtype | None = None,
+def unclaimed(caps: Capabilities, target: Target, spec: QuantSpec | None = None, dtype: torch.dtype | None = None,
               *, backward: bool = False, serialize: bool = False, out: str | None = None,
               explicit_absmax: bool = False, orientation: str | None = None, compiled: str | None = None,
               captured: str | None = None) -> list[str]:

@@ -85,7 +85,7 @@ class Checker:
         self.context.update(context)
 
     def _where(self) -> str:
-        key = dict(self._item.user_properties).get(outcomes.KEY_PROPERTY, {})
+        key = outcomes.cell_key_of(self._item) or {}
         parts = [f"backend={key.get('backend')}", f"format={key.get('format')}", f"dtype={key.get('dtype')}",
                  f"target={key.get('target')}"]
         parts += [f"{k}={v}" for k, v in sorted(self.context.items())]

@@ -53,8 +53,9 @@ class Resources:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Resources":
-        return cls(**{k: data.get(k) for k in ("registers", "spills", "shared", "occupancy", "occupancy_max",
-                                                "sgprs")})
+        fields: dict[str, Any] = {k: data.get(k) for k in ("registers", "spills", "shared", "occupancy",
+                                                            "occupancy_max", "sgprs")}
+        return cls(**fields)
 
 
 def _amdgcn_number(asm: str, pattern: str, default: int | None = None) -> int:

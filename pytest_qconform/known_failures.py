@@ -7,7 +7,7 @@ in the matrix, and an unexpected pass is a ``fail`` of the run (the message says
 passed unexpectedly) so a fix upstream surfaces and the entry gets removed. A known
 failure never hides a new one: only the listed check of the listed backend is marked.
 
-The files are read once, at start-up (``configure``): a malformed entry stops the run
+The files are read once, at start-up (``read_at_startup``): a malformed entry stops the run
 before anything is computed, with the file and line of the offending key. An entry
 for a backend this runner does not have is fine (a shared file lists every runner's
 failures); it simply matches nothing here.
@@ -41,7 +41,7 @@ _HEADER = re.compile(r"^\s*\[\[\s*failure\s*\]\]\s*(#.*)?$")
 _TOML_POSITION = re.compile(r"\(at line (\d+), column \d+\)")
 
 
-class KnownFailuresError(pytest.UsageError):
+class KnownFailuresError(pytest.UsageError):  # type: ignore[misc]  # pytest marks it final; we want its exit code
     """A malformed known-failures file; the message names the file and line."""
 
 
@@ -188,7 +188,7 @@ def load(extra_files: list[str] | tuple[str, ...]) -> tuple[KnownFailure, ...]:
     return entries
 
 
-def configure(config: pytest.Config) -> None:
+def read_at_startup(config: pytest.Config) -> None:
     """Read every known-failures file at start-up, so a malformed one stops the run early."""
     config.stash[ENTRIES] = load(config.getoption("qconform_known_failures"))
 
@@ -202,7 +202,7 @@ def apply(config: pytest.Config, items: list[pytest.Item]) -> None:
         return
     probe = state.probe(config)
     for item in items:
-        key = dict(item.user_properties).get(outcomes.KEY_PROPERTY)
+        key = outcomes.cell_key_of(item)
         if not key:
             continue
         status = probe.backend(key["backend"])
@@ -228,5 +228,5 @@ def _native_repr_failure(item: pytest.Item):
     reported with its reason only, so nobody reads that traceback; an unexpected pass
     has no traceback, and a failure in a fixture is formatted by pytest as usual."""
     def repr_failure(excinfo: pytest.ExceptionInfo[BaseException], style: str | None = None):
-        return item._repr_failure_py(excinfo, style="native")  # type: ignore[attr-defined]
+        return item._repr_failure_py(excinfo, style="native")
     return repr_failure

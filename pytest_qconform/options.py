@@ -10,21 +10,28 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
+from pytest_qconform import vocabulary
 from pytest_qconform.probe import SIMULATE_ENV
+from pytest_qconform.vocabulary import DtypeLabel
 
-DTYPE_NAMES: tuple[str, ...] = ("bf16", "fp16", "fp32")
-DTYPE_ALIASES: dict[str, str] = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32",
-                                 "float": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16",
-                                 "torch.float32": "fp32"}
+DTYPE_NAMES: tuple[str, ...] = tuple(label.value for label in DtypeLabel)
+# What --qconform-dtype also accepts: torch's names, with or without "torch.".
+DTYPE_ALIASES: dict[str, str] = {**vocabulary.DTYPE_ALIASES,
+                                 **{f"torch.{name}": label for name, label in vocabulary.DTYPE_ALIASES.items()}}
 FORMATS: tuple[str, ...] = ("nf4", "fp4", "hqq4")
 PROFILES: tuple[str, ...] = ("ci", "thorough")
 BENCH_SHAPES: tuple[str, ...] = ("full", "small")
 AFTER_CRASH_RULES: tuple[str, ...] = ("operation", "backend", "continue")  # short_circuit.RULES
 ACTIVATING_OPTION = "--qconform"
+# Where a run's report goes unless --qconform-report-dir or the ini setting says otherwise: a
+# local run is scratch, not evidence. reports/ holds only what someone chose to merge into the
+# matrix (nox -s matrix reads every JSON there), so a report gets there by a deliberate copy.
+LOCAL_REPORT_DIR = ".qconform/reports"
 
 
 def choice(allowed: tuple[str, ...], aliases: dict[str, str] | None = None) -> Callable[[str], str]:
@@ -76,7 +83,8 @@ def _options() -> tuple[tuple[str, dict[str, Any]], ...]:
                                                "<rootdir>/.hypothesis/examples for thorough)")),
         ("--qconform-report-dir", dict(default=None, metavar="DIR",
                                        help="folder for the run report JSON; ini qconform_report_dir (default: "
-                                            "reports). CI: a fresh folder per job")),
+                                            f"{LOCAL_REPORT_DIR}, which ignores itself in git). CI: a fresh folder "
+                                            "per job")),
         ("--qconform-no-report", dict(action="store_true", default=False, help="do not write a run report")),
         ("--qconform-known-failures", dict(action="append", default=[], metavar="FILE",
                                            help="extra known-failures TOML file (repeatable), added to the packaged "
@@ -126,7 +134,7 @@ def add_options(parser: pytest.Parser) -> None:
                     help="run the conformance suites shipped with pytest-qconform (off: the plugin changes nothing)")
     for flag, kwargs in _options():
         group.addoption(flag, **kwargs)
-    parser.addini("qconform_report_dir", "folder for run reports", default="reports")
+    parser.addini("qconform_report_dir", "folder for run reports", default=LOCAL_REPORT_DIR)
     parser.addini("qconform_profile", "hypothesis profile (ci or thorough)", default="ci")
     parser.addini("qconform_hypothesis_db", "hypothesis example database folder, relative to the rootdir, or none",
                   default="")

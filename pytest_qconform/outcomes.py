@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import pytest
+
+from pytest_qconform.vocabulary import Verdict
 
 KEY_PROPERTY = "qconform_key"
 MULTIPLE_PROPERTY = "qconform_multiple"
@@ -35,9 +37,6 @@ DEVICE_LOST_PREFIX = "device lost:"  # a test after which its device is unusable
 # A test not run because its backend crashed or hung earlier (short_circuit.py) keeps that verdict.
 _SHORT_CIRCUIT = re.compile(r"\b(crashed|timeout) after an earlier (?:crash|timeout) in ")
 
-# Worse verdicts override milder ones when an item reports several phases.
-_SEVERITY = {"crashed": 7, "timeout": 6, "fail": 5, "known-failure": 4, "pass": 3, "skipped": 2, "unavailable": 1,
-             "not-claimed": 0}
 NOTHING_CLAIMED_PREFIX = "claims nothing this check needs:"  # the one cell of a check its backend claims nothing of
 
 
@@ -63,12 +62,19 @@ class Case:
         return (self.backend, self.operation, self.format, self.dtype)
 
 
+def cell_key_of(item: pytest.Item) -> dict[str, str] | None:
+    """The cell key (backend, operation, format, dtype, target) the plugin attached to
+    ``item`` at collection, or None for a test outside the conformance cells."""
+    key = dict(item.user_properties).get(KEY_PROPERTY)
+    return key if isinstance(key, dict) else None
+
+
 def _props(report: pytest.TestReport) -> dict[str, Any]:
     props: dict[str, Any] = {}
     multiples: list[float] = []
     for name, value in report.user_properties:
         if name == MULTIPLE_PROPERTY:
-            multiples.append(float(value))
+            multiples.append(float(cast(float, value)))
         else:
             props[name] = value
     props[MULTIPLE_PROPERTY] = max(multiples) if multiples else None
@@ -104,35 +110,35 @@ def _unexpected_pass(reason: str) -> str:
             "if it is fixed, remove or narrow that known-failures entry")
 
 
-def verdict_of(report: pytest.TestReport) -> tuple[str, str] | None:
+def verdict_of(report: pytest.TestReport) -> tuple[Verdict, str] | None:
     """(verdict, message) of one phase's report, or None when the phase says nothing."""
     if hasattr(report, "wasxfail"):
         if report.skipped:
-            return "known-failure", str(report.wasxfail)
-        return "fail", _unexpected_pass(str(report.wasxfail))
+            return Verdict.KNOWN_FAILURE, str(report.wasxfail)
+        return Verdict.FAIL, _unexpected_pass(str(report.wasxfail))
     if report.failed:
         if isinstance(report.longrepr, str) and report.longrepr.startswith(XPASS_STRICT_PREFIX):
-            return "fail", _unexpected_pass(report.longrepr[len(XPASS_STRICT_PREFIX):].strip())
+            return Verdict.FAIL, _unexpected_pass(report.longrepr[len(XPASS_STRICT_PREFIX):].strip())
         message = _failure_message(report)
         short_circuited = _SHORT_CIRCUIT.search(message)
         if short_circuited:
-            return short_circuited.group(1), message
+            return Verdict(short_circuited.group(1)), message
         if message.startswith(DEVICE_LOST_PREFIX):
-            return "crashed", message
+            return Verdict.CRASHED, message
         if TIMEOUT_MESSAGE in message:
-            return "timeout", f"{message} (stopped in phase {report.when}: {report.nodeid})"
-        return "fail", message
+            return Verdict.TIMEOUT, f"{message} (stopped in phase {report.when}: {report.nodeid})"
+        return Verdict.FAIL, message
     if report.skipped:
         reason = skip_reason(report)
         if reason.startswith((NOT_CLAIMED_PREFIX, OTHER_DEVICE_PREFIX)):
             return None
         if reason.startswith(UNAVAILABLE_PREFIX):
-            return "unavailable", reason
+            return Verdict.UNAVAILABLE, reason
         if reason.startswith(NOTHING_CLAIMED_PREFIX):
-            return "not-claimed", reason
-        return "skipped", reason
+            return Verdict.NOT_CLAIMED, reason
+        return Verdict.SKIPPED, reason
     if report.when == "call" and report.passed:
-        return "pass", ""
+        return Verdict.PASS, ""
     return None
 
 
@@ -173,11 +179,11 @@ def crash_case(report: pytest.TestReport, key: dict[str, str], repro: str, elaps
              f"dtype={key['dtype']} target={key['target']})")
     ran = f" after {elapsed_s:.1f} s" if elapsed_s is not None else ""
     if timeout_s and elapsed_s is not None and elapsed_s >= timeout_s:
-        verdict = "timeout"
+        verdict = Verdict.TIMEOUT
         message = (f"timed out{ran} (limit {timeout_s:g} s): pytest-timeout killed the worker while running "
                    f"{where}")
     else:
-        verdict = "crashed"
+        verdict = Verdict.CRASHED
         message = (f"the test process died{ran} (segfault, abort or device exception) while running {where}; "
                    f"{report.longrepr}")
     return Case(report.nodeid, key["backend"], key["operation"], key["format"], key["dtype"], key["target"],
@@ -186,6 +192,7 @@ def crash_case(report: pytest.TestReport, key: dict[str, str], repro: str, elaps
 
 def worse(a: Case | None, b: Case) -> Case:
     """The case to keep when one item reports two phases (setup and call, call and teardown)."""
-    if a is None or _SEVERITY[b.verdict] >= _SEVERITY[a.verdict]:
+    # Worse verdicts override milder ones when an item reports several phases.
+    if a is None or Verdict(b.verdict).severity >= Verdict(a.verdict).severity:
         return b
     return a

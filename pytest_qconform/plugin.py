@@ -6,6 +6,7 @@ outcomes, report). Without ``--qconform`` the plugin only registers its markers.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,8 +14,7 @@ import pytest
 # backend (``state`` and everything under it are imported inside the hooks that need them).
 from pytest_qconform import hookspecs, options, outcomes
 from pytest_qconform.targets import hardware_marker_names
-
-DTYPE_LABELS = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}
+from pytest_qconform.vocabulary import DtypeLabel
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -62,10 +62,10 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     from pytest_qconform import session_setup
 
-    session_setup.configure(config)
+    session_setup.start_session(config)
     from pytest_qconform import triton_warmup
 
-    triton_warmup.configure(config)
+    triton_warmup.start_warmup(config)
     config.pluginmanager.import_plugin("pytest_qconform.fixtures")
     config.pluginmanager.import_plugin("pytest_qconform.oom")
     config.pluginmanager.import_plugin("pytest_qconform.device_loss")
@@ -102,7 +102,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
                   for t in config.stash[state.TARGETS]]
         metafunc.parametrize("qtarget", params, indirect=True)
     if "qbackend" in metafunc.fixturenames and axes_marker is None:
-        names = sorted(config.stash[state.BACKEND_FACTORIES])
+        names = sorted(config.stash[state.BACKEND_FACTORIES].keys())
         metafunc.parametrize("qbackend", names, indirect=True)
     if "qbench_shape" in metafunc.fixturenames:
         from pytest_qconform import bench
@@ -111,7 +111,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def _dtype_label(value: object) -> str:
-    return DTYPE_LABELS.get(str(value), "-") if value is not None else "-"
+    """The cell key's dtype: a plain string (pytest-xdist sends the key between processes)."""
+    try:
+        return DtypeLabel.of(str(value)).value if value is not None else "-"
+    except ValueError:  # a parameter named dtype that is no dtype the suites check
+        return "-"
 
 
 def _fixed_dtype(item: pytest.Item) -> str:
@@ -163,7 +167,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     from pytest_qconform import instances
 
-    keep, drop, claims_cache = [], [], {}
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
+    claims_cache: dict[Any, Any] = {}
     for item in items:
         key = _cell_key(item)
         if key is not None:

@@ -5,11 +5,14 @@ from __future__ import annotations
 import datetime as _dt
 import time
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from pytest_qconform import outcomes, state
 from pytest_qconform.applicability import NOT_HERE
+from pytest_qconform.options import LOCAL_REPORT_DIR
+from pytest_qconform.vocabulary import FAILING
 
 # pytest-benchmark's skip of every non-benchmark test under --benchmark-only: it says
 # nothing about conformance, so a benchmark run's report holds no cells.
@@ -55,7 +58,7 @@ class RunRecorder:
         if report.when == "call" and report.passed:
             from pytest_qconform.bench import PROPERTY
 
-            self.benchmarks += [value for name, value in report.user_properties if name == PROPERTY]
+            self.benchmarks += [cast(dict, value) for name, value in report.user_properties if name == PROPERTY]
         if report.skipped and BENCHMARK_ONLY_SKIP in str(report.longrepr):
             return
         if outcomes.is_worker_crash(report):
@@ -64,7 +67,8 @@ class RunRecorder:
                 return  # died before its setup reported: no cell to charge (pytest reports the crash)
             start = self.started.get(report.nodeid)
             elapsed = time.monotonic() - start if start is not None else None
-            case = outcomes.crash_case(report, *identity, elapsed, _timeout_limit(self.config))
+            case: outcomes.Case | None = outcomes.crash_case(report, *identity, elapsed,
+                                                             _timeout_limit(self.config))
         else:
             identity = outcomes.identity_of(report)
             if identity is not None:
@@ -84,7 +88,7 @@ class RunRecorder:
 
         grouped: dict[tuple[str, str, str, str], list] = {}
         for case in self.config.stash[state.CASES].values():
-            failed = case.verdict in ("fail", "crashed", "timeout")
+            failed = case.verdict in FAILING
             cell = Cell(backend=case.backend, operation=case.operation, format=case.format, dtype=case.dtype,
                         verdict=case.verdict, cases=1, worst_error_multiple=case.worst_error_multiple,
                         first_failure={"message": case.message, "repro": case.repro} if failed else None,
@@ -137,10 +141,8 @@ class RunRecorder:
         from pytest_qconform.bench_record import Benchmark, with_bitsandbytes_ratios
         from pytest_qconform.report import RunReport, write_report
 
-        folder = Path(self.config.getoption("qconform_report_dir") or self.config.getini("qconform_report_dir"))
-        if not folder.is_absolute():
-            folder = Path(self.config.invocation_params.dir) / folder
-        created = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        folder = _report_folder(self.config)
+        created = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         benchmarks = with_bitsandbytes_ratios(Benchmark.from_dict(data, f"benchmark of {data.get('nodeid')}")
                                               for data in self.benchmarks)
         from pytest_qconform.coverage import from_cases
@@ -184,3 +186,24 @@ def _timeout_limit(config: pytest.Config) -> float | None:
     from pytest_timeout import get_env_settings
 
     return get_env_settings(config).timeout or None
+
+
+def _report_folder(config: pytest.Config) -> Path:
+    """The run report's folder, relative paths taken from where pytest was started.
+
+    The default folder (``options.LOCAL_REPORT_DIR``) gets a ``.gitignore`` of ``*`` in its
+    top folder, as ``.pytest_cache`` does: a project that runs us needs no ignore line of its own.
+    """
+    start = Path(config.invocation_params.dir)
+    chosen = config.getoption("qconform_report_dir") or config.getini("qconform_report_dir")
+    folder = Path(chosen)
+    if not folder.is_absolute():
+        folder = start / folder
+    if Path(chosen) == Path(LOCAL_REPORT_DIR):
+        top = start / Path(LOCAL_REPORT_DIR).parts[0]
+        top.mkdir(parents=True, exist_ok=True)
+        ignore = top / ".gitignore"
+        if not ignore.exists():
+            ignore.write_text("# Written by pytest-qconform: local run reports are not evidence (see README).\n*\n",
+                              encoding="utf-8")
+    return folder

@@ -59,7 +59,9 @@ def _discover_backends(config: pytest.Config) -> dict:
     return factories
 
 
-def configure(config: pytest.Config) -> None:
+def start_session(config: pytest.Config) -> None:
+    """Everything a --qconform session needs before collection: the hypothesis profile, the
+    probe (warnings while loading kept in its notes), the backends, the known failures."""
     profile = _profile(config)  # bad input stops the run before anything is probed
     simulate = config.getoption("qconform_simulate")
     try:
@@ -73,7 +75,7 @@ def configure(config: pytest.Config) -> None:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     from pytest_qconform import known_failures
 
-    known_failures.configure(config)  # a malformed file stops the run before anything runs
+    known_failures.read_at_startup(config)  # a malformed file stops the run before anything runs
     registered = _discover_backends(config)
     factories = _select_backends(config, registered)
     config.stash[state.REGISTERED_FACTORIES] = registered

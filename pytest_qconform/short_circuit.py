@@ -27,10 +27,11 @@ import pytest
 
 from pytest_qconform import outcomes
 from pytest_qconform.options import AFTER_CRASH_RULES as RULES
+from pytest_qconform.vocabulary import Verdict
 
 DEFAULT_RULE = RULES[0]
 _WORKER_KEY = "qconform_trips_file"
-_NOUN = {"crashed": "crash", "timeout": "timeout"}
+_NOUN: dict[str, str] = {Verdict.CRASHED: "crash", Verdict.TIMEOUT: "timeout"}
 
 
 class ShortCircuit:
@@ -82,7 +83,7 @@ class ShortCircuit:
     def pytest_runtest_call(self, item: pytest.Item) -> None:
         if self.rule == "continue":
             return
-        key = dict(item.user_properties).get(outcomes.KEY_PROPERTY)
+        key = outcomes.cell_key_of(item)
         if not key:
             return
         trip = self._tripped(key["backend"], key["operation"])

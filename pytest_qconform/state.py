@@ -2,22 +2,24 @@
 in-process runs each get their own)."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 
 from pytest_qconform.backends.base import Backend
+from pytest_qconform.outcomes import Case
 from pytest_qconform.probe import Probe
+from pytest_qconform.targets import Target
 
 PROBE = pytest.StashKey[Probe]()
-TARGETS = pytest.StashKey["tuple[Target, ...]"]()
-BACKEND_FACTORIES = pytest.StashKey["dict[str, Callable[[], Backend]]"]()  # the backends under test
+TARGETS = pytest.StashKey[tuple[Target, ...]]()
+BACKEND_FACTORIES = pytest.StashKey[dict[str, Callable[[], Backend]]]()  # the backends under test
 # Every registered backend, selected or not: one not under test can still serve as an
 # interop partner (bitsandbytes as the source of the bytes another backend must read).
-REGISTERED_FACTORIES = pytest.StashKey["dict[str, Callable[[], Backend]]"]()
-BACKENDS = pytest.StashKey["dict[str, Backend]"]()
-CASES = pytest.StashKey["dict[str, Case]"]()
-REPORT_PATH = pytest.StashKey["str | None"]()
+REGISTERED_FACTORIES = pytest.StashKey[dict[str, Callable[[], Backend]]]()
+BACKENDS = pytest.StashKey[dict[str, Backend]]()
+CASES = pytest.StashKey[dict[str, Case]]()
+REPORT_PATH = pytest.StashKey[str | None]()
 
 
 def probe(config: pytest.Config) -> Probe:
@@ -50,7 +52,7 @@ def _build(name: str, factory: Callable[[], Backend]) -> Backend:
     try:
         made = factory()
         made.availability()
-    except Exception as exc:  # noqa: BLE001 - a broken backend is reported, not raised
+    except Exception as exc:
         lines = str(exc).strip().splitlines()
         return UnavailableBackend(name, f"could not be built: {type(exc).__name__}: "
                                         f"{lines[0] if lines else '(no message)'}")

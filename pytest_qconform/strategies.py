@@ -6,9 +6,11 @@ runners. Both derandomize nothing: the seed is printed on failure for reproducti
 """
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import HealthCheck, Phase, settings
 
-PROFILE_SETTINGS = {
+PROFILE_SETTINGS: dict[str, dict[str, Any]] = {
     # ci: 3 random draws on top of each instance's listed example (the instances are a
     # covering array of the check's axes, so the draws add breadth, not coverage).
     "ci": dict(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow,
@@ -30,7 +32,8 @@ def fewer_examples(divisor: int = 3) -> settings:
     whose every example costs a second or more on a 2-core CPU runner, so that ``ci``
     draws 2 where it draws 6 elsewhere and ``thorough`` 20. Call it inside the test, after
     the profile is loaded."""
-    return settings(settings.default, max_examples=max(1, settings.default.max_examples // divisor))
+    loaded = settings()  # a copy of the loaded profile
+    return settings(loaded, max_examples=max(1, loaded.max_examples // divisor))
 
 
 def load_profile(name: str, database: str | None = None) -> None:

@@ -167,6 +167,8 @@ class Warmup:
                 and all(r.get("failed") == 0 for r in self.results))
 
     def _write_marker(self) -> None:
+        if self.marker is None:
+            return
         try:
             self.marker.parent.mkdir(parents=True, exist_ok=True)
             self.marker.write_text(json.dumps({"calls": self.calls, "log": self.calls_path.name,
@@ -215,7 +217,7 @@ class Warmup:
 
 
 
-def configure(config: pytest.Config) -> None:
+def start_warmup(config: pytest.Config) -> None:
     """Start the warm-up when ``skip_reason`` finds none; install the call recorder if asked."""
     from pytest_qconform import kernel_calls
 
@@ -224,7 +226,12 @@ def configure(config: pytest.Config) -> None:
         if hasattr(config, "workerinput") or config.getoption("numprocesses", None):
             raise pytest.UsageError("--qconform-record-kernel-calls: record in one process, without -n")
         recorder = kernel_calls.Recorder().__enter__()
-        config.add_cleanup(lambda: (recorder.__exit__(None, None, None), recorder.write(Path(record_to))))
+
+        def stop_and_write() -> None:
+            recorder.__exit__(None, None, None)
+            recorder.write(Path(record_to))
+
+        config.add_cleanup(stop_and_write)
     probe = state.probe(config)
     if skip_reason(config, probe) is not None:
         return

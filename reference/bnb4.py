@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-
 from pytest_qconform.reference.formats import FP4_SIGN_BIT, code_table
 from pytest_qconform.reference.packed import PackedBnb4
 
@@ -147,7 +146,8 @@ def _sorted_table(quant_type: str) -> tuple[torch.Tensor, torch.Tensor]:
     (for FP4's two zeros, +0 = code 0; the sign is applied by the caller)."""
     table = code_table(quant_type)
     order = sorted(range(16), key=lambda c: (table[c], c))
-    values, codes = [], []
+    values: list[float] = []
+    codes: list[int] = []
     for c in order:
         if values and table[c] == values[-1]:
             continue

@@ -19,7 +19,8 @@ import math
 import numpy as np
 import torch
 
-from pytest_qconform.reference import bnb4, hqq4
+import pytest_qconform.reference.bnb4 as bnb4
+import pytest_qconform.reference.hqq4 as hqq4
 from pytest_qconform.reference.linear import linear
 from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 

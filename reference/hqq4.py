@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-
 from pytest_qconform.reference.packed import PackedHqq4
 
 __all__ = ["decode", "decode_parts", "grouped_shape", "unpack_4bit_u8"]
@@ -85,8 +84,9 @@ def decode_parts(p: PackedHqq4, device: str | torch.device | None = "cpu"
     scale = _per_group(p.scale, rows, cols, p.axis, "scale")
     zero = _per_group(p.zero, rows, cols, p.axis, "zero")
     dev = torch.device("cpu" if device is None else device)
-    return tuple(torch.as_tensor(np.broadcast_to(a, (rows, cols)).copy(), device=dev).reshape(tuple(p.shape))
-                 for a in (q, zero, scale))
+    q_t, zero_t, scale_t = (torch.as_tensor(np.broadcast_to(a, (rows, cols)).copy(), device=dev).reshape(tuple(p.shape))
+                            for a in (q, zero, scale))
+    return q_t, zero_t, scale_t
 
 
 def decode(p: PackedHqq4, device: str | torch.device | None = "cpu") -> torch.Tensor:

@@ -5,6 +5,13 @@ from pathlib import Path
 
 import pytest
 
+# Imported once, here, before any pytester fixture snapshots sys.modules. The plugin imports
+# neither torch nor the backend contract when off, so otherwise the first in-process run
+# (runpytest) imports them, the snapshot's restore drops them, and the next run imports them
+# again: torch a second time into one process segfaults ("module functions cannot set
+# METH_CLASS or METH_STATIC"), and a conftest's Availability is no longer the plugin's.
+import pytest_qconform.state  # noqa: F401  (torch and backends.base under it)
+
 from fake_backend import FAKE_BACKEND
 
 # The example downstream backend is the correct base of the mutant zoo; import it from

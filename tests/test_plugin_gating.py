@@ -252,6 +252,18 @@ def test_report_is_written_with_cells(fake_backend_project: pytest.Pytester) -> 
     result.stdout.fnmatch_lines([f"qconform report: *{reports[0].name}"])
 
 
+def test_a_run_without_report_dir_writes_into_the_ignored_local_folder(
+        fake_backend_project: pytest.Pytester) -> None:
+    """reports/ is for evidence someone chose to merge; a plain local run must not land there."""
+    fake_backend_project.makepyfile(test_suite=SUITE)
+    result = fake_backend_project.runpytest(str(fake_backend_project.path), "--qconform", *BACKENDS)
+    result.assert_outcomes(passed=1, skipped=1)
+    assert not (fake_backend_project.path / "reports").exists()
+    (report,) = (fake_backend_project.path / ".qconform" / "reports").glob("*.json")
+    assert (fake_backend_project.path / ".qconform" / ".gitignore").read_text().splitlines()[-1] == "*"
+    result.stdout.fnmatch_lines([f"qconform report: *.qconform/reports/{report.name}"])
+
+
 def test_collect_only_writes_no_report(fake_backend_project: pytest.Pytester) -> None:
     """Nothing ran, so there is nothing to report: no empty report lands in reports/."""
     fake_backend_project.makepyfile(test_suite=SUITE)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from pytest_qconform.reference import bounds, linear
+from pytest_qconform.reference.packed import PackedHqq4
 
 LOW = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -241,10 +242,8 @@ def test_bound_multiple_is_one():
 
 # --- HQQ dequantize with fp32-stored zero/scale evaluated in a 16-bit compute dtype ---------
 
-def _hqq_state(seed: int) -> "PackedHqq4":
+def _hqq_state(seed: int) -> PackedHqq4:
     import numpy as np
-
-    from pytest_qconform.reference.packed import PackedHqq4
 
     rng = np.random.default_rng(seed)
     q = rng.integers(0, 16, size=(8, 64), dtype=np.uint8)  # axis 1: 8 groups of 64

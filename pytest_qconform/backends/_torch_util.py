@@ -8,8 +8,6 @@ mean absmax and quantize the rest with the signed 8-bit dynamic map in blocks of
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -122,7 +120,3 @@ def nest_absmax(absmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch
     nested_code = dynamic_map_signed(absmax.device)
     codes = nearest_code(scale_by_block(centered, nested_absmax, NESTED_BLOCKSIZE), nested_code)
     return codes, nested_absmax, nested_code, float(offset)
-
-
-def num_blocks(shape: tuple[int, ...], blocksize: int) -> int:
-    return math.ceil(math.prod(shape) / blocksize)

@@ -1,0 +1,74 @@
+"""The words a run report is written in: verdicts and dtype labels, one enum each.
+
+Both are ``StrEnum``s, so a member *is* its string: ``Verdict.PASS == "pass"``, it hashes as
+``"pass"`` (dicts keyed by the plain string still find it) and ``json.dumps`` writes
+``"pass"``. The report format does not change; what changes is that a misspelt verdict is a
+NameError where it is written instead of a cell that silently matches nothing.
+
+Imports no torch: the matrix, the gate and the plugin's start-up read these without it.
+"""
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+
+class Verdict(StrEnum):
+    """What one matrix cell (backend · operation · format · dtype) came to.
+
+    Declared worst first: a cell is as bad as its worst case. A crash or a timeout hides
+    what the remaining cases would have said, so they outrank a plain failure; a known
+    failure still outranks a pass (it is not a pass); any computed outcome outranks
+    "skipped"; "unavailable" (the backend cannot load) and "not-claimed" (the backend claims
+    nothing the check needs) say least."""
+
+    CRASHED = "crashed"
+    TIMEOUT = "timeout"
+    FAIL = "fail"
+    KNOWN_FAILURE = "known-failure"
+    PASS = "pass"
+    SKIPPED = "skipped"
+    UNAVAILABLE = "unavailable"
+    NOT_CLAIMED = "not-claimed"
+
+    @property
+    def severity(self) -> int:
+        """Higher is worse: the worse of two verdicts of one cell wins."""
+        return len(VERDICT_ORDER) - 1 - VERDICT_ORDER.index(self)
+
+
+VERDICT_ORDER: tuple[Verdict, ...] = tuple(Verdict)  # worst first
+# Something ran and said no: what fails a CI gate.
+FAILING: frozenset[Verdict] = frozenset({Verdict.CRASHED, Verdict.TIMEOUT, Verdict.FAIL})
+
+
+class DtypeLabel(StrEnum):
+    """The output/compute dtypes the suites check, as reports, node ids and options write them."""
+
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP32 = "fp32"
+
+    @classmethod
+    def of(cls, dtype: torch.dtype | str) -> DtypeLabel:
+        """The label of a torch dtype (or its name: ``"torch.bfloat16"``, ``"bfloat16"``, ``"half"``,
+        ``"bf16"``); ValueError naming the labels for any other."""
+        name = str(dtype).removeprefix("torch.")
+        label = DTYPE_ALIASES.get(name, name)
+        try:
+            return cls(label)
+        except ValueError:
+            raise ValueError(f"no dtype label for {dtype!r}; the suites check {', '.join(cls)}") from None
+
+    def torch_dtype(self) -> torch.dtype:
+        import torch
+
+        return {DtypeLabel.BF16: torch.bfloat16, DtypeLabel.FP16: torch.float16, DtypeLabel.FP32: torch.float32}[self]
+
+
+# Other names a user or torch gives these dtypes (without the ``torch.`` prefix).
+DTYPE_ALIASES: dict[str, str] = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32",
+                                 "float": "fp32"}
