@@ -71,7 +71,8 @@ def main() -> None:
                 # A copy moving the same bytes (read + write = moved), rotated like the calls.
                 sources = [torch.ones(moved // 2, dtype=torch.uint8, device=device) for _ in range(copies)]
                 targets = [torch.empty_like(s) for s in sources]
-                copy_s, _ = _time(lambda i: targets[i].copy_(sources[i]), copies, facts, device)
+                copy_s, _ = _time(lambda i, sources=sources, targets=targets: targets[i].copy_(sources[i]), copies,
+                                   facts, device)
                 del sources, targets
                 for tile in TILES:
                     with mock.patch.object(nf4_dequant, "_GPU_TILE", tile):

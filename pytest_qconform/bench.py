@@ -118,9 +118,9 @@ def _order_key(item: pytest.Item) -> tuple[Any, ...]:
     backend = str(params.get("qbackend", ""))
     target = params.get("qtarget")
     spec = params.get("spec")
+    operation = item.get_closest_marker("qconform_operation")
     return (backend != RATIO_BASELINE, backend, getattr(target, "id", ""), spec.label() if spec else "",
-            params.get("qbench_shape", ()), item.get_closest_marker("qconform_operation").args[0]
-            if item.get_closest_marker("qconform_operation") else "", params.get("batch", 0))
+            params.get("qbench_shape", ()), operation.args[0] if operation else "", params.get("batch", 0))
 
 
 def order_items(items: list[pytest.Item]) -> None:
@@ -260,7 +260,10 @@ def _measure_facts(device: torch.device) -> DeviceFacts:
         size = max(GPU_COPY_MIN_BYTES, 8 * l2)
         src = torch.ones(size, dtype=torch.uint8, device=device)
         dst = torch.empty_like(src)
-        times, _ = device_times(lambda _: dst.copy_(src), 1, 30, partial, device)
+        def copy(_: int, src: torch.Tensor = src, dst: torch.Tensor = dst) -> torch.Tensor:
+            return dst.copy_(src)
+
+        times, _ = device_times(copy, 1, 30, partial, device)
         del src, dst
         return DeviceFacts(l2, 2 * size / statistics.median(times), partial.sleep_cycles_per_s)
 
@@ -329,10 +332,6 @@ class Harness:
         xs = [torch.randn(batch, k, generator=generator, device=self.device, dtype=torch.float32).to(dtype)
               for _ in range(count)]
         self._check(backend.matmul(xs[0], weights[0], None, dtype), (batch, n), dtype, "matmul")
-        if self.device.type == "cuda":
-            from pytest_qconform.bench_peer import time_peer_once
-
-            time_peer_once(self, shape, batch, dtype, facts)
         return self._time(benchmark, backend, "matmul", spec, shape, batch, dtype, facts,
                           lambda i: backend.matmul(xs[i], weights[i], None, dtype), count,
                           weight_bytes, activation_bytes, output_bytes)
@@ -379,12 +378,14 @@ class Harness:
 
                     benchmark.pedantic(synchronized, setup=next_args, rounds=HOST_ROUNDS, warmup_rounds=2)
                 median, samples, timing, launch_hidden = statistics.median(times), len(times), "cuda-events", hidden
-                host_median = _pytest_benchmark_median(benchmark)
+                host_median: float | None = _pytest_benchmark_median(benchmark)
             else:
                 eager = None
                 benchmark.pedantic(call, setup=next_args, rounds=CPU_ROUNDS, warmup_rounds=CPU_WARMUP_ROUNDS)
-                median, samples, timing, launch_hidden = _pytest_benchmark_median(benchmark), CPU_ROUNDS, \
-                    "host-timer", None
+                cpu_median = _pytest_benchmark_median(benchmark)
+                if cpu_median is None:
+                    raise RuntimeError(f"pytest-benchmark recorded no round of {operation} for {backend.name}")
+                median, samples, timing, launch_hidden = cpu_median, CPU_ROUNDS, "host-timer", None
                 host_median = None
         if median is None:
             pytest.skip(f"{SKIP_PREFIX} pytest-benchmark is disabled in this run (--benchmark-disable or xdist)")

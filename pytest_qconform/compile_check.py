@@ -436,7 +436,7 @@ def failures(check: CompileCheck) -> list[str]:
             if not result.fails_as_expected(variant):
                 spec = " ".join(f"{k}={v}" for k, v in variant.specialization.items() if not v.startswith("*"))
                 out.append(f"{result.arch} ({result.kind}, wave{result.wave_size}): {variant.kernel} does not "
-                           f"compile [{spec}]:\n    " + variant.error.replace("\n", "\n    "))
+                           f"compile [{spec}]:\n    " + (variant.error or "").replace("\n", "\n    "))
     out += [f"{name}: launched in pytest_qconform/kernels but reached by no replayed call, so it was not "
             "compiled; record the kernel-call log again on a GPU (nox -s kernel-calls) or add a call that "
             "reaches it to compile_check.extra_calls()" for name in check.uncovered]

@@ -14,8 +14,9 @@ from itertools import combinations
 from typing import Any
 
 from pytest_qconform.schema import SchemaError, json_object, required, string, type_name
+from pytest_qconform.vocabulary import Verdict
 
-CHECKED_VERDICTS = ("pass", "fail", "known-failure")
+CHECKED_VERDICTS = (Verdict.PASS, Verdict.FAIL, Verdict.KNOWN_FAILURE)
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class Coverage:
                                                   all(isinstance(v, str) for v in p) for p in pairs):
             raise SchemaError(f"{where}.pairs: expected a JSON array of [axis, value, axis, value] arrays")
         return cls(string(data, "backend", where, nonempty=True), string(data, "operation", where, nonempty=True),
-                   instances, values, tuple(tuple(p) for p in pairs), claimed)  # type: ignore[arg-type]
+                   instances, values, tuple(tuple(p) for p in pairs), claimed)
 
 
 def _labels(data: Any, key: str, where: str) -> dict[str, tuple[str, ...]]:

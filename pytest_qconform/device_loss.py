@@ -26,6 +26,7 @@ from collections.abc import Generator
 import pytest
 
 from pytest_qconform import outcomes, state
+from pytest_qconform.vocabulary import Verdict
 
 LOST = pytest.StashKey[tuple[str, str, str]]()  # (device, nodeid of the test that lost it, the error)
 WORKER_EXIT_CODE = 75
@@ -53,7 +54,8 @@ def device_error(device: str) -> str | None:
 def _device_of(item: pytest.Item) -> str | None:
     """The device the test runs on: its target's, or the run's one device for a test that
     takes no target (a report covers one device: see targets.build_targets)."""
-    target = getattr(item, "callspec", None) and item.callspec.params.get("qtarget")
+    callspec = getattr(item, "callspec", None)
+    target = callspec.params.get("qtarget") if callspec is not None else None
     if target is not None:
         return target.torch_device
     devices = {t.torch_device for t in item.config.stash.get(state.TARGETS, ()) if t.torch_device}
@@ -67,7 +69,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         return
     device, nodeid, error = lost
     pytest.fail(outcomes.short_circuit_message(
-        "crashed", "crash", nodeid, f"not run: {device} is unusable in this process after that test's fault "
+        Verdict.CRASHED, "crash", nodeid, f"not run: {device} is unusable in this process after that test's fault "
         f"({error}); {REMEDY}"), pytrace=False)
 
 

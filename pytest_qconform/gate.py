@@ -45,11 +45,12 @@ from typing import Sequence
 
 from pytest_qconform.report import FAILING_VERDICTS, VERDICTS, Cell, ReportError, RunReport, read_report
 from pytest_qconform.versions import MinVersion
+from pytest_qconform.vocabulary import Verdict
 
 PROG = "qconform check"
 REQUIREMENTS: tuple[str, ...] = ("no-fail", "pass", "any")
-COMPUTED_VERDICTS: frozenset[str] = frozenset({"pass", "fail", "known-failure", "crashed", "timeout"})
-PASSING_VERDICTS: frozenset[str] = frozenset({"pass", "known-failure", "not-claimed"})
+COMPUTED_VERDICTS: frozenset[str] = frozenset({Verdict.PASS, Verdict.FAIL, Verdict.KNOWN_FAILURE, Verdict.CRASHED, Verdict.TIMEOUT})
+PASSING_VERDICTS: frozenset[str] = frozenset({Verdict.PASS, Verdict.KNOWN_FAILURE, Verdict.NOT_CLAIMED})
 PATTERN_FIELDS: tuple[str, ...] = ("backend", "operation", "format", "dtype")
 
 
@@ -97,7 +98,8 @@ def problems(report: RunReport, backends: Sequence[str] = (), require: str = "no
     found: list[str] = []
     if report.simulated:
         found.append(f"the run was simulated ({report.arch}): nothing was computed on any device")
-    for name in backends or [None]:
+    names: Sequence[str | None] = list(backends) or [None]
+    for name in names:
         mine = [c for c in cells if name is None or c.backend == name]
         if not any(c.verdict in COMPUTED_VERDICTS for c in mine):
             who = f"backend {name!r}" if name else "any backend"
@@ -112,7 +114,7 @@ def problems(report: RunReport, backends: Sequence[str] = (), require: str = "no
         if not matched:
             found.append(f"--expect-fail {pattern.text}: no cell matches")
         found += [f"{_describe(c)}, expected fail (--expect-fail {pattern.text})" for c in matched
-                  if c.verdict != "fail"]
+                  if c.verdict != Verdict.FAIL]
         expected.update(c.key for c in matched)
     for cell in cells:
         if cell.key in expected:

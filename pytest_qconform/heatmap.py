@@ -23,22 +23,23 @@ from pytest_qconform.matrix_summary import DISAGREE, SummaryEntry, summarize
 from pytest_qconform.matrix_versions import VersionRange, ranges
 from pytest_qconform.report import VERDICTS
 from pytest_qconform.tables import format_multiple
+from pytest_qconform.vocabulary import Verdict
 
 HEAT_COLORS: dict[str, str] = {
-    "pass": "#2e7d32",
-    "fail": "#c62828",
-    "known-failure": "#f9a825",
-    "crashed": "#4a148c",
-    "timeout": "#8d6e63",
-    "skipped": "#cfd8dc",
-    "unavailable": "#90a4ae",
-    "not-claimed": "#eceff1",
+    Verdict.PASS: "#2e7d32",
+    Verdict.FAIL: "#c62828",
+    Verdict.KNOWN_FAILURE: "#f9a825",
+    Verdict.CRASHED: "#4a148c",
+    Verdict.TIMEOUT: "#8d6e63",
+    Verdict.SKIPPED: "#cfd8dc",
+    Verdict.UNAVAILABLE: "#90a4ae",
+    Verdict.NOT_CLAIMED: "#eceff1",
     DISAGREE: "#ec407a",
 }
 OTHER_COLOR = "#b0bec5"  # a status this version does not know (a newer report's)
 REGRESSION_EDGE = "#000000"  # outline of a box with a version regression
-DARK = frozenset({"pass", "fail", "crashed", "timeout", DISAGREE})  # white text on these
-WORDS = {"pass": "pass", "fail": "fail", "known-failure": "known", "crashed": "crashed", "timeout": "timeout",
+DARK = frozenset({Verdict.PASS, Verdict.FAIL, Verdict.CRASHED, Verdict.TIMEOUT, DISAGREE})  # white text on these
+WORDS = {Verdict.PASS: Verdict.PASS, Verdict.FAIL: Verdict.FAIL, Verdict.KNOWN_FAILURE: "known", Verdict.CRASHED: Verdict.CRASHED, Verdict.TIMEOUT: Verdict.TIMEOUT,
          "skipped": "skipped", "unavailable": "n/a", "not-claimed": "none", DISAGREE: "≠"}
 FONT_PT = 9
 DPI = 100

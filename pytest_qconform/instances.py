@@ -36,7 +36,7 @@ def parametrize(metafunc: pytest.Metafunc, marker: pytest.Mark) -> None:
     params = []
     for target in config.stash[state.TARGETS]:
         target_marks = [getattr(pytest.mark, m) for m in target.marker_names]
-        for name in sorted(config.stash[state.BACKEND_FACTORIES]):
+        for name in sorted(config.stash[state.BACKEND_FACTORIES].keys()):
             backend = state.backend(config, name)
             rows: list[dict[str, Any]]
             marks = list(target_marks)

@@ -16,19 +16,20 @@ from pytest_qconform.matrix_summary import DISAGREE, Summary, SummaryEntry, summ
 from pytest_qconform.matrix_versions import contract_revisions, other_differences, ranges
 from pytest_qconform.report import VERDICTS
 from pytest_qconform.tables import format_multiple
+from pytest_qconform.vocabulary import Verdict
 
 MARKER_START = "<!-- qconform-matrix:start -->"
 MARKER_END = "<!-- qconform-matrix:end -->"
 FULL_MATRIX = "reports/MATRIX.md"  # where nox -s matrix writes the full table; the README links it
 SYMBOLS: dict[str, str] = {
-    "pass": "✅",
-    "fail": "❌",
-    "known-failure": "⚠️",
-    "crashed": "💥",
-    "timeout": "⏱",
-    "skipped": "➖",
-    "unavailable": "🚫",
-    "not-claimed": "∅",
+    Verdict.PASS: "✅",
+    Verdict.FAIL: "❌",
+    Verdict.KNOWN_FAILURE: "⚠️",
+    Verdict.CRASHED: "💥",
+    Verdict.TIMEOUT: "⏱",
+    Verdict.SKIPPED: "➖",
+    Verdict.UNAVAILABLE: "🚫",
+    Verdict.NOT_CLAIMED: "∅",
     DISAGREE: "≠",
 }
 LEGEND_WORDS: dict[str, str] = {"known-failure": "known failure", "not-claimed": "the backend claims nothing the check needs",

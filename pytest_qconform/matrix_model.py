@@ -154,14 +154,14 @@ def merge(reports: Iterable[RunReport], *, max_age_days: float | None = None,
     for key, found in per_cell.items():
         history = tuple(sorted(((f[4], f[0], f[2]) for f in found),
                                key=lambda h: (version_key(h[0]), VERDICTS.index(h[1]), h[2])))
-        newest = max(version_key(f[4]) for f in found)
-        found = sorted((f for f in found if version_key(f[4]) == newest), key=lambda f: (VERDICTS.index(f[0]), f[2]))
-        multiples = [f[1] for f in found if f[1] is not None]
+        newest_version = max(version_key(f[4]) for f in found)
+        current = sorted((f for f in found if version_key(f[4]) == newest_version), key=lambda f: (VERDICTS.index(f[0]), f[2]))
+        multiples = [f[1] for f in current if f[1] is not None]
         worst = None
         if multiples:
             worst = math.nan if any(math.isnan(m) for m in multiples) else max(multiples)
-        entries[key] = Entry(tuple(f[0] for f in found), tuple(f[2] for f in found), worst,
-                             tuple(f[3] for f in found), history)
+        entries[key] = Entry(tuple(f[0] for f in current), tuple(f[2] for f in current), worst,
+                             tuple(f[3] for f in current), history)
 
     rows = tuple(sorted({row for row, _ in entries}))
     columns = tuple(sorted({r.arch for r in counted}, key=natural_key))

@@ -19,9 +19,10 @@ from typing import Iterable
 
 from pytest_qconform.matrix_model import Entry, Matrix, RowKey, natural_key
 from pytest_qconform.report import VERDICTS
+from pytest_qconform.vocabulary import Verdict
 
 DISAGREE = "disagree"  # runs on the same arch gave different verdicts for one cell
-JUDGED: frozenset[str] = frozenset({"pass", "fail"})
+JUDGED: frozenset[str] = frozenset({Verdict.PASS, Verdict.FAIL})
 SummaryKey = tuple[str, str]  # (backend, operation)
 
 
@@ -91,7 +92,7 @@ def summarize(matrix: Matrix) -> Summary:
             counts[verdict] += 1
             if verdict in JUDGED and entry.worst_error_multiple is not None:
                 judged.append(entry.worst_error_multiple)
-            if verdict == "known-failure":
+            if verdict == Verdict.KNOWN_FAILURE:
                 reason = entry.reasons[0] if entry.reasons else ""
                 known.setdefault((row[0], row[1], key[1], reason), []).append(f"{row[2]}/{row[3]}")
         ordered = tuple(sorted(counts.items(), key=lambda kv: (kv[0] != DISAGREE, _order(kv[0]))))

@@ -25,9 +25,10 @@ from typing import Iterable
 from pytest_qconform.matrix_model import Entry, Matrix, RowKey, natural_key
 from pytest_qconform.report import FAILING_VERDICTS, RunReport
 from pytest_qconform.versions import PROBE_KEYS, backend_version, version_key
+from pytest_qconform.vocabulary import Verdict
 
-WORKS: frozenset[str] = frozenset({"pass"})
-FAILS: frozenset[str] = FAILING_VERDICTS | {"known-failure"}
+WORKS: frozenset[str] = frozenset({Verdict.PASS})
+FAILS: frozenset[str] = FAILING_VERDICTS | {Verdict.KNOWN_FAILURE}
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ def version_range(arch: str, backend: str, operation: str | None,
                 regressions.append(Regression(row, good, bad, _verdict_in(entry, bad)))
         if history[-1][1] == "fails":
             failing_newest += 1
-            known_newest += _verdict_in(entry, history[-1][0]) == "known-failure"
+            known_newest += _verdict_in(entry, history[-1][0]) == Verdict.KNOWN_FAILURE
             continue
         since = len(history) - 1  # the oldest version of the run of "works" that reaches the newest
         while since > 0 and history[since - 1][1] == "works":

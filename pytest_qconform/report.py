@@ -32,6 +32,7 @@ from pytest_qconform.schema import (
     type_name,
     validate_probe,
 )
+from pytest_qconform.vocabulary import FAILING, VERDICT_ORDER
 
 SCHEMA = "pytest-qconform/report"
 SCHEMA_VERSION = 3
@@ -50,9 +51,8 @@ SUITE_SINCE_VERSION = 3
 # outcome outranks "skipped", and "unavailable" (the backend cannot load) says least.
 # "not-claimed": a check whose declared axes the backend claims no value of (pytest_qconform.axes):
 # its one cell says so, and says least.
-VERDICTS: tuple[str, ...] = ("crashed", "timeout", "fail", "known-failure", "pass", "skipped", "unavailable",
-                             "not-claimed")
-FAILING_VERDICTS: frozenset[str] = frozenset({"crashed", "timeout", "fail"})
+VERDICTS: tuple[str, ...] = VERDICT_ORDER
+FAILING_VERDICTS: frozenset[str] = FAILING
 FILENAME_TIME_FORMAT = "%Y%m%dT%H%M%SZ"
 
 

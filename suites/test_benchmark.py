@@ -48,6 +48,10 @@ def test_benchmark_dequantize(qbench, qtarget, qbackend, benchmark, spec, dtype,
 def test_benchmark_matmul(qbench, qtarget, qbackend, benchmark, spec, dtype, qbench_shape, batch):
     require_claim(qbackend, qtarget, spec, dtype)
     qbench.matmul(benchmark, qbackend, spec, qbench_shape, batch, dtype)
+    if qbench.device.type == "cuda":  # torch's int4 tinygemm, timed once per case beside the backends
+        from pytest_qconform import bench, bench_peer
+
+        bench_peer.time_peer_once(qbench, qbench_shape, batch, dtype, bench.device_facts(qbench.config, qbench.device))
 
 
 @pytest.mark.qconform_benchmark

@@ -1,4 +1,5 @@
 """Shared helpers for the plugin's own tests."""
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -11,6 +12,18 @@ import pytest
 # again: torch a second time into one process segfaults ("module functions cannot set
 # METH_CLASS or METH_STATIC"), and a conftest's Availability is no longer the plugin's.
 import pytest_qconform.state  # noqa: F401  (torch and backends.base under it)
+import torch
+
+# Likewise triton and our kernels: a second import of triton's language modules leaves the
+# interpreter patching the new ones while the kernels hold the old ("Cannot call
+# @triton.jit'd outside of the scope of a kernel"). Without a GPU the kernels run in
+# Triton's interpreter, as the plugin arranges for a run; the test files say the same.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+try:
+    import pytest_qconform.kernels  # noqa: F401
+except ImportError:  # no triton: the tests that need it skip
+    pass
 
 from fake_backend import FAKE_BACKEND
 

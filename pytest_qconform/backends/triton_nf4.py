@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 import torch
 
 from pytest_qconform.backends import _torch_util, triton_nf4_ops, triton_nf4_plans
@@ -294,8 +295,8 @@ class TritonNf4Backend(Backend):
         return PackedBnb4(
             quant_type=state.quant_type, blocksize=state.blocksize, shape=state.shape,
             packed=to_numpy(state.packed).reshape(-1), absmax=to_numpy(state.absmax), code=to_numpy(state.code),
-            nested_absmax=to_numpy(state.nested_absmax) if nested else None,
-            nested_code=to_numpy(state.nested_code) if nested else None,
+            nested_absmax=to_numpy(state.nested_absmax) if state.nested_absmax is not None else None,
+            nested_code=to_numpy(state.nested_code) if state.nested_code is not None else None,
             nested_blocksize=state.nested_blocksize if nested else None,
             offset=state.offset if nested else None,
         )
@@ -304,7 +305,7 @@ class TritonNf4Backend(Backend):
         if not isinstance(packed, PackedBnb4):
             raise NotImplementedError(f"{self.name} reads bitsandbytes' layout only, not {type(packed).__name__}")
 
-        def tensor(array: np.ndarray, dtype: np.dtype) -> torch.Tensor:
+        def tensor(array: np.ndarray, dtype: DTypeLike) -> torch.Tensor:
             return torch.as_tensor(np.ascontiguousarray(array, dtype=dtype)).reshape(-1).to(device)
 
         nested: dict[str, Any] = {}
@@ -325,7 +326,7 @@ class TritonNf4Backend(Backend):
         out = {"format_version": torch.tensor(STATE_FORMAT_VERSION), "packed": state.packed, "absmax": state.absmax,
                "code": state.code, "blocksize": torch.tensor(state.blocksize), "shape": torch.tensor(state.shape),
                "quant_type": torch.tensor(_QUANT_TYPES.index(state.quant_type))}
-        if state.double_quant:
+        if state.nested_absmax is not None and state.nested_code is not None:
             out.update({"nested_absmax": state.nested_absmax, "nested_code": state.nested_code,
                         "nested_blocksize": torch.tensor(state.nested_blocksize),
                         "offset": torch.tensor(state.offset, dtype=torch.float64)})
