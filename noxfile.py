@@ -38,7 +38,7 @@ def matrix(session: nox.Session) -> None:
     import os
 
     summary = ["--step-summary"] if os.environ.get("GITHUB_STEP_SUMMARY") else []
-    session.run(_python(session), "-m", "pytest_qconform.matrix", *(session.posargs or ["reports/"]),
+    session.run(_python(session), "-m", "pytest_qconform.matrix.cli", *(session.posargs or ["reports/"]),
                 "--out", "reports/MATRIX.md", "--png", "reports/matrix.png", *summary)
 
 
@@ -64,14 +64,14 @@ def tests(session: nox.Session) -> None:
 @nox.session(name="kernel-calls", python=False)
 def kernel_calls(session: nox.Session) -> None:
     """Record the calls a default run makes to our Triton kernels into the packaged log
-    that the GPU warm-up replays (pytest_qconform/triton_warmup.py). Run it on a GPU after
+    that the GPU warm-up replays (pytest_qconform/triton_nf4/warmup.py). Run it on a GPU after
     the suites or the kernels' entry points change: the draws are derandomized, but a CPU
     run gives some size-1 dimensions of x other strides, which Triton keys on (bench/notes.md
     "Warm-up"). tests/test_triton_warmup.py checks that a replayed log launches the
     recorded run's kernel keys. Runs in the current environment."""
     session.run(_python(session), "-m", "pytest", "--qconform", "-q", "-p", "no:cacheprovider", "--tb=line",
                 "--qconform-no-report", "--qconform-warmup-workers=0",
-                "--qconform-record-kernel-calls=pytest_qconform/default_run_kernel_calls.json", *session.posargs)
+                "--qconform-record-kernel-calls=pytest_qconform/triton_nf4/default_run_kernel_calls.json", *session.posargs)
 
 
 @nox.session(name="compile-check", python=False)
@@ -80,9 +80,9 @@ def compile_check(session: nox.Session) -> None:
     and write the results the matrix reads (reports/compiled/compile-check.json) and the
     registers/spills/occupancy table (docs/kernels-compiled.md). Run it after the kernels,
     the kernel-call log or the Triton pin change; tests/test_compile_check.py fails until the
-    committed files match. Extra arguments go to ``python -m pytest_qconform.compile_check``.
+    committed files match. Extra arguments go to ``python -m pytest_qconform.compile.check``.
     160 s on 2 CPU cores with a cold Triton cache (one process per core), 7 s warm."""
-    session.run(_python(session), "-m", "pytest_qconform.compile_check", "--json", "reports/compiled/compile-check.json",
+    session.run(_python(session), "-m", "pytest_qconform.compile.check", "--json", "reports/compiled/compile-check.json",
                 "--doc", "docs/kernels-compiled.md", *session.posargs)
 
 
@@ -158,4 +158,4 @@ def bench(session: nox.Session) -> None:
     session.run(_python(session), "-m", "pytest", "--qconform", "--benchmark-only", f"--qconform-bench-shapes={shapes}",
                 f"--qconform-report-dir={reports}", "-p", "no:cacheprovider", *session.posargs)
     for report in sorted(set(reports.glob("*.json")) - before):
-        session.run(_python(session), "-m", "pytest_qconform.benchplot", str(report))
+        session.run(_python(session), "-m", "pytest_qconform.benchmark.plot", str(report))

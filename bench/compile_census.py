@@ -35,8 +35,8 @@ import pytest
 import torch
 
 CENSUS_KEY = pytest.StashKey[dict]()
-KERNEL_MODULES = ("pytest_qconform.kernels.nf4_dequant", "pytest_qconform.kernels.nf4_gemv",
-                  "pytest_qconform.kernels.nf4_mma")
+KERNEL_MODULES = ("pytest_qconform.triton_nf4.kernels.nf4_dequant", "pytest_qconform.triton_nf4.kernels.nf4_gemv",
+                  "pytest_qconform.triton_nf4.kernels.nf4_mma")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -92,7 +92,7 @@ def pytest_configure(config: pytest.Config) -> None:
     import triton.compiler
     import triton.runtime.build as triton_build
 
-    from pytest_qconform.kernels import interpreter_active
+    from pytest_qconform.triton_nf4.kernels import interpreter_active
 
     census = {"compiles": [], "launchers": [], "keys": collections.Counter(),
               "mode": "interpreted" if interpreter_active() else "compiled"}

@@ -7,7 +7,7 @@ tile (bytes per program, warps) serve small weights better, and how close to the
 does a plain device-to-device copy of the same number of bytes come at that size (the
 floor is measured on a copy much larger than L2, so a small call's fixed cost, filling
 and draining the GPU, is not in it). Timing as in the benchmark suite
-(``pytest_qconform.bench``): device clock, calls queued, inputs rotated out of L2,
+(``pytest_qconform.benchmark.harness``): device clock, calls queued, inputs rotated out of L2,
 median. Every tile's output is checked bit for bit against the default tile's.
 
     python bench/dequant_tiles.py --out tiles.jsonl [--shapes 4096x4096 ...]
@@ -24,10 +24,11 @@ from unittest import mock
 
 import torch
 
-from pytest_qconform import bench, kernels
+from pytest_qconform.benchmark import harness as bench
+from pytest_qconform.triton_nf4 import kernels
 from pytest_qconform.backends.base import QuantSpec
 from pytest_qconform.backends.registry import create
-from pytest_qconform.kernels import nf4_dequant
+from pytest_qconform.triton_nf4.kernels import nf4_dequant
 
 TILES = tuple((size, warps) for size in (512, 1024, 2048, 4096, 8192) for warps in (1, 2, 4, 8)
               if size // (32 * warps) >= 4)  # at least 4 packed bytes a thread

@@ -3,7 +3,7 @@ the host time goes.
 
 For each shape and row count: the triton-nf4 adapter's matmul, bitsandbytes' and torch's
 int4 tinygemm, each over four rotated weight copies (each call reads its weight from
-memory), 100 calls per loop, median of 7 loops (as ``pytest_qconform.bench.eager_time``;
+memory), 100 calls per loop, median of 7 loops (as ``pytest_qconform.benchmark.harness.eager_time``;
 repeated here so that a checkout without it can be timed the same way),
 beside the device time of the same calls queued behind a sleep (``bench.device_times``).
 ``--old-tree DIR`` also times the adapter of another checkout (the code before a change)
@@ -58,7 +58,7 @@ def _cases(which: str, device: torch.device):
                                   "planned_equals_entry_point": bool(torch.equal(fresh, planned))}), flush=True)
             del qs, first
         if "tinygemm" in which:
-            from pytest_qconform.bench_peer import GROUP, _packed_weight
+            from pytest_qconform.benchmark.peer import GROUP, _packed_weight
 
             generator = torch.Generator(device=device).manual_seed(2)
             packed = [_packed_weight(n, k, device, generator) for _ in range(COPIES)]
@@ -84,7 +84,7 @@ def _eager_time(call, count: int, loops: int = 7, calls: int = 100) -> float:
 
 
 def measure(which: str, label: str) -> list[dict]:
-    from pytest_qconform import bench
+    from pytest_qconform.benchmark import harness as bench
 
     device = torch.device("cuda")
     facts = bench._measure_facts(device)

@@ -4,7 +4,7 @@ Why: the backend picks a route per batch (``kernels.gemv_4bit``'s per-row kernel
 tensor-core kernel, or dequantize + cuBLAS); the thresholds in ``nf4_gemv`` (MMA_MIN_ROWS,
 PER_ROW_MAX_ROWS, MAX_ROWS) and the backend's FUSED_MAX_ROWS come from this table
 (bench/notes.md v11). bitsandbytes (through the project's adapter) in the same run is the
-bar. Timing as in the benchmark suite (``pytest_qconform.bench``): device clock, calls
+bar. Timing as in the benchmark suite (``pytest_qconform.benchmark.harness``): device clock, calls
 queued, inputs rotated out of L2, median. Every fused result is first checked against the
 fp32 decode (error below 2**-6 of |x| |W|, which catches layout bugs; the conformance
 suites judge the bounds).
@@ -23,10 +23,11 @@ from unittest import mock
 
 import torch
 
-from pytest_qconform import bench, kernels
+from pytest_qconform.benchmark import harness as bench
+from pytest_qconform.triton_nf4 import kernels
 from pytest_qconform.backends.base import QuantSpec
 from pytest_qconform.backends.registry import create
-from pytest_qconform.kernels import nf4_gemv, nf4_mma
+from pytest_qconform.triton_nf4.kernels import nf4_gemv, nf4_mma
 
 BATCHES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 17, 24, 32, 48, 64, 128)
 SAMPLES = 100

@@ -3,7 +3,7 @@
 ``doctor`` prints the probe: the same record the run header prints, as a human-readable
 report or as JSON, so a runner's operator can see what the suite will find before
 running it. ``check`` is the report gate a CI job applies to a run's report
-(``pytest_qconform.gate``).
+(``pytest_qconform.report.gate``).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import dataclasses
 import os
 import sys
 
-from pytest_qconform.probe import BackendStatus, probe_hardware
+from pytest_qconform.hardware.probe import BackendStatus, probe_hardware
 
 
 def doctor(simulate: str | None, as_json: bool) -> int:
@@ -25,7 +25,7 @@ def doctor(simulate: str | None, as_json: bool) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     from pytest_qconform.backends import registry
 
-    from pytest_qconform.startup_notes import captured
+    from pytest_qconform.session.startup_notes import captured
 
     statuses = []
     for name, factory in sorted(registry.discover().items()):
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="require things of a run report (CI gate); see python -m pytest_qconform check --help")
     args, rest = parser.parse_known_args(argv)
     if args.command == "check":
-        from pytest_qconform import gate
+        from pytest_qconform.report import gate
 
         return gate.main(rest)
     if rest:

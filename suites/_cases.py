@@ -9,13 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pytest_qconform.axes import spec_id  # noqa: F401  (the suites' instance ids)
+from pytest_qconform.cases.axes import spec_id  # noqa: F401  (the suites' instance ids)
 from pytest_qconform.backends.base import Backend, Capabilities, QuantSpec
-from pytest_qconform.claims import target_device, unclaimed
-from pytest_qconform.outcomes import NOT_CLAIMED_PREFIX
+from pytest_qconform.cases.claims import target_device, unclaimed
+from pytest_qconform.session.outcomes import NOT_CLAIMED_PREFIX
 from pytest_qconform.reference import bnb4, faithful, hqq4
 from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
-from pytest_qconform.targets import Target
+from pytest_qconform.hardware.targets import Target
 
 DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -70,14 +70,14 @@ def output_columns(y: torch.Tensor) -> torch.Tensor:
 def shapes_for(spec: QuantSpec) -> tuple[tuple[int, int], ...]:
     """Weight shapes for a spec: bitsandbytes' layout takes any numel; HQQ groups need
     the grouped axis to divide by the group size, so it gets shapes that do."""
-    from pytest_qconform.strategies import WEIGHT_SHAPES
+    from pytest_qconform.cases.strategies import WEIGHT_SHAPES
 
     if spec.format == "hqq4":
         return ((64, 128), (16, 256))
     return WEIGHT_SHAPES
 
 
-def dequantize_bound(packed: PackedBnb4 | PackedHqq4, exact: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def packed_dequantize_bound(packed: PackedBnb4 | PackedHqq4, exact: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Per-element bound for a dequantized value (derivations in reference.bounds).
 
     bitsandbytes-layout: ``code * absmax`` in fp32, the absmax itself decoded from its

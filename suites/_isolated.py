@@ -19,8 +19,8 @@ import pytest
 
 from pytest_qconform.backends import registry
 from pytest_qconform.backends.base import Backend
-from pytest_qconform.fixtures import Checker
-from pytest_qconform.outcomes import MULTIPLE_PROPERTY
+from pytest_qconform.session.fixtures import Checker
+from pytest_qconform.session.outcomes import MULTIPLE_PROPERTY
 
 CHILD_TIMEOUT_S = 1800.0
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from pytest_qconform.backends.base import Backend, QuantSpec
-from pytest_qconform.outcomes import NOT_CLAIMED_PREFIX
+from pytest_qconform.session.outcomes import NOT_CLAIMED_PREFIX
 from pytest_qconform.reference import bnb4, bounds, linear
 from pytest_qconform.reference.packed import PackedBnb4
 
-from ._cases import dequantize_bound, reference_decode
+from ._cases import packed_dequantize_bound, reference_decode
 
 CHUNK_ELEMENTS = 1 << 26  # elements the reference decodes at once: bounded memory
 
@@ -42,7 +42,7 @@ def check_in_chunks(qcheck, out: torch.Tensor, packed, dtype: torch.dtype, what:
     """``out`` (the backend's dequantization) against the reference, a slice at a time."""
     if not isinstance(packed, PackedBnb4) or packed.numel <= CHUNK_ELEMENTS:
         exact = reference_decode(packed, out.device)
-        qcheck.within(out, exact, dequantize_bound(packed, exact, dtype), what)
+        qcheck.within(out, exact, packed_dequantize_bound(packed, exact, dtype), what)
         return
     group = packed.blocksize * (packed.nested_blocksize or 1)
     step = max(group, CHUNK_ELEMENTS // group * group)

@@ -15,13 +15,13 @@ import torch
 
 from pytest_qconform.backends.base import Backend, QuantSpec
 from pytest_qconform.backends.layers import LayerCapabilities, LayerFacet
-from pytest_qconform.outcomes import NOT_CLAIMED_PREFIX
+from pytest_qconform.session.outcomes import NOT_CLAIMED_PREFIX
 from pytest_qconform.reference import bounds, linear
 from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
-from pytest_qconform.strategies import WeightCase
-from pytest_qconform.targets import Target
+from pytest_qconform.cases.strategies import WeightCase
+from pytest_qconform.hardware.targets import Target
 
-from ._cases import dequantize_bound, reference_decode, require_claim, weight_error
+from ._cases import packed_dequantize_bound, reference_decode, require_claim, weight_error
 
 LAYER_SHAPE = (64, 128)  # (out, in): whole blocks per row at 64 and 128, as LLM layers have
 
@@ -235,7 +235,7 @@ def check_requantized(qcheck, facet: LayerFacet, layer: torch.nn.Module, before:
     w = reference_decode(before, delta.device)
     target = w + sign * delta
     dequantized = merge_dequantized_dtype(before)
-    e_target = (dequantize_bound(before, w, dequantized) + e_delta
+    e_target = (packed_dequantize_bound(before, w, dequantized) + e_delta
                 + bounds.rounding_bound(target.abs() + e_delta, torch.promote_types(dequantized, adapter_dtype)))
     after = facet.packed(layer)
     qcheck.within(reference_decode(after, delta.device), target, requantize.requantize_bound(after, target, e_target),

@@ -13,7 +13,7 @@ import torch
 from hypothesis import given
 
 from pytest_qconform.reference import bounds, linear
-from pytest_qconform.strategies import WeightCase, activation_cases, weight_cases
+from pytest_qconform.cases.strategies import WeightCase, activation_cases, weight_cases
 
 from ._cases import reference_decode, require_claim, shapes_for, weight_error
 

@@ -8,7 +8,7 @@ and 14336x4096 (the shapes of 7-8B models' projections), bf16; matmul at batch 1
 (dequantize) double-quantized; quantize of the bf16 weight at NF4 blocksize 64 (load time);
 HQQ has no NF4 and is timed on its own 4-bit format at
 group 64, which stores the same 4.5 bits per weight. What is timed and how (CUDA
-events, inputs rotated out of L2, the floor) is in ``pytest_qconform.bench``; the
+events, inputs rotated out of L2, the floor) is in ``pytest_qconform.benchmark.harness``; the
 results go to pytest-benchmark's ``extra_info`` and the run report's ``benchmarks``.
 Correctness is the other suites' job: a benchmark checks only its output's shape.
 """
@@ -21,7 +21,7 @@ pytest.importorskip("pytest_benchmark", reason="benchmark: pytest-benchmark is n
                                                "(pip install 'pytest-qconform[bench]')")
 
 from pytest_qconform.backends.base import QuantSpec  # noqa: E402
-from pytest_qconform.bench import BATCHES  # noqa: E402
+from pytest_qconform.benchmark.harness import BATCHES  # noqa: E402
 
 from ._cases import dtype_id, require_claim, spec_id  # noqa: E402
 
@@ -49,7 +49,7 @@ def test_benchmark_matmul(qbench, qtarget, qbackend, benchmark, spec, dtype, qbe
     require_claim(qbackend, qtarget, spec, dtype)
     qbench.matmul(benchmark, qbackend, spec, qbench_shape, batch, dtype)
     if qbench.device.type == "cuda":  # torch's int4 tinygemm, timed once per case beside the backends
-        from pytest_qconform import bench, bench_peer
+        from pytest_qconform.benchmark import harness as bench, peer as bench_peer
 
         bench_peer.time_peer_once(qbench, qbench_shape, batch, dtype, bench.device_facts(qbench.config, qbench.device))
 

@@ -25,11 +25,11 @@ import pytest
 import torch
 
 from pytest_qconform.backends.base import QuantSpec
-from pytest_qconform.outcomes import OTHER_DEVICE_PREFIX
+from pytest_qconform.session.outcomes import OTHER_DEVICE_PREFIX
 from pytest_qconform.reference import bounds, linear
-from pytest_qconform.strategies import WeightCase
+from pytest_qconform.cases.strategies import WeightCase
 
-from ._cases import dequantize_bound, reference_decode, require_claim, weight_error
+from ._cases import packed_dequantize_bound, reference_decode, require_claim, weight_error
 from ._layers import LAYER_SHAPE, activation, bias_of, check_forward, layer_inputs, require_layer_claim
 
 # The axes the paths depend on: each compiles (or captures) one function per instance, a
@@ -116,7 +116,7 @@ def judge_dequantize(qcheck, qbackend, quantized, out: torch.Tensor, dtype: torc
     qcheck.equal(tuple(out.shape), LAYER_SHAPE, f"{what}: output shape")
     packed = qbackend.export_packed(quantized)
     exact = reference_decode(packed, out.device)
-    qcheck.within(out, exact, dequantize_bound(packed, exact, dtype), f"{what} vs reference decoding")
+    qcheck.within(out, exact, packed_dequantize_bound(packed, exact, dtype), f"{what} vs reference decoding")
 
 
 def judge_matmul(qcheck, qbackend, quantized, x: torch.Tensor, bias: torch.Tensor, y: torch.Tensor,

@@ -11,9 +11,9 @@ import torch
 from hypothesis import given
 
 from pytest_qconform.backends.base import QuantSpec
-from pytest_qconform.strategies import fewer_examples, listed_weight, weight_cases, with_examples
+from pytest_qconform.cases.strategies import fewer_examples, listed_weight, weight_cases, with_examples
 
-from ._cases import block_ids, dequantize_bound, reference_decode, require_claim, shapes_for
+from ._cases import block_ids, packed_dequantize_bound, reference_decode, require_claim, shapes_for
 
 pytestmark = pytest.mark.qconform_operation("dequantize")
 
@@ -27,7 +27,7 @@ def check_dequantize(qbackend, qdevice, qcheck, spec: QuantSpec, dtype: torch.dt
     qcheck.equal(tuple(out.shape), tuple(case.shape), "dequantize output shape")
     packed = qbackend.export_packed(quantized)
     exact = reference_decode(packed, qdevice)
-    qcheck.within(out, exact, dequantize_bound(packed, exact, dtype), "dequantize vs reference decoding",
+    qcheck.within(out, exact, packed_dequantize_bound(packed, exact, dtype), "dequantize vs reference decoding",
                   rounding_units=block_ids(packed))
 
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pytest_qconform.strategies import WeightCase
+from pytest_qconform.cases.strategies import WeightCase
 
-from ._cases import dequantize_bound, reference_decode, require_claim
+from ._cases import packed_dequantize_bound, reference_decode, require_claim
 
 pytestmark = pytest.mark.qconform_operation("interop")
 
@@ -41,7 +41,7 @@ def test_checkpoint_decodes_exactly_after_reload(qtarget, qbackend, qdevice, qch
     qcheck.equal(bool(torch.equal(before, after)), True, "decoded values identical after reload")
     packed = qbackend.export_packed(loaded)
     exact = reference_decode(packed, qdevice)
-    qcheck.within(after, exact, dequantize_bound(packed, exact, torch.float32), "reloaded vs reference")
+    qcheck.within(after, exact, packed_dequantize_bound(packed, exact, torch.float32), "reloaded vs reference")
 
 
 @pytest.mark.qconform_dtype("fp32")
@@ -62,7 +62,7 @@ def test_bitsandbytes_bytes_decode_identically(qtarget, qbackend, qdevice, qchec
         pytest.skip(f"not claimed: {qbackend.name} does not read bitsandbytes' layout")
     ours = qbackend.dequantize(adopted, torch.float32)
     exact = reference_decode(packed, qdevice)
-    bound = dequantize_bound(packed, exact, torch.float32)
+    bound = packed_dequantize_bound(packed, exact, torch.float32)
     qcheck.within(ours, exact, bound, f"{qbackend.name} decoding bitsandbytes bytes vs reference")
     if qbackend_named.under_test("bitsandbytes"):  # else a byte source only: its decoding is not on trial here
         theirs = producer.dequantize(produced, torch.float32)

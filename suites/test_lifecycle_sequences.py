@@ -48,7 +48,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
 
 from pytest_qconform.backends.base import Backend, QuantSpec
 from pytest_qconform.backends.layers import LayerFacet
-from pytest_qconform.claims import target_device, unclaimed
+from pytest_qconform.cases.claims import target_device, unclaimed
 
 from ._cases import dtype_id, reference_decode
 from ._layers import (LAYER_SHAPE, activation, bias_of, check_forward, check_requantized, layer_inputs, lora_delta,

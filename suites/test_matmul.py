@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pytest_qconform.reference import bounds, linear
-from pytest_qconform.strategies import (ActivationCase, WeightCase, activation_cases, fewer_examples,
+from pytest_qconform.cases.strategies import (ActivationCase, WeightCase, activation_cases, fewer_examples,
                                         listed_weight, weight_cases, with_examples)
 
 from ._cases import dtype_id, output_columns, reference_decode, require_claim, shapes_for, weight_error

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import torch
 
-from pytest_qconform.outcomes import NOT_CLAIMED_PREFIX
+from pytest_qconform.session.outcomes import NOT_CLAIMED_PREFIX
 from pytest_qconform.reference import bnb4, bounds, linear
-from pytest_qconform.strategies import WeightCase
+from pytest_qconform.cases.strategies import WeightCase
 
-from ._cases import DTYPES, dequantize_bound, dtype_id, reference_decode, require_claim, weight_error
+from ._cases import DTYPES, packed_dequantize_bound, dtype_id, reference_decode, require_claim, weight_error
 
 pytestmark = pytest.mark.qconform_operation("parameters")
 
@@ -64,7 +64,7 @@ def test_dequantize_into_one_buffer_across_dtypes_and_shapes(qtarget, qbackend, 
                      f"step {step}: dequantize returned the out= buffer, in {dtype_id(dtype)}")
         packed = qbackend.export_packed(quantized)
         exact = reference_decode(packed, qdevice)
-        qcheck.within(out, exact, dequantize_bound(packed, exact, dtype), f"step {step}: values written to out=")
+        qcheck.within(out, exact, packed_dequantize_bound(packed, exact, dtype), f"step {step}: values written to out=")
 
 
 @pytest.mark.qconform_axes("format", "double_quant", format=("nf4", "fp4"))  # staging of dtypes and shapes
@@ -109,7 +109,7 @@ def test_dequantize_with_explicit_absmax(qtarget, qbackend, qdevice, qcheck, spe
         out = torch.empty(shape, dtype=dtype, device=qdevice)
         result = qbackend.dequantize_with(quantized, dtype, out=out, absmax=absmax)
         exact = reference_decode(plain, qdevice)
-        qcheck.within(result, exact, dequantize_bound(plain, exact, dtype),
+        qcheck.within(result, exact, packed_dequantize_bound(plain, exact, dtype),
                       "dequantize with absmax= (blocksize and format passed by hand)")
 
 

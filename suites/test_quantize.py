@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 
-from pytest_qconform.strategies import fewer_examples, listed_weight, weight_cases, with_examples
+from pytest_qconform.cases.strategies import fewer_examples, listed_weight, weight_cases, with_examples
 
 from ._cases import require_claim, shapes_for
 from ._quantizer import check_codes_and_absmax, check_hqq_nearest_levels

@@ -24,9 +24,9 @@ import pytest
 import torch
 
 from pytest_qconform.backends.base import QuantSpec
-from pytest_qconform.outcomes import NOT_CLAIMED_PREFIX, OOM_PREFIX
+from pytest_qconform.session.outcomes import NOT_CLAIMED_PREFIX, OOM_PREFIX
 from pytest_qconform.reference import bounds, linear
-from pytest_qconform.strategies import WeightCase
+from pytest_qconform.cases.strategies import WeightCase
 
 from ._cases import reference_decode, require_claim, weight_error
 from ._isolated import run_isolated

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from pytest_qconform.reference import bounds, linear
-from pytest_qconform.strategies import WeightCase
+from pytest_qconform.cases.strategies import WeightCase
 
-from ._cases import dequantize_bound, dtype_id, reference_decode, require_claim, weight_error
+from ._cases import packed_dequantize_bound, dtype_id, reference_decode, require_claim, weight_error
 
 pytestmark = pytest.mark.qconform_operation("sequencing")
 SEQUENCE = (torch.bfloat16, torch.float16, torch.bfloat16, torch.float32)
@@ -33,7 +33,7 @@ def test_bf16_fp16_bf16_fp32_in_one_process(qtarget, qbackend, qdevice, qcheck, 
         w = reference_decode(packed, qdevice)
         out = qbackend.dequantize(quantized, dtype)
         qcheck.equal(out.dtype, dtype, f"step {step}: dequantize dtype")
-        qcheck.within(out, w, dequantize_bound(packed, w, dtype), f"step {step}: dequantize values")
+        qcheck.within(out, w, packed_dequantize_bound(packed, w, dtype), f"step {step}: dequantize values")
         x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(step)).to(dtype).to(qdevice)
         x.requires_grad_(True)
         y = qbackend.matmul(x, quantized, None, dtype)

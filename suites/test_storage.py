@@ -15,9 +15,9 @@ import torch
 
 from pytest_qconform.backends.base import QuantSpec
 from pytest_qconform.reference import bounds, linear
-from pytest_qconform.strategies import WeightCase
+from pytest_qconform.cases.strategies import WeightCase
 
-from ._cases import dequantize_bound, reference_decode, require_claim, weight_error
+from ._cases import packed_dequantize_bound, reference_decode, require_claim, weight_error
 
 pytestmark = pytest.mark.qconform_operation("storage")
 
@@ -54,7 +54,7 @@ def test_storage_dtype_keeps_the_bytes(qtarget, qbackend, qdevice, qcheck, spec)
                      f"packed bytes stored as {spec.quant_storage} equal the uint8-stored bytes")
         exact = reference_decode(packed, qdevice)
         out = qbackend.dequantize(quantized, dtype)
-        qcheck.within(out, exact, dequantize_bound(packed, exact, dtype), "dequantize from the stored bytes")
+        qcheck.within(out, exact, packed_dequantize_bound(packed, exact, dtype), "dequantize from the stored bytes")
         for rows in (1, 5):
             x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(rows)).to(dtype).to(qdevice)
             y = qbackend.matmul(x, quantized, None, dtype)

@@ -16,7 +16,7 @@ import torch
 
 from pytest_qconform.reference import bounds, linear
 
-from ._cases import dequantize_bound, reference_decode, require_claim, weight_error
+from ._cases import packed_dequantize_bound, reference_decode, require_claim, weight_error
 
 pytestmark = pytest.mark.qconform_operation("value-range")
 
@@ -62,7 +62,7 @@ def test_dequantize_matmul_backward_across_the_dtype_range(qtarget, qbackend, qd
     packed = qbackend.export_packed(quantized)
     w = reference_decode(packed, qdevice)
     out = qbackend.dequantize(quantized, dtype)
-    qcheck.within(out, w, dequantize_bound(packed, w, dtype), f"dequantize, {value_range} weights")
+    qcheck.within(out, w, packed_dequantize_bound(packed, w, dtype), f"dequantize, {value_range} weights")
     for rows in ROWS:
         qcheck.describe(rows=rows)
         x = _partner(w.abs().sum(dim=1), value_range, dtype, (rows, SHAPE[1]), rows, qdevice).requires_grad_(True)

@@ -13,10 +13,10 @@ import pytest
 import torch
 from hypothesis import given
 
-from pytest_qconform.axes import WEIGHT_LAYOUTS
-from pytest_qconform.strategies import WeightCase, listed_weight, weight_cases, with_examples
+from pytest_qconform.cases.axes import WEIGHT_LAYOUTS
+from pytest_qconform.cases.strategies import WeightCase, listed_weight, weight_cases, with_examples
 
-from ._cases import dequantize_bound, dtype_id, reference_decode, require_claim, shapes_for
+from ._cases import packed_dequantize_bound, dtype_id, reference_decode, require_claim, shapes_for
 from ._quantizer import check_codes_and_absmax, check_hqq_nearest_levels
 
 pytestmark = pytest.mark.qconform_operation("quantize-layout")
@@ -74,7 +74,7 @@ def test_strided_weight_quantizes_like_its_contiguous_copy(qtarget, qbackend, qd
             packed = check_codes_and_absmax(qbackend, qcheck, spec, view, quantized=quantized)
         exact = reference_decode(packed, qdevice)
         out = qbackend.dequantize(quantized, dtype)
-        qcheck.within(out, exact, dequantize_bound(packed, exact, dtype),
+        qcheck.within(out, exact, packed_dequantize_bound(packed, exact, dtype),
                       f"dequantize of the state quantized from a {layout} view")
 
     check()

@@ -11,7 +11,7 @@ import pytest
 # (runpytest) imports them, the snapshot's restore drops them, and the next run imports them
 # again: torch a second time into one process segfaults ("module functions cannot set
 # METH_CLASS or METH_STATIC"), and a conftest's Availability is no longer the plugin's.
-import pytest_qconform.state  # noqa: F401  (torch and backends.base under it)
+import pytest_qconform.session.state  # noqa: F401  (torch and backends.base under it)
 import torch
 
 # Likewise triton and our kernels: a second import of triton's language modules leaves the
@@ -21,7 +21,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 try:
-    import pytest_qconform.kernels  # noqa: F401
+    import pytest_qconform.triton_nf4.kernels  # noqa: F401
 except ImportError:  # no triton: the tests that need it skip
     pass
 

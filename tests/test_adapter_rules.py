@@ -7,7 +7,7 @@ import pytest
 import torch
 from fake_backend import FAKE_BACKEND
 
-from pytest_qconform.adapter_rules import capability_problems, violations
+from pytest_qconform.backends.adapter_rules import capability_problems, violations
 from pytest_qconform.backends.base import Availability, Backend, Capabilities
 
 SUITE = """

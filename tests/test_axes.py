@@ -11,7 +11,7 @@ import torch
 
 from fake_backend import FAKE_BACKEND
 
-from pytest_qconform import axes
+from pytest_qconform.cases import axes
 from pytest_qconform.backends.base import Capabilities
 
 BNB_AND_HQQ = Capabilities(("nf4", "fp4", "hqq4"), (64, 128, 256), True, (torch.bfloat16, torch.float16),

@@ -60,7 +60,7 @@ def decode(packed: PackedBnb4 | PackedHqq4) -> torch.Tensor:
     return decode_bnb4(packed) if isinstance(packed, PackedBnb4) else decode_hqq4(packed)
 
 
-def dequantize_bound(packed: PackedBnb4 | PackedHqq4, exact: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def packed_dequantize_bound(packed: PackedBnb4 | PackedHqq4, exact: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A few fp32 (or compute-dtype) operations on the scale, then one rounding to ``dtype``."""
     if isinstance(packed, PackedBnb4):
         inner = 4 * unit_roundoff(torch.float32)
@@ -150,7 +150,7 @@ def test_broken_native_library_reports_first_line_of_error(monkeypatch, backend_
 
 def test_triton_without_interpreter_or_gpu_is_unavailable_with_reason(monkeypatch):
     pytest.importorskip("triton")
-    from pytest_qconform import kernels
+    from pytest_qconform.triton_nf4 import kernels
 
     monkeypatch.setattr(kernels, "interpreter_active", lambda: False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -171,7 +171,7 @@ def test_dequantize_matches_float64_decoding_of_exported_bytes(backend_name, spe
     for dtype in DTYPES:
         out = backend.dequantize(quantized, dtype)
         assert (out.dtype, tuple(out.shape)) == (dtype, shape)
-        assert_within(out, exact, dequantize_bound(packed, exact, dtype), f"{backend_name} dequantize {dtype}")
+        assert_within(out, exact, packed_dequantize_bound(packed, exact, dtype), f"{backend_name} dequantize {dtype}")
     # Within a quarter of max|w| of the weight (every format's half code gap is below that):
     # a layout misread by the decoder would not be.
     original = weight(shape).double()
@@ -309,8 +309,8 @@ def test_triton_buffer_follows_dtype_sequence():
 def test_triton_operators_for_torch_compile_match_the_kernels(rows):
     """What torch.compile calls (triton_nf4_ops) gives the eager kernels' bytes, and the
     operators pass torch's own checks (schema, fake tensors, autograd registration)."""
-    from pytest_qconform.backends import triton_nf4_ops
-    from pytest_qconform.backends.triton_nf4 import FUSED_MAX_ROWS
+    from pytest_qconform.triton_nf4 import ops as triton_nf4_ops
+    from pytest_qconform.triton_nf4.backend import FUSED_MAX_ROWS
 
     backend = available_backend("triton-nf4")
     state = backend.quantize(weight((64, 128)), QuantSpec("nf4", 64, double_quant=True)).handle

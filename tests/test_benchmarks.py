@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_qconform import bench, benchplot
-from pytest_qconform.matrix import merge
-from pytest_qconform.plugin import suites_dir
-from pytest_qconform.bench_record import Benchmark, with_bitsandbytes_ratios
-from pytest_qconform.report import Cell, ReportError, RunReport, read_report, write_report
+from pytest_qconform.benchmark import harness as bench, plot as benchplot
+from pytest_qconform.matrix.cli import merge
+from pytest_qconform.session.plugin import suites_dir
+from pytest_qconform.report.benchmarks import Benchmark, with_bitsandbytes_ratios
+from pytest_qconform.report.run_report import Cell, ReportError, RunReport, read_report, write_report
 
 pytest.importorskip("pytest_benchmark")
 # Imported before any pytester run: pytester drops modules a run imported, and bitsandbytes
@@ -199,7 +199,7 @@ def test_benchplot_cli_writes_png_beside_the_report(tmp_path: Path, capsys) -> N
     assert (tmp_path / "t.png").read_bytes().startswith(b"\x89PNG")
 
 
-@pytest.mark.parametrize("module", ["pytest_qconform", "pytest_qconform.benchplot", "pytest_qconform.matrix"])
+@pytest.mark.parametrize("module", ["pytest_qconform", "pytest_qconform.benchmark.plot", "pytest_qconform.matrix.cli"])
 def test_every_cli_prints_its_help(module: str) -> None:
     """argparse formats help strings with %: a bare "%" in one crashed ``--help``."""
     proc = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)

@@ -17,7 +17,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 LAUNCHES = '''
 import torch
 import bitsandbytes.functional as F
-from pytest_qconform import kernels
+from pytest_qconform.triton_nf4 import kernels
 
 
 def packed(shape):

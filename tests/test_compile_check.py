@@ -1,4 +1,4 @@
-"""The compile check (pytest_qconform/compile_check.py): every Triton kernel we ship compiles
+"""The compile check (pytest_qconform/compile/check.py): every Triton kernel we ship compiles
 for every listed arch, on this CPU; a kernel that does not compile fails with the arch and
 the compiler's message; the committed results, docs and matrix rows match a fresh check."""
 from __future__ import annotations
@@ -19,9 +19,11 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
-from pytest_qconform import archs, compile_check, kernel_calls  # noqa: E402
-from pytest_qconform.bf16_rounding import truncating_instructions  # noqa: E402
-from pytest_qconform.compile_report import (  # noqa: E402
+from pytest_qconform.hardware import archs  # noqa: E402
+from pytest_qconform.compile import check as compile_check
+from pytest_qconform.triton_nf4 import kernel_calls
+from pytest_qconform.compile.bf16_rounding import truncating_instructions  # noqa: E402
+from pytest_qconform.compile.report import (  # noqa: E402
     ArchResult,
     CompileCheck,
     CompileReportError,
@@ -31,8 +33,8 @@ from pytest_qconform.compile_report import (  # noqa: E402
     read_results,
     write_results,
 )
-from pytest_qconform.kernel_resources import Resources, amd_resources, nvidia_occupancy  # noqa: E402
-from pytest_qconform.unsupported_targets import unsupported_targets  # noqa: E402
+from pytest_qconform.compile.resources import Resources, amd_resources, nvidia_occupancy  # noqa: E402
+from pytest_qconform.session.unsupported_targets import unsupported_targets  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "reports" / "compiled" / "compile-check.json"
@@ -49,7 +51,7 @@ def _without_interpreter() -> dict[str, str]:
 def fresh(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, CompileCheck | None]:
     """One run of the whole check, as CI makes it: every listed arch, the packaged log."""
     out = tmp_path_factory.mktemp("compile-check") / "compile-check.json"
-    result = subprocess.run([sys.executable, "-m", "pytest_qconform.compile_check", "--json", str(out)],
+    result = subprocess.run([sys.executable, "-m", "pytest_qconform.compile.check", "--json", str(out)],
                             capture_output=True, text=True, env=_without_interpreter(), cwd=ROOT)
     return result, read_results(out) if out.exists() else None
 
@@ -78,8 +80,9 @@ def test_committed_results_and_doc_match_a_fresh_check(fresh) -> None:
 
 PLANTED = textwrap.dedent('''
     import json, sys
-    from pytest_qconform import compile_check, kernel_calls
-    from pytest_qconform.kernels import nf4_gemv
+    from pytest_qconform.compile import check as compile_check
+    from pytest_qconform.triton_nf4 import kernel_calls
+    from pytest_qconform.triton_nf4.kernels import nf4_gemv
     calls = [c for c in kernel_calls.load(kernel_calls.DEFAULT_RUN_CALLS) if c["fn"] == "gemv_4bit"][:1]
     if sys.argv[1] == "ptx":  # the PTX warp shuffle on every platform, ROCm included
         nf4_gemv.ptx_shuffle_ok = lambda device: True
@@ -124,8 +127,8 @@ def test_compiler_messages_name_sources_relative_to_the_checkout() -> None:
     message = compile_check._compiler_message(RuntimeError(f"{source}:118:1: PassManager::run failed"),
                                               f"{source}:118:1: error: unsupported target: 'gfx1030'\ndef k(\n")
     assert str(compile_check.KERNELS_DIR) not in message
-    assert message.splitlines()[0] == "pytest_qconform/kernels/nf4_dequant.py:118:1: error: unsupported target: 'gfx1030'"
-    assert message.splitlines()[-1] == "RuntimeError: pytest_qconform/kernels/nf4_dequant.py:118:1: PassManager::run failed"
+    assert message.splitlines()[0] == "pytest_qconform/triton_nf4/kernels/nf4_dequant.py:118:1: error: unsupported target: 'gfx1030'"
+    assert message.splitlines()[-1] == "RuntimeError: pytest_qconform/triton_nf4/kernels/nf4_dequant.py:118:1: PassManager::run failed"
 
 
 def test_failures_name_an_uncovered_kernel_and_a_stale_unsupported_entry() -> None:
@@ -133,7 +136,7 @@ def test_failures_name_an_uncovered_kernel_and_a_stale_unsupported_entry() -> No
     check = CompileCheck("3.9.0", "f", 1, (stale,), uncovered=("nf4_gemv._new_kernel",))
     messages = compile_check.failures(check)
     assert any("gfx1030" in m and "remove the entry" in m for m in messages)
-    assert any(m.startswith("nf4_gemv._new_kernel: launched in pytest_qconform/kernels but reached by no")
+    assert any(m.startswith("nf4_gemv._new_kernel: launched in pytest_qconform/triton_nf4/kernels but reached by no")
                for m in messages)
     assert not check.ok
 
@@ -158,7 +161,7 @@ def test_unsupported_targets_file_is_read_and_a_bad_entry_named(tmp_path: Path) 
 def test_unknown_arch_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="unknown arch 'gfx9999'; known archs: gfx906"):
         compile_check.gpu_targets(["gfx9999"])
-    result = subprocess.run([sys.executable, "-m", "pytest_qconform.compile_check", "--arch", "gfx9999"],
+    result = subprocess.run([sys.executable, "-m", "pytest_qconform.compile.check", "--arch", "gfx9999"],
                             capture_output=True, text=True, env=_without_interpreter(), cwd=ROOT)
     assert result.returncode == 2 and "unknown arch 'gfx9999'" in result.stderr
 
@@ -222,7 +225,7 @@ def test_the_call_log_replays_as_each_platform_would() -> None:
     calls = [c for c in kernel_calls.load(kernel_calls.DEFAULT_RUN_CALLS) if c["fn"] == "gemv_4bit"][:3]
     script = textwrap.dedent('''
         import json, sys
-        from pytest_qconform import compile_check
+        from pytest_qconform.compile import check as compile_check
         calls = json.loads(sys.argv[1]) + compile_check.extra_calls()[:1]
         out = {}
         for kind, mma_ptx in (("rocm", False), ("cuda", True)):
@@ -241,7 +244,7 @@ def test_the_call_log_replays_as_each_platform_would() -> None:
 
 def test_the_matrix_cli_reads_the_compile_results_beside_the_run_reports(tmp_path: Path) -> None:
     """`nox -s matrix` scans reports/ recursively: the results file there is not a report."""
-    from pytest_qconform.matrix import main as matrix_main
+    from pytest_qconform.matrix.cli import main as matrix_main
 
     (tmp_path / "compiled").mkdir()
     write_results(CompileCheck("3.9.0", "f", 1, (_arch_result("gfx1200"),)), tmp_path / "compiled" / "c.json")
@@ -270,7 +273,7 @@ TRUNCATING_BF16_PROBE = textwrap.dedent('''
     import triton
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
-    from pytest_qconform.bf16_rounding import truncating_instructions
+    from pytest_qconform.compile.bf16_rounding import truncating_instructions
 
     @triton.jit
     def bf16_product(a_ptr, b_ptr, c_ptr, BLOCK: tl.constexpr):

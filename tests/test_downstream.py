@@ -122,7 +122,7 @@ def test_a_backend_tested_alone_reads_bitsandbytes_bytes_without_bitsandbytes_ce
     """bitsandbytes, installed but not selected, is the byte source of the interop check:
     the downstream backend gets its interop cells, bitsandbytes gets none."""
     pytest.importorskip("bitsandbytes.functional")  # before pytester: it cannot be imported twice in a process
-    from pytest_qconform.report import read_report
+    from pytest_qconform.report.run_report import read_report
 
     monkeypatch.syspath_prepend(str(EXAMPLE / "src"))
     pytester.makeconftest(MINE_ONLY_CONFTEST)
@@ -145,8 +145,8 @@ def documented_skeleton() -> str:
 
 def test_the_documented_adapter_skeleton_passes_the_suites(pytester: pytest.Pytester) -> None:
     """Saved as conftest.py and run as the docs say, every cell it claims passes."""
-    from pytest_qconform.gate import problems
-    from pytest_qconform.report import read_report
+    from pytest_qconform.report.gate import problems
+    from pytest_qconform.report.run_report import read_report
 
     pytester.makeconftest(documented_skeleton())
     result = pytester.runpytest_subprocess("--qconform", "--qconform-backend=my-nf4", "--qconform-report-dir=out",

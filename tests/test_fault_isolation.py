@@ -86,9 +86,9 @@ BROKEN_BACKENDS_CONFTEST = FAKE_BACKEND + textwrap.dedent('''
             LOST_DEVICE.append("CUDA error: misaligned address")
             raise RuntimeError("CUDA error: misaligned address")
 
-    import pytest_qconform.device_loss
+    import pytest_qconform.session.device_loss
 
-    pytest_qconform.device_loss.device_error = lambda device: LOST_DEVICE[0] if LOST_DEVICE else None
+    pytest_qconform.session.device_loss.device_error = lambda device: LOST_DEVICE[0] if LOST_DEVICE else None
 
     def import_missing_library():
         importlib.import_module("qconform_no_such_library")
@@ -137,7 +137,7 @@ def backends(*names: str) -> list[str]:
 
 def matmul_cells(pytester: pytest.Pytester) -> dict[str, dict]:
     """The one written report's cells by backend (all are the matmul cell)."""
-    from pytest_qconform.report import read_report
+    from pytest_qconform.report.run_report import read_report
 
     paths = list((pytester.path / "out").glob("*.json"))
     assert len(paths) == 1, paths

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_qconform import gate
-from pytest_qconform.gate import CellPattern, GateUsageError, problems
-from pytest_qconform.report import Cell, RunReport, write_report
+from pytest_qconform.report import gate
+from pytest_qconform.report.gate import CellPattern, GateUsageError, problems
+from pytest_qconform.report.run_report import Cell, RunReport, write_report
 
 PROBE = {"device_kind": "cpu", "arch": "x86_64", "device_name": "x86_64", "host": "h", "torch": "2.13.0",
          "cuda": None, "hip": None, "simulated": False, "backends": {}}

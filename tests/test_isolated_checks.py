@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pytest_qconform.backends.base import QuantSpec
-from pytest_qconform.fixtures import Checker
+from pytest_qconform.session.fixtures import Checker
 from pytest_qconform.reference import bnb4
 from pytest_qconform.suites._isolated import run_isolated
 from pytest_qconform.suites._large import random_state, slice_blocks

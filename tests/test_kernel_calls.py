@@ -1,4 +1,4 @@
-"""pytest_qconform.kernel_calls: the warm-up's log of kernel entry-point calls. A replayed call must
+"""pytest_qconform.triton_nf4.kernel_calls: the warm-up's log of kernel entry-point calls. A replayed call must
 reach the same kernel launches as the logged one (same shapes, strides, dtypes and
 alignment), a broken log must be refused with its file named, and a failing call must not
 stop a replay. Runs under Triton's interpreter here (no GPU)."""
@@ -17,8 +17,8 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 bnb_functional = pytest.importorskip("bitsandbytes.functional")
 
-from pytest_qconform import kernels  # noqa: E402  (after TRITON_INTERPRET)
-from pytest_qconform import kernel_calls  # noqa: E402
+from pytest_qconform.triton_nf4 import kernels  # noqa: E402  (after TRITON_INTERPRET)
+from pytest_qconform.triton_nf4 import kernel_calls  # noqa: E402
 from pytest_qconform.backends import _torch_util  # noqa: E402
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
@@ -65,7 +65,7 @@ def _packed(shape: tuple[int, int], double_quant: bool = False):
 
 
 def test_recorder_logs_each_distinct_call_once_and_restores_the_entry_points() -> None:
-    from pytest_qconform.kernels import weight_buffer
+    from pytest_qconform.triton_nf4.kernels import weight_buffer
 
     originals = (kernels.dequantize_4bit, kernels.gemv_4bit, weight_buffer.dequantize_4bit)
     data, absmax, kw = _packed((8, 128), double_quant=True)
@@ -151,8 +151,8 @@ def test_command_line_replays_one_shard(tmp_path: Path, capsys: pytest.CaptureFi
 def test_a_quantize_call_round_trips_through_the_log() -> None:
     """The quantize kernel's code boundaries are logged and rebuilt like a tensor argument,
     so the compile check can replay its calls."""
-    from pytest_qconform.compile_check import quantize_calls
-    from pytest_qconform.kernels import code_boundaries, quantize_4bit
+    from pytest_qconform.compile.check import quantize_calls
+    from pytest_qconform.triton_nf4.kernels import code_boundaries, quantize_4bit
 
     boundaries = code_boundaries(_torch_util.code_table("fp4"))
     weight = torch.randn(3, 128, dtype=torch.bfloat16)

@@ -27,7 +27,7 @@ if not torch.cuda.is_available():
 bnb_functional = pytest.importorskip("bitsandbytes.functional")
 pytest.importorskip("triton")
 
-from pytest_qconform import kernels  # noqa: E402  (after TRITON_INTERPRET)
+from pytest_qconform.triton_nf4 import kernels  # noqa: E402  (after TRITON_INTERPRET)
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -177,7 +177,7 @@ def check_gemv(weight_shape, x_shape, with_bias, double_quant, x_dtype, gen, blo
     """``gemv_4bit`` within the fp32-accumulation bound of the float64 matmul, for a drawn x
     of ``x_shape`` (or ``x`` itself). The weights are fp32 ``code * absmax``; the
     tensor-core route rounds them once more, to x's dtype."""
-    from pytest_qconform.kernels import nf4_gemv
+    from pytest_qconform.triton_nf4.kernels import nf4_gemv
 
     N, K = weight_shape
     packed, state, kw = quantize((N, K), "nf4", blocksize, double_quant, seed=N)
@@ -207,7 +207,7 @@ def check_gemv(weight_shape, x_shape, with_bias, double_quant, x_dtype, gen, blo
 @pytest.fixture
 def per_row_kernels(monkeypatch):
     """Send every batch to the per-row kernels (the tensor-core kernel takes 2+ rows it can read)."""
-    from pytest_qconform.kernels import nf4_gemv
+    from pytest_qconform.triton_nf4.kernels import nf4_gemv
 
     monkeypatch.setattr(nf4_gemv, "MMA_MIN_ROWS", nf4_gemv.MAX_ROWS + 1)
 
@@ -242,7 +242,7 @@ def test_kernels_compile_one_variant_for_every_length(monkeypatch):
     """Lengths and batch sizes are not specialized (``do_not_specialize``): Triton would
     otherwise compile a variant per class of each integer (1, a multiple of 16, other), and
     a cold conformance run pays for every one (bench/notes.md "Compile census")."""
-    from pytest_qconform.kernels import nf4_dequant, nf4_gemv
+    from pytest_qconform.triton_nf4.kernels import nf4_dequant, nf4_gemv
 
     dequant = compiled_variants(monkeypatch, nf4_dequant, "_dequantize_4bit_kernel")
     elementwise = compiled_variants(monkeypatch, nf4_gemv, "_gemv_4bit_kernel")
@@ -272,7 +272,7 @@ def test_gemv_word_kernel_configurations(monkeypatch, per_row_kernels, tile, loo
     prefetched words, a partial feature tile (N = 40), a step shorter than a block
     (blocksize 256 > 128 columns per step), each lookup (the shuffle runs on a GPU only, with
     prefetch; elsewhere it falls back to the gather), several rows, double quant."""
-    from pytest_qconform.kernels import nf4_gemv
+    from pytest_qconform.triton_nf4.kernels import nf4_gemv
 
     monkeypatch.setattr(nf4_gemv, "_ROWS_KERNEL", False)  # bf16 x here would take the rows kernel
     monkeypatch.setattr(nf4_gemv, "_GPU_WORDS_TILE" if DEVICE.type == "cuda" else "_INTERPRETER_WORDS_TILE", tile)
@@ -295,7 +295,7 @@ def test_gemv_rows_kernel_configurations(monkeypatch, per_row_kernels, step_word
     steps), programs that walk several row groups (the interpreter runs 3 programs), the
     prefetch crossing from one group (or row of x) to the next, blocksizes 32 to 256, double
     quant, bias. On a GPU the code values come from warp shuffles, here from loads."""
-    from pytest_qconform.kernels import nf4_gemv
+    from pytest_qconform.triton_nf4.kernels import nf4_gemv
 
     if step_words is not None:
         monkeypatch.setattr(nf4_gemv, "_ROWS_WORDS", (step_words,))
@@ -315,7 +315,7 @@ def test_gemv_table_lookup_compiled_for_a_gpu(monkeypatch, per_row_kernels):
     """The path a ROCm GPU takes (no PTX shuffle: code values loaded from the table),
     compiled and run on this GPU: the rows kernel and the word kernel (prefetch on, which
     with the shuffle unavailable falls back to the shared-memory gather)."""
-    from pytest_qconform.kernels import nf4_gemv
+    from pytest_qconform.triton_nf4.kernels import nf4_gemv
 
     monkeypatch.setattr(nf4_gemv, "ptx_shuffle_ok", lambda device: False)
     rows = spy_on(monkeypatch, nf4_gemv, "_gemv_4bit_rows_kernel")
@@ -330,7 +330,7 @@ def test_gemv_table_lookup_compiled_for_a_gpu(monkeypatch, per_row_kernels):
 def test_gemv_rows_kernel_only_where_it_can_read_x(monkeypatch, per_row_kernels):
     """fp32 x, x with strided columns, rows of x off 16-byte boundaries and K not a multiple
     of 256 go to the other kernels (and still compute the right numbers)."""
-    from pytest_qconform.kernels import nf4_gemv
+    from pytest_qconform.triton_nf4.kernels import nf4_gemv
 
     launched = spy_on(monkeypatch, nf4_gemv, "_gemv_4bit_rows_kernel")
     gen = torch.Generator().manual_seed(13)
@@ -355,7 +355,7 @@ def test_gemv_tensor_core_kernel_configurations(monkeypatch, config):
     warps' and the splits' sums (the second config: 2 tiles per program, 2 warps, 2 splits),
     blocksizes 32 to 256, double quant, bias. On a GPU the products are mma.sync, here the
     same kernel computes them without PTX."""
-    from pytest_qconform.kernels import nf4_mma
+    from pytest_qconform.triton_nf4.kernels import nf4_mma
 
     if config is not None:
         monkeypatch.setattr(nf4_mma, "_GPU_CONFIG" if DEVICE.type == "cuda" else "_INTERPRETER_CONFIG",
@@ -385,7 +385,7 @@ def test_tensor_core_splits_fill_the_gpu_once(n, k, multiprocessors, warps_per_s
     ``warps_per_sm`` warps: the tiles along N count (a split count taken from the warps
     per program alone made every warp take one 64-column chunk and write fp32 partial
     sums: 87 us instead of 56 at 8192^2 and 16 rows on the H100, bench/notes.md v13)."""
-    from pytest_qconform.kernels import nf4_mma
+    from pytest_qconform.triton_nf4.kernels import nf4_mma
 
     tiles = math.ceil(n / 16)
     got = nf4_mma.splits_for(tiles, 4, warps_per_sm, k // nf4_mma.CHUNK, multiprocessors)
@@ -395,7 +395,7 @@ def test_tensor_core_splits_fill_the_gpu_once(n, k, multiprocessors, warps_per_s
 def test_tensor_core_route_only_where_it_can_read(monkeypatch):
     """One row, fp32 x, strided or misaligned x and K not a multiple of 64 go to the per-row
     kernels (and still compute the right numbers); ``fused_rows_limit`` says so."""
-    from pytest_qconform.kernels import nf4_mma
+    from pytest_qconform.triton_nf4.kernels import nf4_mma
 
     launched = spy_on(monkeypatch, nf4_mma, "_gemm_4bit_mma_kernel")
     gen = torch.Generator().manual_seed(17)
@@ -415,7 +415,7 @@ def test_tensor_core_route_only_where_it_can_read(monkeypatch):
 def test_tensor_core_ptx_only_on_nvidia_sm80(monkeypatch):
     """mma.sync with bf16/fp16 needs an NVIDIA GPU of compute capability 8.0+; a ROCm build,
     an older GPU and the interpreter compute without PTX (and ROCm is not routed there)."""
-    from pytest_qconform.kernels import nf4_mma
+    from pytest_qconform.triton_nf4.kernels import nf4_mma
 
     monkeypatch.setattr(nf4_mma, "interpreter_active", lambda: False)
     monkeypatch.setattr(torch.version, "hip", None)
@@ -432,7 +432,7 @@ def test_tensor_core_ptx_only_on_nvidia_sm80(monkeypatch):
 def test_ptx_shuffle_only_on_nvidia(monkeypatch):
     """The shuffle lookup is inline PTX: a ROCm build (torch.version.hip set, devices still
     named "cuda") and the interpreter must take the table loads instead."""
-    from pytest_qconform.kernels import nf4_gemv
+    from pytest_qconform.triton_nf4.kernels import nf4_gemv
 
     monkeypatch.setattr(nf4_gemv, "interpreter_active", lambda: False)
     monkeypatch.setattr(torch.version, "hip", None)
@@ -521,7 +521,7 @@ def test_interpreter_mode_is_fixed_when_the_kernels_are_defined(monkeypatch):
     """A tool that swaps the module's kernel objects (bench/compile_census.py wraps them)
     must not flip the mode the entry points dispatch on: the census once made H100 runs
     take the interpreter's paths this way (bench/notes.md, "Warm-up")."""
-    from pytest_qconform.kernels import nf4_dequant
+    from pytest_qconform.triton_nf4.kernels import nf4_dequant
 
     before = kernels.interpreter_active()
 

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from pytest_qconform import known_failures
-from pytest_qconform.known_failures import KnownFailuresError, parse
+from pytest_qconform.session import known_failures
+from pytest_qconform.session.known_failures import KnownFailuresError, parse
 
 ENTRY = """
 [[failure]]

@@ -88,7 +88,7 @@ def test_a_backend_without_the_layer_facet_gets_no_layer_cells(pytester: pytest.
     hook = "\ndef pytest_qconform_backends(config):\n    return {'fake': FakeBackend}\n"
     pytester.makepyfile(fakelayers=FAKE_BACKEND + hook)
     pytester.syspathinsert()
-    from pytest_qconform.plugin import suites_dir
+    from pytest_qconform.session.plugin import suites_dir
 
     suites = suites_dir()
     result = pytester.runpytest("-p", "fakelayers", str(suites / "test_layers.py"), str(suites / "test_checkpoint.py"),
@@ -113,7 +113,7 @@ def test_layer_suites_without_the_layers_extra_skip_naming_it(pytester: pytest.P
             return {{"torch-nf4": TorchNF4Backend}}
     """))
     pytester.syspathinsert()
-    from pytest_qconform.plugin import suites_dir
+    from pytest_qconform.session.plugin import suites_dir
 
     result = pytester.runpytest_subprocess("-p", "hiddenextra", str(suites_dir() / "test_checkpoint.py"),
                                            *LAYER_SUITE_ARGS, "-rs",

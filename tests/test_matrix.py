@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from pytest_qconform import matrix_model as matrix_mod
-from pytest_qconform.heatmap import render_heatmap
-from pytest_qconform.matrix import MatrixError, main, merge
-from pytest_qconform.matrix_markdown import MARKER_END, MARKER_START, readme_markdown, to_markdown, update_readme
-from pytest_qconform.matrix_summary import summarize
-from pytest_qconform.report import RunReport, read_report, write_report
+from pytest_qconform.matrix import model as matrix_mod
+from pytest_qconform.matrix.heatmap import render_heatmap
+from pytest_qconform.matrix.cli import MatrixError, main, merge
+from pytest_qconform.matrix.markdown import MARKER_END, MARKER_START, readme_markdown, to_markdown, update_readme
+from pytest_qconform.matrix.summary import summarize
+from pytest_qconform.report.run_report import RunReport, read_report, write_report
 
 ROW = ("bitsandbytes", "matmul", "nf4-b64-dq", "bf16")
 OTHER_ROW = ("hqq", "dequantize", "hqq4-g64", "fp16")
@@ -118,13 +118,13 @@ def test_simulated_reports_are_excluded_with_a_note():
 
 
 def test_not_run_yet_lists_known_archs_without_reports(monkeypatch):
-    monkeypatch.setattr("pytest_qconform.matrix_markdown.known_archs", lambda: ("sm80", "gfx1201", "sm90"))
+    monkeypatch.setattr("pytest_qconform.matrix.markdown.known_archs", lambda: ("sm80", "gfx1201", "sm90"))
     text = to_markdown(merge([report()]))
     assert "**Not run yet** (archs the project knows with no report): gfx1201, sm80\n" in text  # sm90 ran
 
 
 def test_known_archs_come_from_the_archs_module():
-    from pytest_qconform.archs import KNOWN_ARCHS
+    from pytest_qconform.hardware.archs import KNOWN_ARCHS
 
     assert matrix_mod.known_archs() == tuple(KNOWN_ARCHS)
 
@@ -277,14 +277,14 @@ def test_cli_usage_errors_exit_2(tmp_path, monkeypatch, capsys, args, problem):
 
 def test_python_dash_m_runs_the_cli(tmp_path):
     path = save(tmp_path, report())
-    done = subprocess.run([sys.executable, "-m", "pytest_qconform.matrix", str(path), "--png", str(tmp_path / "m.png")],
+    done = subprocess.run([sys.executable, "-m", "pytest_qconform.matrix.cli", str(path), "--png", str(tmp_path / "m.png")],
                           capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "m.png").read_bytes().startswith(b"\x89PNG")
     assert "merged 1 report(s) from 1 file(s)" in done.stderr
     bad = tmp_path / "bad.json"
     bad.write_text("[]", encoding="utf-8")
-    done = subprocess.run([sys.executable, "-m", "pytest_qconform.matrix", str(tmp_path)],
+    done = subprocess.run([sys.executable, "-m", "pytest_qconform.matrix.cli", str(tmp_path)],
                           capture_output=True, text=True, check=False)
     assert done.returncode == 2 and f"{bad}: top level: expected a JSON object" in done.stderr
 
@@ -333,8 +333,8 @@ def test_summary_counts_disagreements_and_unknown_statuses_by_name():
                report(host="h100-b", cells=[cell(verdict="fail", multiple=2.0)], source="b.json")])
     entry = summarize(m).entry(ROW[:2], "sm90")
     assert entry.counts == (("disagree", 1),) and entry.worst == "disagree"
-    from pytest_qconform.matrix import Entry, Matrix
-    from pytest_qconform.matrix_markdown import format_summary_entry
+    from pytest_qconform.matrix.cli import Entry, Matrix
+    from pytest_qconform.matrix.markdown import format_summary_entry
 
     odd = Matrix((ROW,), ("gfx1200",), {(ROW, "gfx1200"): Entry(("compiled",), ("c.json",), None)}, (), (), ())
     odd_entry = summarize(odd).entry(ROW[:2], "gfx1200")

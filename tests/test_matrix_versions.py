@@ -8,17 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from pytest_qconform import gate
-from pytest_qconform.contract import CONTRACT_REVISION, Suite, current_suite
-from pytest_qconform.heatmap import box_label, versions_label
-from pytest_qconform.matrix import main, merge
-from pytest_qconform.matrix_markdown import format_entry, to_markdown
-from pytest_qconform.matrix_summary import summarize
-from pytest_qconform.matrix_versions import ranges
-from pytest_qconform.probe import gpu_driver_version
-from pytest_qconform.report import Cell, RunReport, read_report, write_report
-from pytest_qconform.schema import SchemaError
-from pytest_qconform.versions import MinVersion, at_least, cell_versions
+from pytest_qconform.report import gate
+from pytest_qconform.report.contract import CONTRACT_REVISION, Suite, current_suite
+from pytest_qconform.matrix.heatmap import box_label, versions_label
+from pytest_qconform.matrix.cli import main, merge
+from pytest_qconform.matrix.markdown import format_entry, to_markdown
+from pytest_qconform.matrix.summary import summarize
+from pytest_qconform.matrix.versions import ranges
+from pytest_qconform.hardware.probe import gpu_driver_version
+from pytest_qconform.report.run_report import Cell, RunReport, read_report, write_report
+from pytest_qconform.report.schema import SchemaError
+from pytest_qconform.report.versions import MinVersion, at_least, cell_versions
 
 ROWS = [("bitsandbytes", "matmul", f"nf4-b{b}", "fp16") for b in (64, 128)] + [
     ("bitsandbytes", "dequantize", "nf4-b64", "fp16")]

@@ -207,7 +207,7 @@ def test_defaults(qtarget, qbackend):
 def test_simulated_probe_applies_the_arch_defaults(fake_backend_project: pytest.Pytester) -> None:
     fake_backend_project.makepyfile(test_suite="""
 def test_defaults(request):
-    from pytest_qconform import state
+    from pytest_qconform.session import state
     targets = request.config.stash[state.TARGETS]
     gpu = [t for t in targets if t.kind == "rocm"][0]
     assert (gpu.arch, gpu.family, gpu.default_blocksize, gpu.bf16, gpu.torch_device) == (
@@ -333,7 +333,7 @@ def test_installed_but_off_imports_neither_torch_nor_a_backend(pytester: pytest.
         def test_off():
             heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "bitsandbytes", "hqq", "triton"))
             assert not heavy, heavy
-            assert "pytest_qconform.plugin" in sys.modules  # the plugin itself was loaded
+            assert "pytest_qconform.session.plugin" in sys.modules  # the plugin itself was loaded
     '''))
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)

@@ -23,8 +23,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pytest_qconform.reference import bnb4
 
-from pytest_qconform.backends import _torch_util, triton_nf4
-from pytest_qconform.kernels.nf4_quantize import code_boundaries, quantize_4bit
+from pytest_qconform.backends import _torch_util
+from pytest_qconform.triton_nf4 import backend as triton_nf4
+from pytest_qconform.triton_nf4.kernels.nf4_quantize import code_boundaries, quantize_4bit
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 FORMATS = ("nf4", "fp4")

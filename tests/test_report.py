@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_qconform import atomic
-from pytest_qconform.probe import BackendStatus, simulated_probe
-from pytest_qconform.report import (
+from pytest_qconform.report import atomic
+from pytest_qconform.hardware.probe import BackendStatus, simulated_probe
+from pytest_qconform.report.run_report import (
     SCHEMA_VERSION,
     VERDICTS,
     Cell,
@@ -21,7 +21,7 @@ from pytest_qconform.report import (
     read_report,
     write_report,
 )
-from pytest_qconform.tables import format_arch_table
+from pytest_qconform.report.tables import format_arch_table
 
 
 def probe_dict(arch: str = "sm90", host: str = "runner-1", **overrides) -> dict:
@@ -285,7 +285,7 @@ def test_report_dict_is_json_serializable_with_sorted_keys(tmp_path):
 
 KILLED_WRITER = r"""
 import os, sys, time
-from pytest_qconform import atomic, report as r
+from pytest_qconform.report import atomic, run_report as r
 def stall(fd):
     print("writing", flush=True)
     time.sleep(60)

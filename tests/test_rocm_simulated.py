@@ -19,9 +19,9 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from fake_rocm import DEVICES, HIP_VERSION, conftest, patch_torch
-from pytest_qconform import archs
+from pytest_qconform.hardware import archs
 from pytest_qconform.__main__ import doctor
-from pytest_qconform.probe import probe_hardware
+from pytest_qconform.hardware.probe import probe_hardware
 
 bnb_cextension = pytest.importorskip("bitsandbytes.cextension")
 
@@ -99,7 +99,7 @@ def test_bitsandbytes_failing_to_import_on_rocm_is_unavailable_with_its_message(
 def test_triton_nf4_is_unavailable_where_triton_rejects_the_target(monkeypatch: pytest.MonkeyPatch) -> None:
     """RDNA2: Triton 3.9 compiles nothing for gfx1030 (the compile check found it)."""
     pytest.importorskip("triton")
-    from pytest_qconform.backends.triton_nf4 import TritonNf4Backend
+    from pytest_qconform.triton_nf4.backend import TritonNf4Backend
 
     patch_torch(monkeypatch, "gfx1030")
     rejected = TritonNf4Backend().availability()

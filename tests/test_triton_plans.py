@@ -17,8 +17,8 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from pytest_qconform.backends.base import QuantSpec  # noqa: E402  (after TRITON_INTERPRET)
-from pytest_qconform.backends.triton_nf4 import TritonNf4Backend  # noqa: E402
-from pytest_qconform.kernels.launch import BoundLaunch, constexpr_tail  # noqa: E402
+from pytest_qconform.triton_nf4.backend import TritonNf4Backend  # noqa: E402
+from pytest_qconform.triton_nf4.kernels.launch import BoundLaunch, constexpr_tail  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 

@@ -1,4 +1,4 @@
-"""The background Triton warm-up (pytest_qconform/triton_warmup.py): when a session starts
+"""The background Triton warm-up (pytest_qconform/triton_nf4/warmup.py): when a session starts
 one, that its workers replay their shares and are reported, that the session stops the
 ones still running, and that a recorded call log replays to the very kernel launches of
 the run it was recorded from (checked by the compile census under the interpreter)."""
@@ -18,9 +18,9 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 bnb_functional = pytest.importorskip("bitsandbytes.functional")
 
-from pytest_qconform import triton_warmup  # noqa: E402
-from pytest_qconform import kernel_calls  # noqa: E402
-from pytest_qconform.probe import BackendStatus, Probe  # noqa: E402
+from pytest_qconform.triton_nf4 import warmup as triton_warmup  # noqa: E402
+from pytest_qconform.triton_nf4 import kernel_calls  # noqa: E402
+from pytest_qconform.hardware.probe import BackendStatus, Probe  # noqa: E402
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # where the workers replay (a GPU host compiles)
@@ -181,7 +181,7 @@ def test_replayed_log_launches_the_kernel_keys_of_the_recorded_run(pytester: pyt
     assert run.ret == pytest.ExitCode.OK, run.stdout.str()[-2000:]
     pytester.makepyfile(test_replay='''
         import torch
-        from pytest_qconform import kernel_calls
+        from pytest_qconform.triton_nf4 import kernel_calls
 
         def test_replay():
             assert kernel_calls.replay(kernel_calls.load("calls.json"), torch.device("cpu"))["failed"] == 0

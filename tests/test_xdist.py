@@ -13,8 +13,8 @@ import torch
 
 from fake_backend import FAKE_BACKEND
 
-from pytest_qconform.probe import Probe
-from pytest_qconform.targets import device_target, worker_device_index
+from pytest_qconform.hardware.probe import Probe
+from pytest_qconform.hardware.targets import device_target, worker_device_index
 
 pytest.importorskip("xdist")
 

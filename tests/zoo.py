@@ -20,7 +20,7 @@ from qconform_example_nf4.backend import TorchNF4Backend
 from pytest_qconform.backends._torch_util import code_table
 from pytest_qconform.backends.base import Quantized
 from pytest_qconform.backends.functional_layer import PREFIX, FunctionalLayers, FunctionalLinear
-from pytest_qconform.backends.triton_nf4 import TritonNf4Backend
+from pytest_qconform.triton_nf4.backend import TritonNf4Backend
 
 
 class KeepsFirstDtypeBuffer(TorchNF4Backend):

@@ -44,7 +44,7 @@ class Capabilities:
     max_gemv_rows: int | None = None  # for fused small-batch kernels
     # Row counts at which ``matmul`` changes route (the first row count of each new route:
     # a gemv for 1 row and GEMM from 2 declares (2,)). The suites check every one, its
-    # neighbours, and 1, 128 and a prefill (``pytest_qconform.axes``).
+    # neighbours, and 1, 128 and a prefill (``pytest_qconform.cases.axes``).
     dispatch_rows: tuple[int, ...] = ()
     # The rest of the parameters users pass (issue 18). Defaults claim nothing beyond the
     # plain calls, so an adapter written before them stays correct; each claim is checked.

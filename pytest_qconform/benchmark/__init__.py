@@ -1,0 +1,2 @@
+"""The benchmark harness (``pytest --qconform --benchmark-only``) and its plot.
+"""

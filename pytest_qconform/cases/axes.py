@@ -1,0 +1,219 @@
+"""The axes a conformance check may depend on, and the instances a check runs on.
+
+A check never picks its parameters from a tuple of its own: it names the axes it
+depends on (``@pytest.mark.qconform_axes("format", "blocksize", "double_quant",
+"dtype")``), and its instances are an all-pairs covering array of those axes (every
+pair of values of two axes appears in some instance; 3-wise in the ``thorough``
+profile), drawn from what each backend claims on each target. A value a backend claims
+is therefore checked by every check that depends on its axis, and a backend that claims
+nothing a check needs still gets one instance, whose cell says so.
+
+The covering arrays come from allpairspy (greedy, deterministic for a given input
+order); the constraints between axes (double quantization and storage dtypes belong to
+the bitsandbytes layout, the grouping axis to HQQ) are its filter.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from itertools import combinations, product
+from typing import Any
+
+import pytest
+import torch
+
+from pytest_qconform.backends.base import Capabilities, QuantSpec
+from pytest_qconform.cases.claims import DTYPE_LABELS
+from pytest_qconform.cases.strategies import DISTRIBUTIONS
+
+# The axes that make up a QuantSpec; a check naming any of them takes a ``spec`` argument.
+SPEC_AXES: tuple[str, ...] = ("format", "blocksize", "double_quant", "hqq_axis", "quant_storage")
+# Activation memory as users hand it over: contiguous, a transposed view, every other
+# column of a wider tensor, and a storage offset of one element (breaks 16-byte alignment).
+X_LAYOUTS: tuple[str, ...] = ("contiguous", "transposed", "sliced", "offset")
+# Row counts every backend is checked at besides its declared route changes: one row (the
+# gemv path), a decode batch past every fused kernel, and a prefill.
+ALWAYS_ROWS: tuple[int, ...] = (1, 128, 300)
+# Near the dtype's largest finite value, near its smallest normal, subnormal, and results
+# beyond fp16's range (for the wider dtypes).
+VALUE_RANGES: tuple[str, ...] = ("near-max", "near-smallest-normal", "subnormal", "beyond-fp16")
+# A float weight as users hand it to quantize: the transpose of a contiguous tensor, every
+# other column of a wider one, rows of a wider one from an offset (a shard of a fused weight).
+WEIGHT_LAYOUTS: tuple[str, ...] = ("transposed", "column-strided", "offset-rows")
+
+# The output widths of real lm_heads (config.json "vocab_size"): Llama 2 and Mistral 7B, GPT-2
+# (odd), Qwen2 (past 2^17). Cheap with a small K; a kernel that assumes N fits a grid
+# dimension, a multiple of its tile or a 16-bit index meets them.
+LM_HEAD_WIDTHS: tuple[int, ...] = (32000, 50257, 151936)
+
+_STORAGE_LABELS = {torch.uint8: "u8", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def _rows(caps: Capabilities) -> tuple[int, ...]:
+    """Each route change the backend declares, its neighbours, and ``ALWAYS_ROWS``."""
+    thresholds = set(caps.dispatch_rows)
+    if caps.max_gemv_rows:
+        thresholds.add(caps.max_gemv_rows + 1)
+    rows = set(ALWAYS_ROWS)
+    for t in thresholds:
+        rows.update(r for r in (t - 1, t, t + 1) if r >= 1)
+    return tuple(sorted(rows))
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One axis: what it means, the values a backend claims on it, how a value is named."""
+
+    name: str
+    meaning: str
+    claimed: Callable[[Capabilities, bool], tuple[Any, ...]]  # (capabilities, target has bf16) -> values
+    label: Callable[[Any], str] = str
+
+
+AXES: dict[str, Axis] = {axis.name: axis for axis in (
+    Axis("format", "the 4-bit format", lambda caps, bf16: tuple(caps.formats)),
+    Axis("blocksize", "the bitsandbytes block or HQQ group size (every claimed one)",
+         lambda caps, bf16: tuple(caps.blocksizes)),
+    Axis("double_quant", "absmax quantized again in 8 bits (bitsandbytes layout)",
+         lambda caps, bf16: (False, True) if caps.double_quant else (False,), lambda v: "dq" if v else "plain"),
+    Axis("hqq_axis", "the axis HQQ groups along", lambda caps, bf16: tuple(caps.axes), lambda v: f"ax{v}"),
+    Axis("quant_storage", "the dtype the packed bytes are stored as",
+         lambda caps, bf16: tuple(caps.quant_storages), lambda v: _STORAGE_LABELS.get(v, str(v))),
+    Axis("dtype", "the compute/output dtype",
+         lambda caps, bf16: tuple(d for d in caps.dtypes if bf16 or d is not torch.bfloat16),
+         lambda v: DTYPE_LABELS.get(v, str(v))),
+    Axis("rows", "activation rows: every route change the backend declares, its neighbours, 1, 128, a prefill",
+         lambda caps, bf16: _rows(caps), lambda v: f"M{v}"),
+    Axis("out_features", "output width N: the lm_head widths of real models (up to the claimed maximum)",
+         lambda caps, bf16: tuple(n for n in LM_HEAD_WIDTHS if caps.max_out_features is None
+                                  or n <= caps.max_out_features), lambda v: f"N{v}"),
+    Axis("x_layout", "activation memory: contiguous, transposed, sliced, storage offset",
+         lambda caps, bf16: X_LAYOUTS),
+    Axis("value_range", "where in the dtype's range the values lie", lambda caps, bf16: VALUE_RANGES),
+    Axis("distribution", "the weight's value distribution (strategies.DISTRIBUTIONS)",
+         lambda caps, bf16: DISTRIBUTIONS),
+    Axis("weight_layout", "the memory layout of the weight handed to quantize", lambda caps, bf16: WEIGHT_LAYOUTS),
+)}
+
+
+def _valid(names: Sequence[str], row: Sequence[Any]) -> bool:
+    """The constraints between axes, for a (possibly partial) row in ``names`` order."""
+    value = dict(zip(names, row))
+    if value.get("value_range") == "beyond-fp16" and value.get("dtype") is torch.float16:
+        return False
+    fmt = value.get("format")
+    if fmt is None:
+        return True
+    bnb_layout = fmt in ("nf4", "fp4")
+    if not bnb_layout and value.get("double_quant", False):
+        return False
+    if not bnb_layout and value.get("quant_storage", torch.uint8) is not torch.uint8:
+        return False
+    return not (bnb_layout and value.get("hqq_axis", 1) != 1)
+
+
+@dataclass(frozen=True)
+class CheckAxes:
+    """What a check declared: its axes, and values it is restricted to (``only``)."""
+
+    names: tuple[str, ...]
+    only: dict[str, tuple[Any, ...]]
+
+    @classmethod
+    def from_marker(cls, marker: pytest.Mark) -> "CheckAxes":
+        unknown = [name for name in marker.args if name not in AXES]
+        if unknown:
+            raise pytest.UsageError(f"qconform_axes names unknown axes {unknown}; the axes are {sorted(AXES)}")
+        only = {name: tuple(values) for name, values in marker.kwargs.items()}
+        stray = [name for name in only if name not in marker.args]
+        if stray:
+            raise pytest.UsageError(f"qconform_axes restricts {stray}, which it does not name")
+        return cls(tuple(marker.args), only)
+
+    @property
+    def argnames(self) -> tuple[str, ...]:
+        """The test arguments: ``spec`` for the spec axes, then each other axis by name."""
+        spec = ("spec",) if any(name in SPEC_AXES for name in self.names) else ()
+        return spec + tuple(name for name in self.names if name not in SPEC_AXES)
+
+    def values(self, caps: Capabilities, bf16: bool) -> dict[str, tuple[Any, ...]]:
+        """The claimed values of each axis, within ``only``, in the axis' own order."""
+        found = {}
+        for name in self.names:
+            claimed = AXES[name].claimed(caps, bf16)
+            if name in self.only:
+                claimed = tuple(v for v in claimed if v in self.only[name])
+            found[name] = claimed
+        return found
+
+
+def covering_rows(values: dict[str, tuple[Any, ...]], strength: int) -> list[dict[str, Any]]:
+    """A ``strength``-wise covering array of ``values`` under the axis constraints."""
+    names = [name for name in values]
+    if any(not v for v in values.values()):
+        return []
+    if len(names) == 1:
+        return [{names[0]: v} for v in values[names[0]] if _valid(names, (v,))]
+    from allpairspy import AllPairs
+
+    n = min(strength, len(names))
+    rows = [list(row) for row in AllPairs([list(values[name]) for name in names],
+                                          filter_func=lambda row: _valid(names, row), n=n)]
+    # allpairspy's greedy search under a filter can leave a valid pair out: add a row for each.
+    for a, b in combinations(range(len(names)), 2):
+        for va, vb in product(values[names[a]], values[names[b]]):
+            if any(row[a] == va and row[b] == vb for row in rows):
+                continue
+            row = _completed(names, values, {a: va, b: vb})
+            if row is not None:
+                rows.append(row)
+    return [dict(zip(names, row)) for row in rows]
+
+
+def _completed(names: Sequence[str], values: dict[str, tuple[Any, ...]], fixed: dict[int, Any]) -> list[Any] | None:
+    """The first valid row holding the ``fixed`` values (by position), or None: the pair is
+    not valid under the constraints."""
+    choices = [(fixed[i],) if i in fixed else values[name] for i, name in enumerate(names)]
+    return next((list(row) for row in product(*choices) if _valid(names, row)), None)
+
+
+def spec_of(row: dict[str, Any]) -> QuantSpec:
+    fmt = row.get("format", "nf4")
+    return QuantSpec(fmt, row.get("blocksize", 64), bool(row.get("double_quant", False)),
+                     axis=row.get("hqq_axis", 1), quant_storage=row.get("quant_storage", torch.uint8))
+
+
+def labels(row: dict[str, Any]) -> dict[str, str]:
+    """Each axis value of a row by its label (what the report's coverage records)."""
+    return {name: AXES[name].label(value) for name, value in row.items()}
+
+
+def arguments(check: CheckAxes, row: dict[str, Any]) -> tuple[Any, ...]:
+    """The test arguments (``check.argnames``) of one covering row."""
+    values = []
+    for name in check.argnames:
+        values.append(spec_of(row) if name == "spec" else row[name])
+    return tuple(values)
+
+
+def default_row(check: CheckAxes) -> dict[str, Any]:
+    """The instance of a backend whose claims are unknown (it cannot load): the first
+    allowed value of each axis, so that its one cell says why."""
+    defaults = {"format": "nf4", "blocksize": 64, "double_quant": False, "hqq_axis": 1,
+                "quant_storage": torch.uint8, "dtype": torch.float32, "rows": 1, "out_features": LM_HEAD_WIDTHS[0],
+                "x_layout": "contiguous",
+                "value_range": "near-max", "distribution": "normal", "weight_layout": "transposed"}
+    return {name: check.only.get(name, (defaults[name],))[0] for name in check.names}
+
+
+def spec_id(spec: QuantSpec) -> str:
+    """A spec's part of an instance id: its label, and HQQ's grouping axis."""
+    return spec.label() + (f"-ax{spec.axis}" if spec.format == "hqq4" else "")
+
+
+def instance_id(row: dict[str, Any]) -> str:
+    parts = []
+    if any(name in SPEC_AXES for name in row):
+        parts.append(spec_id(spec_of(row)))
+    parts += [AXES[name].label(value) for name, value in row.items() if name not in SPEC_AXES]
+    return "-".join(parts)

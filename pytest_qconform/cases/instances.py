@@ -1,0 +1,103 @@
+"""The instances of a check that declares its axes (``qconform_axes``): one covering
+array per target and backend, from that backend's claims there (``axes``).
+
+Called from the plugin's ``pytest_generate_tests``; parametrizes ``qtarget``,
+``qbackend`` and the check's own arguments together, since which values exist depends
+on the backend and the device.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pytest_qconform.cases import axes
+from pytest_qconform.session import outcomes, state
+from pytest_qconform.cases.claims import target_device
+
+AXES_MARKER = "qconform_axes"
+
+
+def _strength(config: pytest.Config) -> int:
+    profile = config.getoption("qconform_profile", default=None) or config.getini("qconform_profile")
+    return 3 if profile == "thorough" else 2
+
+
+def _nothing_claimed(check: axes.CheckAxes, values: dict[str, tuple[Any, ...]], backend: str) -> str:
+    empty = [name for name, found in values.items() if not found]
+    wanted = "; ".join(f"{name} in {check.only[name]}" if name in check.only else name for name in empty)
+    return f"{outcomes.NOTHING_CLAIMED_PREFIX} {backend} claims no value of {wanted}"
+
+
+def parametrize(metafunc: pytest.Metafunc, marker: pytest.Mark) -> None:
+    """``qtarget``, ``qbackend`` and the check's axes, jointly, for every target and backend."""
+    config = metafunc.config
+    check = axes.CheckAxes.from_marker(marker)
+    strength = _strength(config)
+    params = []
+    for target in config.stash[state.TARGETS]:
+        target_marks = [getattr(pytest.mark, m) for m in target.marker_names]
+        for name in sorted(config.stash[state.BACKEND_FACTORIES].keys()):
+            backend = state.backend(config, name)
+            rows: list[dict[str, Any]]
+            marks = list(target_marks)
+            if backend.availability().available:
+                values = check.values(backend.capabilities(target_device(target)), target.bf16)
+                rows = axes.covering_rows(values, strength)
+                if not rows:  # the check's one cell says what is missing
+                    rows = [axes.default_row(check)]
+                    marks.append(pytest.mark.skip(reason=_nothing_claimed(check, values, name)))
+            else:  # its one instance skips as unavailable, naming why
+                rows = [axes.default_row(check)]
+            for row in rows:
+                params.append(pytest.param(target, name, *axes.arguments(check, row), marks=marks,
+                                           id=f"{target.id}-{name}-{axes.instance_id(row)}"))
+    metafunc.parametrize(("qtarget", "qbackend", *check.argnames), params, indirect=("qtarget", "qbackend"))
+
+
+def axis_labels(item: pytest.Item) -> dict[str, str] | None:
+    """The axis values of an instance of a check with declared axes, by label."""
+    marker = item.get_closest_marker(AXES_MARKER)
+    params = getattr(getattr(item, "callspec", None), "params", None)
+    if marker is None or params is None:
+        return None
+    check = axes.CheckAxes.from_marker(marker)
+    spec = params.get("spec")
+    row: dict[str, Any] = {}
+    for name in check.names:
+        if name in axes.SPEC_AXES:
+            row[name] = {"format": spec.format, "blocksize": spec.blocksize, "double_quant": spec.double_quant,
+                         "hqq_axis": spec.axis, "quant_storage": spec.quant_storage}[name]
+        else:
+            row[name] = params[name]
+    return axes.labels(row)
+
+
+def claimed_labels(item: pytest.Item, cache: dict) -> dict[str, list[str]] | None:
+    """The values each declared axis of an instance's check has for its backend on its
+    target (claimed, within the check's ``only``), by label: what coverage is measured
+    against. ``cache``: shared across the items of one collection."""
+    marker = item.get_closest_marker(AXES_MARKER)
+    params = getattr(getattr(item, "callspec", None), "params", None)
+    if marker is None or params is None:
+        return None
+    target, name = params["qtarget"], params["qbackend"]
+    key = (name, target.id, marker.args, tuple(sorted((k, tuple(v)) for k, v in marker.kwargs.items())))
+    if key not in cache:
+        backend = state.backend(item.config, name)
+        if not backend.availability().available:
+            cache[key] = None
+        else:
+            check = axes.CheckAxes.from_marker(marker)
+            values = check.values(backend.capabilities(target_device(target)), target.bf16)
+            if not all(values.values()):  # the check does not apply to this backend: it claims nothing of it
+                cache[key] = {}
+            else:
+                cache[key] = {axis: [axes.AXES[axis].label(v) for v in found] for axis, found in values.items()}
+    return cache[key]
+
+
+def nothing_claimed(item: pytest.Item) -> bool:
+    """Whether this instance is a check's one cell saying its backend claims nothing it needs."""
+    return any(str(m.kwargs.get("reason", "")).startswith(outcomes.NOTHING_CLAIMED_PREFIX)
+               for m in item.iter_markers("skip"))

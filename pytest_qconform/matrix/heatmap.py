@@ -1,0 +1,138 @@
+"""The summary heatmap (reports/matrix.png): one panel per backend, operations × archs.
+
+Each box is one (backend, operation) on one arch, coloured by its worst verdict, with its
+cell counts and worst judged error multiple written in (``matrix_summary``). Its size
+grows with backends, operations and archs, not with formats and dtypes, so it stays
+readable at 100 % zoom: panels are laid out at most two abreast (a README column is
+about 900 pixels wide) and every label is at least 9 pt at 100 dpi. Drawn on the Agg
+canvas directly (no pyplot, no global backend switch) and saved without matplotlib's
+version, so the same reports give the same bytes.
+
+Where an arch was tested with several versions of a backend, the box also says what the
+versions say (``matrix_versions``): ``≥ 0.50.0`` (the floor), ``same in all versions`` or a
+regression (``0.49.2 ✓ → 0.50.2 ✗``, drawn with a thick outline, so it shows at a glance).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from pytest_qconform.matrix.figures import write_figure_png
+from pytest_qconform.matrix.model import Matrix
+from pytest_qconform.matrix.summary import DISAGREE, SummaryEntry, summarize
+from pytest_qconform.matrix.versions import VersionRange, ranges
+from pytest_qconform.report.run_report import VERDICTS
+from pytest_qconform.report.tables import format_multiple
+from pytest_qconform.vocabulary import Verdict
+
+HEAT_COLORS: dict[str, str] = {
+    Verdict.PASS: "#2e7d32",
+    Verdict.FAIL: "#c62828",
+    Verdict.KNOWN_FAILURE: "#f9a825",
+    Verdict.CRASHED: "#4a148c",
+    Verdict.TIMEOUT: "#8d6e63",
+    Verdict.SKIPPED: "#cfd8dc",
+    Verdict.UNAVAILABLE: "#90a4ae",
+    Verdict.NOT_CLAIMED: "#eceff1",
+    DISAGREE: "#ec407a",
+}
+OTHER_COLOR = "#b0bec5"  # a status this version does not know (a newer report's)
+REGRESSION_EDGE = "#000000"  # outline of a box with a version regression
+DARK = frozenset({Verdict.PASS, Verdict.FAIL, Verdict.CRASHED, Verdict.TIMEOUT, DISAGREE})  # white text on these
+WORDS = {Verdict.PASS: Verdict.PASS, Verdict.FAIL: Verdict.FAIL, Verdict.KNOWN_FAILURE: "known", Verdict.CRASHED: Verdict.CRASHED, Verdict.TIMEOUT: Verdict.TIMEOUT,
+         "skipped": "skipped", "unavailable": "n/a", "not-claimed": "none", DISAGREE: "≠"}
+FONT_PT = 9
+DPI = 100
+BOX_W, BOX_H, LABEL_W, TITLE_H = 1.55, 0.48, 1.45, 0.45  # inches
+MAX_PANELS_ABREAST = 2
+
+
+def versions_label(found: VersionRange | None) -> str:
+    """What the backend's versions say about the box: a floor, a regression, or nothing."""
+    if found is None or not found.compared:
+        return ""
+    if found.regressions:
+        first = found.regressions[0]
+        return f"{first.good} ✓ → {first.bad} ✗"
+    if found.floor is not None:
+        return f"≥ {found.floor}"
+    return "same in all versions"
+
+
+def box_label(entry: SummaryEntry, found: VersionRange | None = None) -> str:
+    """``22 pass · 2 known`` over ``worst 0.48``, over the versions' word (``≥ 0.50.0``)."""
+    lines = [" · ".join(f"{n} {WORDS.get(name, name)}" for name, n in entry.counts)]
+    if entry.worst_judged_multiple is not None:
+        lines.append(f"worst {format_multiple(entry.worst_judged_multiple)}")
+    versions = versions_label(found)
+    if versions:
+        lines.append(versions)
+    return "\n".join(lines)
+
+
+def render_heatmap(matrix: Matrix, png_path: Path) -> Path:
+    """Write the summary heatmap of ``matrix`` to ``png_path`` (atomically)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch, Rectangle
+
+    summary = summarize(matrix)
+    by_operation = {(r.arch, r.backend, r.operation): r for r in ranges(matrix, by_operation=True)}
+    backends = sorted({backend for backend, _ in summary.rows})
+    cols = list(summary.columns)
+    if not backends or not cols:
+        fig = Figure(figsize=(4, 1), dpi=DPI)
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot(1, 1, 1)
+        ax.axis("off")
+        ax.text(0.5, 0.5, "no run reports merged yet", ha="center", va="center", fontsize=FONT_PT)
+        return write_figure_png(fig, png_path)
+
+    operations = {b: [op for backend, op in summary.rows if backend == b] for b in backends}
+    abreast = min(MAX_PANELS_ABREAST, len(backends))
+    panel_rows = math.ceil(len(backends) / abreast)
+    tallest = max(len(ops) for ops in operations.values())
+    panel_w = LABEL_W + BOX_W * len(cols)
+    panel_h = TITLE_H + BOX_H * (tallest + 1)
+    legend_h = 0.7
+    fig = Figure(figsize=(panel_w * abreast + 0.2, panel_h * panel_rows + legend_h), dpi=DPI)
+    FigureCanvasAgg(fig)
+    width, height = fig.get_size_inches()
+    for index, backend in enumerate(backends):
+        left = 0.1 + (index % abreast) * panel_w
+        top = height - (index // abreast) * panel_h
+        # Axes in inches: x = columns (0..len(cols)), y = operation rows from the top.
+        ax = fig.add_axes(((left + LABEL_W) / width, (top - panel_h + 0.05) / height,
+                           (BOX_W * len(cols)) / width, (panel_h - TITLE_H) / height))
+        ax.set_xlim(0, len(cols))
+        ax.set_ylim(tallest + 1, 0)
+        ax.axis("off")
+        ax.text(-LABEL_W / BOX_W, -0.1, backend, ha="left", va="bottom", fontsize=FONT_PT + 2, fontweight="bold")
+        for x, arch in enumerate(cols):
+            ax.text(x + 0.5, 0.5, arch, ha="center", va="center", fontsize=FONT_PT, fontweight="bold")
+        for y, operation in enumerate(operations[backend], start=1):
+            ax.text(-0.05, y + 0.5, operation, ha="right", va="center", fontsize=FONT_PT)
+            for x, arch in enumerate(cols):
+                entry = summary.entry((backend, operation), arch)
+                if entry is None:
+                    ax.add_patch(Rectangle((x + 0.03, y + 0.04), 0.94, 0.92, facecolor="white",
+                                           edgecolor="#cfd8dc", linewidth=0.8))
+                    continue
+                state = entry.worst
+                found = by_operation.get((arch, backend, operation))
+                regressed = found is not None and bool(found.regressions)
+                ax.add_patch(Rectangle((x + 0.03, y + 0.04), 0.94, 0.92,
+                                       facecolor=HEAT_COLORS.get(state, OTHER_COLOR),
+                                       edgecolor=REGRESSION_EDGE if regressed else "none",
+                                       linewidth=2.5 if regressed else 0))
+                ax.text(x + 0.5, y + 0.5, box_label(entry, found), ha="center", va="center", fontsize=FONT_PT - 1,
+                        color="white" if state in DARK else "black", linespacing=1.15)
+    states = [*VERDICTS, DISAGREE]
+    handles = [Patch(facecolor=HEAT_COLORS[s], label=WORDS[s] if s != DISAGREE else "runs disagree")
+               for s in states]
+    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=FONT_PT, frameon=False,
+               title="colour: the worst verdict of the operation's cells on that arch (its newest backend "
+                     "version); worst: the largest error of its pass/fail cells as a multiple of the bound;\n"
+                     "≥ v: works from backend version v; a ✓ → b ✗ (thick outline): passed in a, fails in b",
+               title_fontsize=FONT_PT - 1)
+    return write_figure_png(fig, png_path)

@@ -1,0 +1,197 @@
+"""Merge many runners' reports into one compatibility matrix (the data: rows, columns,
+entries, superseded and simulated reports). The CLI that writes it is ``matrix``.
+
+Rows are (backend, operation, format, dtype), columns are archs. The merge never
+hides evidence: a report replaced by a newer one of the same machine and versions is
+listed as superseded, runs that disagree on a cell show the disagreement instead of
+one of them, and simulated-probe reports (nothing was computed) are excluded with a
+note. Reports without cells (a ``--benchmark-only`` run, a selection that matched
+nothing) are left out, and listed as empty: they would otherwise supersede their
+machine's conformance report with nothing.
+
+Reports of different backend versions on one arch are all counted: each entry shows the
+verdicts of the newest backend version that covered it (``versions.version_key``) and
+keeps every version's verdict in ``Entry.history``, from which ``matrix_versions`` reads
+floors and regressions. Reports older than ``max_age_days`` are counted and listed as
+stale. Output is deterministic (the only clock is ``now``, which only decides staleness)
+so regenerating an unchanged matrix changes no bytes in the repository.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from pytest_qconform.report.run_report import VERDICTS, RunReport
+from pytest_qconform.report.versions import backend_version, version_key
+
+FALLBACK_ARCHS: tuple[str, ...] = ("gfx1200", "gfx1201", "gfx1100", "gfx942", "gfx90a", "sm90", "sm80")
+
+RowKey = tuple[str, str, str, str]
+
+
+class MatrixError(ValueError):
+    """A matrix output cannot be produced; the message names the file and what to do."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What the counted runs of one arch say about one row.
+
+    ``verdicts`` holds one verdict per run (worst first), so a disagreement is visible
+    as more than one distinct value; ``sources`` names the runs in the same order.
+    """
+
+    verdicts: tuple[str, ...]
+    sources: tuple[str, ...]
+    worst_error_multiple: float | None
+    reasons: tuple[str, ...] = ()  # each run's cell reason, in the same order (why skipped, known failure...)
+    # Every counted run's (backend version, verdict, source), oldest version first, the
+    # older versions' runs included: ``verdicts`` holds only the newest version's.
+    history: tuple[tuple[str | None, str, str], ...] = ()
+
+    @property
+    def agreed(self) -> bool:
+        return len(set(self.verdicts)) == 1
+
+    @property
+    def runs(self) -> int:
+        return len(self.verdicts)
+
+
+@dataclass(frozen=True)
+class Supersession:
+    """An older report that no longer counts, and the newer one of the same machine that does."""
+
+    old: RunReport
+    new: RunReport
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """The merged result. ``entries`` maps (row, arch) to an Entry; missing means no run covered it."""
+
+    rows: tuple[RowKey, ...]
+    columns: tuple[str, ...]
+    entries: dict[tuple[RowKey, str], Entry]
+    runs: tuple[RunReport, ...]
+    superseded: tuple[Supersession, ...]
+    simulated: tuple[RunReport, ...]
+    empty: tuple[RunReport, ...] = ()  # reports with zero cells: not merged
+    stale: tuple[RunReport, ...] = ()  # counted reports older than max_age_days
+    max_age_days: float | None = None
+
+    def entry(self, row: RowKey, arch: str) -> Entry | None:
+        return self.entries.get((row, arch))
+
+
+# ---------------------------------------------------------------- merging
+
+
+def natural_key(text: str) -> tuple[Any, ...]:
+    """``sm80 < sm90 < sm100``: digit runs compare as numbers."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", text) if part)
+
+
+def _backend_versions(report: RunReport) -> tuple[tuple[str, str | None], ...]:
+    return tuple(sorted((name, status.get("version")) for name, status in report.probe["backends"].items()))
+
+
+def machine_key(report: RunReport) -> tuple[Any, ...]:
+    """What makes two reports measurements of the same thing: arch, host and every version."""
+    p = report.probe
+    return (report.arch, report.host, p.get("torch"), p.get("cuda"), p.get("hip"), _backend_versions(report))
+
+
+def _run_order(report: RunReport) -> tuple[Any, ...]:
+    return (natural_key(report.arch), report.host, report.created_at, report.label)
+
+
+def is_stale(report: RunReport, now: _dt.datetime, max_age_days: float) -> bool:
+    return now - report.created_at > _dt.timedelta(days=max_age_days)
+
+
+def merge(reports: Iterable[RunReport], *, max_age_days: float | None = None,
+          now: _dt.datetime | None = None) -> Matrix:
+    """Merge reports (in any order) into a Matrix; see the module docstring for the rules.
+    ``max_age_days``: reports created longer ago than this before ``now`` (default: the
+    current time) are listed as stale; None lists none."""
+    real: list[RunReport] = []
+    simulated: list[RunReport] = []
+    empty: list[RunReport] = []
+    for report in reports:
+        if not report.cells:
+            empty.append(report)  # e.g. a --benchmark-only run: no conformance evidence to merge or supersede with
+            continue
+        (simulated if report.simulated else real).append(report)
+
+    newest: dict[tuple[Any, ...], list[RunReport]] = {}
+    for report in real:
+        newest.setdefault(machine_key(report), []).append(report)
+    counted: list[RunReport] = []
+    superseded: list[Supersession] = []
+    for group in newest.values():
+        # Newest last; the full content breaks ties so input order never decides.
+        group.sort(key=lambda r: (r.created_at, r.label, json.dumps(r.to_dict(), sort_keys=True)))
+        counted.append(group[-1])
+        superseded.extend(Supersession(old, group[-1]) for old in group[:-1])
+    counted.sort(key=_run_order)
+    superseded.sort(key=lambda s: (_run_order(s.old), s.new.label))
+    simulated.sort(key=_run_order)
+
+    per_cell: dict[tuple[RowKey, str], list[tuple[str, Any, str, str, str | None]]] = {}
+    for report in counted:
+        for cell in report.cells:
+            per_cell.setdefault((cell.key, report.arch), []).append(
+                (cell.verdict, cell.worst_error_multiple, report.label, cell.reason,
+                 backend_version(report, cell.backend)))
+    entries: dict[tuple[RowKey, str], Entry] = {}
+    for key, found in per_cell.items():
+        history = tuple(sorted(((f[4], f[0], f[2]) for f in found),
+                               key=lambda h: (version_key(h[0]), VERDICTS.index(h[1]), h[2])))
+        newest_version = max(version_key(f[4]) for f in found)
+        current = sorted((f for f in found if version_key(f[4]) == newest_version), key=lambda f: (VERDICTS.index(f[0]), f[2]))
+        multiples = [f[1] for f in current if f[1] is not None]
+        worst = None
+        if multiples:
+            worst = math.nan if any(math.isnan(m) for m in multiples) else max(multiples)
+        entries[key] = Entry(tuple(f[0] for f in current), tuple(f[2] for f in current), worst,
+                             tuple(f[3] for f in current), history)
+
+    rows = tuple(sorted({row for row, _ in entries}))
+    columns = tuple(sorted({r.arch for r in counted}, key=natural_key))
+    now = now or _dt.datetime.now(_dt.timezone.utc)
+    stale = tuple(r for r in counted if max_age_days is not None and is_stale(r, now, max_age_days))
+    empty.sort(key=_run_order)
+    return Matrix(rows, columns, entries, tuple(counted), tuple(superseded), tuple(simulated), tuple(empty), stale,
+                  max_age_days)
+
+
+def known_archs() -> tuple[str, ...]:
+    """The archs the project knows about (``pytest_qconform.hardware.archs``), else a fixed list."""
+    try:
+        from pytest_qconform.hardware.archs import KNOWN_ARCHS
+    except ImportError:
+        return FALLBACK_ARCHS
+    return tuple(KNOWN_ARCHS)
+
+
+def find_report_files(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
+    """Files as given; folders scanned recursively for ``*.json`` (sorted, each file once)."""
+    found: dict[Path, Path] = {}
+    for given in paths:
+        path = Path(given)
+        if path.is_dir():
+            candidates = sorted(p for p in path.rglob("*.json") if p.is_file())
+        elif path.is_file():
+            candidates = [path]
+        else:
+            raise MatrixError(f"{path}: no such file or folder; pass report files or folders of them")
+        for candidate in candidates:
+            found.setdefault(candidate.resolve(), candidate)
+    return sorted(found.values())

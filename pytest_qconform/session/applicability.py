@@ -1,0 +1,109 @@
+"""Instances that cannot apply to this run are deselected at collection and summed up in
+one line, instead of ending as hundreds of skips.
+
+Two kinds, both known before anything runs:
+
+- **another device**: on a GPU host the CPU instances (a run reports on one device, so
+  they could only skip with ``other device:``), unless ``-m`` asked for them;
+- **not claimed**: an available backend does not claim the instance's format, blocksize,
+  double quantization, dtype or device (the same rule as the suites' ``require_claim``,
+  ``claims.unclaimed``; backward and serialization are still asked inside the tests).
+
+Neither ever made a matrix cell. Instances for hardware that ``-m`` asks for and the run
+lacks (``-m rocm`` on a CPU) are *not* deselected: they still end as skips that name
+what was needed and what was found. Nor are an unavailable backend's: its skips are its
+``unavailable`` cells.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from pytest_qconform.session import state
+from pytest_qconform.cases.claims import target_device, unclaimed
+from pytest_qconform.cases.instances import nothing_claimed
+from pytest_qconform.session.outcomes import OTHER_DEVICE_PREFIX
+from pytest_qconform.hardware.targets import Target, requested_hardware
+
+
+@dataclass
+class NotHere:
+    """What collection left out, for the one summary line."""
+
+    other_device: Counter = field(default_factory=Counter)  # target id -> instances
+    not_claimed: Counter = field(default_factory=Counter)  # backend -> instances
+    probe: str = ""
+
+    @property
+    def total(self) -> int:
+        return sum(self.other_device.values()) + sum(self.not_claimed.values())
+
+    def line(self) -> str:
+        """``qconform: 306 instances not applying here were deselected: ...``; empty when none."""
+        if not self.total:
+            return ""
+        parts = []
+        if self.not_claimed:
+            per = ", ".join(f"{name} {n}" for name, n in sorted(self.not_claimed.items()))
+            parts.append(f"{sum(self.not_claimed.values())} not claimed by their backend ({per})")
+        if self.other_device:
+            per = ", ".join(f"{target} {n}" for target, n in sorted(self.other_device.items()))
+            parts.append(f"{sum(self.other_device.values())} for another device ({per}; a run reports on one "
+                         f"device, this one on {self.probe}; -m selects them to see them skipped)")
+        return f"qconform: {self.total} instances not applying here were deselected: {'; '.join(parts)}"
+
+
+NOT_HERE = pytest.StashKey[NotHere]()  # what collection left out, read by the recorder for its summary
+
+
+def _requested(target: Target, markexpr: str) -> bool:
+    asked = set(requested_hardware(markexpr))
+    return any(name in asked for name in target.marker_names)
+
+
+def not_applying(config: pytest.Config, item: pytest.Item, caps_cache: dict) -> tuple[str, str] | None:
+    """("other-device", target id) or ("not-claimed", backend) for an item this run leaves out."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    target, name = params.get("qtarget"), params.get("qbackend")
+    if not isinstance(target, Target) or name is None:
+        return None
+    if target.skip_reason:
+        other = target.skip_reason.startswith(OTHER_DEVICE_PREFIX)
+        if other and not _requested(target, config.getoption("markexpr") or ""):
+            return ("other-device", target.id)
+        return None
+    if nothing_claimed(item):  # the check's one cell saying what its backend lacks: kept
+        return None
+    key = (name, target.id)
+    if key not in caps_cache:
+        backend = state.backend(config, name)
+        caps_cache[key] = backend.capabilities(target_device(target)) if backend.availability().available else None
+    caps = caps_cache[key]
+    if caps is None:
+        return None
+    if unclaimed(caps, target, params.get("spec"), params.get("dtype")):
+        return ("not-claimed", name)
+    return None
+
+
+def deselect(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Drop the instances that cannot apply here; remember how many of which kind."""
+    summary = NotHere(probe=state.probe(config).summary())
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
+    cache: dict[Any, Any] = {}
+    for item in items:
+        found = not_applying(config, item, cache)
+        if found is None:
+            keep.append(item)
+            continue
+        drop.append(item)
+        kind, what = found
+        (summary.other_device if kind == "other-device" else summary.not_claimed)[what] += 1
+    config.stash[NOT_HERE] = summary
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep

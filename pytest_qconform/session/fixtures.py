@@ -1,0 +1,208 @@
+"""Fixtures the suites use; registered by the plugin only when ``--qconform`` is given."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from pytest_qconform.session import outcomes, state
+from pytest_qconform.backends.base import Backend
+from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
+from pytest_qconform.hardware.targets import Target
+
+
+@pytest.fixture(scope="session")
+def qconform_probe(request: pytest.FixtureRequest):
+    """The run's probe (hardware, software, backend statuses)."""
+    return state.probe(request.config)
+
+
+@pytest.fixture
+def qtarget(request: pytest.FixtureRequest) -> Target:
+    """The device this test instance is for; skipped with the reason when it is absent."""
+    target: Target = request.param
+    if target.skip_reason:
+        pytest.skip(target.skip_reason)
+    return target
+
+
+@pytest.fixture
+def qdevice(qtarget: Target) -> torch.device:
+    assert qtarget.torch_device is not None
+    return torch.device(qtarget.torch_device)
+
+
+@pytest.fixture
+def qbackend(request: pytest.FixtureRequest) -> Backend:
+    """The backend under test, built once per session; unavailable ones skip with the reason.
+    Every quantization it makes is checked against its input (``input_checked``), except in
+    a benchmark, whose timings must be the library's alone."""
+    backend = state.backend(request.config, request.param)
+    available = backend.availability()
+    if not available.available:
+        pytest.skip(f"{outcomes.UNAVAILABLE_PREFIX} {backend.name}: {available.reason}")
+    if "qbench" in request.fixturenames:
+        return backend
+    from pytest_qconform.cases.input_checked import InputCheckedBackend
+
+    return InputCheckedBackend(backend, request.getfixturevalue("qcheck"))  # type: ignore[return-value]
+
+
+@pytest.fixture(scope="session")
+def qprofile(request: pytest.FixtureRequest) -> str:
+    """The run's hypothesis profile name ("ci" or "thorough"): suites size their fixed
+    (non-hypothesis) cases by it, keeping the heavy ones for ``thorough``."""
+    return request.config.getoption("qconform_profile") or request.config.getini("qconform_profile")
+
+
+@pytest.fixture
+def qbench(request: pytest.FixtureRequest, qtarget: Target):
+    """The benchmark harness (``pytest_qconform.benchmark.harness.Harness``) for this case; skipped
+    with the reason unless the run is ``--benchmark-only`` (and, on the CPU, unless
+    ``--qconform-bench-shapes=small``), so a plain ``--qconform`` run times nothing."""
+    from pytest_qconform.benchmark import harness as bench
+
+    reason = bench.skip_reason(request.config, qtarget)
+    if reason:
+        pytest.skip(reason)
+    return bench.Harness(request.config, request.node, qtarget)
+
+
+class Checker:
+    """Compares a backend's result to the reference and says, on failure, how to reproduce.
+
+    Every comparison is judged by its error as a multiple of a bound derived from the
+    arithmetic (``reference.bounds``); the worst multiple goes into the run report.
+    """
+
+    def __init__(self, item: pytest.Item) -> None:
+        self._item = item
+        self.context: dict[str, Any] = {}
+
+    def describe(self, **context: Any) -> None:
+        """Record what this case is (shape, seed, ...) for failure messages."""
+        self.context.update(context)
+
+    def _where(self) -> str:
+        key = outcomes.cell_key_of(self._item) or {}
+        parts = [f"backend={key.get('backend')}", f"format={key.get('format')}", f"dtype={key.get('dtype')}",
+                 f"target={key.get('target')}"]
+        parts += [f"{k}={v}" for k, v in sorted(self.context.items())]
+        repro = dict(self._item.user_properties).get(outcomes.REPRO_PROPERTY, "")
+        return " ".join(parts) + f"\n  reproduce: {repro}"
+
+    def record_multiple(self, multiple: float) -> None:
+        self._item.user_properties.append((outcomes.MULTIPLE_PROPERTY, float(multiple)))
+
+    def within(self, actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor, what: str, *,
+               rounding_units: torch.Tensor | None = None) -> float:
+        """Assert |actual - expected| <= bound elementwise; return the worst multiple.
+
+        Never both sides wrong: ``expected`` (float64, from the backend's stored state and
+        finite inputs) holding NaN or inf means that state is not finite, a failure even
+        where ``actual`` agrees. ``rounding_units``: ``actual`` is ``expected`` computed
+        with round-to-nearest arithmetic, so its errors must not all point one way
+        (``bounds.rounding_direction_biased``), judged by votes of independent units, an
+        integer tensor naming each element's unit: its block or group for a dequantized
+        weight (``suites._cases.block_ids``), its output column for a matmul."""
+        from pytest_qconform.reference.bounds import rounding_direction_biased
+
+        if tuple(actual.shape) != tuple(expected.shape):
+            raise AssertionError(f"{what}: shape {tuple(actual.shape)} != reference {tuple(expected.shape)}; "
+                                 + self._where())
+        nonfinite = ~torch.isfinite(expected)
+        if bool(nonfinite.any()):
+            self.record_multiple(float("inf"))
+            flat = int(torch.nonzero(nonfinite.reshape(-1))[0].item())
+            raise AssertionError(
+                f"{what}: the float64 reference is {expected.reshape(-1)[flat].item()!r} at flat index {flat} "
+                f"({int(nonfinite.sum().item())} non-finite elements) although every input is finite: the "
+                "backend's stored state holds NaN or inf; " + self._where())
+        multiple = self._judge(actual, expected, bound, what)
+        if rounding_units is not None:
+            biased = rounding_direction_biased(actual, expected, rounding_units)
+            if biased:
+                raise AssertionError(f"{what}: within its bound, but not rounded to nearest: {biased}; "
+                                     + self._where())
+        return multiple
+
+    def faithful(self, packed: PackedBnb4 | PackedHqq4, weight: torch.Tensor, what: str) -> None:
+        """The stored state is finite and decodes within the format's quantization error of
+        ``weight``, the input it was quantized from (``reference.faithful``): checked after
+        every quantization a test makes, so no check trusts a state that is itself wrong."""
+        from pytest_qconform.reference import faithful
+
+        if not bool(torch.isfinite(weight).all()):
+            return  # a non-finite input has no faithful quantization to check against
+        nonfinite = faithful.nonfinite_stored_fields(packed)
+        if nonfinite:
+            self.record_multiple(float("inf"))
+            raise AssertionError(f"{what}: the stored state holds NaN or inf in {', '.join(nonfinite)} for a "
+                                 "finite input; " + self._where())
+        decoded = faithful.decode(packed, weight.device)
+        # Judged, not recorded: a sanity bound, not the cell's worst multiple of an arithmetic bound.
+        self._judge(decoded, weight.detach().double().reshape(decoded.shape),
+                    faithful.faithful_bound(packed, weight).reshape(decoded.shape),
+                    f"{what}: the stored state decoded against the input it was quantized from", record=False)
+
+    def _judge(self, actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor, what: str, *,
+               record: bool = True) -> float:
+        """The worst error as a multiple of ``bound`` (recorded for the cell unless told
+        not to); an AssertionError naming the worst element when it exceeds 1."""
+        from pytest_qconform.reference.bounds import error_multiple
+
+        multiple = float(error_multiple(actual, expected, bound))
+        if record:
+            self.record_multiple(multiple if multiple == multiple else float("inf"))
+        if not multiple <= 1.0:
+            diff = (actual.double().to(expected.device) - expected).abs()
+            diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
+            flat = int(torch.argmax(diff / bound.clamp_min(1e-300)).item()) if diff.numel() else 0
+            raise AssertionError(
+                f"{what}: error is {multiple:.3g} x its bound (worst element flat index {flat}: "
+                f"got {actual.reshape(-1)[flat].item()!r}, reference {expected.reshape(-1)[flat].item()!r}, "
+                f"bound {bound.reshape(-1)[flat].item():.3g}); " + self._where())
+        return multiple
+
+    def equal(self, actual: Any, expected: Any, what: str) -> None:
+        if actual != expected:
+            raise AssertionError(f"{what}: got {actual!r}, expected {expected!r}; " + self._where())
+
+
+@pytest.fixture
+def qcheck(request: pytest.FixtureRequest) -> Checker:
+    return Checker(request.node)
+
+
+class Partners:
+    """Other registered backends, by name, for interop checks between backends, without the
+    suites importing any backend. A partner need not be under test: a run of only your
+    backend still reads bitsandbytes' bytes when bitsandbytes is installed, using it as a
+    byte source (its own cells are not run; ``under_test`` says whether they are)."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self._config = config
+
+    def __call__(self, name: str) -> Backend:
+        """Backend ``name``; skips when it is not registered or cannot load here (an ``unavailable``
+        cell when it is under test, none when it would only have been the byte source)."""
+        if name not in self._config.stash[state.REGISTERED_FACTORIES]:
+            pytest.skip(f"{outcomes.NOT_CLAIMED_PREFIX} interop partner {name} is not registered in this run")
+        other = state.backend(self._config, name)
+        available = other.availability()
+        if not available.available:
+            if not self.under_test(name):  # no byte source in this environment: nothing to check, no cell
+                pytest.skip(f"{outcomes.NOT_CLAIMED_PREFIX} interop partner {name} cannot load here "
+                            f"({available.reason}); install it to check this backend's reading of its bytes")
+            pytest.skip(f"{outcomes.UNAVAILABLE_PREFIX} interop partner {name}: {available.reason}")
+        return other
+
+    def under_test(self, name: str) -> bool:
+        return state.under_test(self._config, name)
+
+
+@pytest.fixture
+def qbackend_named(request: pytest.FixtureRequest) -> Partners:
+    """Another registered backend by name (``qbackend_named("bitsandbytes")``), under test or not."""
+    return Partners(request.config)

@@ -1,0 +1,200 @@
+"""pytest hooks of pytest-qconform: options, markers, collection, header, summary.
+
+Thin on purpose: every decision is delegated to a module with one job (probe, targets,
+outcomes, report). Without ``--qconform`` the plugin only registers its markers.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# Only what every pytest start needs: without --qconform nothing here imports torch or a
+# backend (``state`` and everything under it are imported inside the hooks that need them).
+from pytest_qconform.session import hookspecs, options, outcomes
+from pytest_qconform.hardware.targets import hardware_marker_names
+from pytest_qconform.vocabulary import DtypeLabel
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    options.add_options(parser)
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(hookspecs)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    """Before any conftest.py is imported: a conftest that imports triton (or bitsandbytes)
+    must find it already in interpreter mode on a GPU-less ``--qconform`` run."""
+    namespace = early_config.known_args_namespace
+    if getattr(namespace, "qconform", False):
+        from pytest_qconform.triton_nf4 import mode as triton_mode
+
+        triton_mode.prepare(True, getattr(namespace, "qconform_simulate", None))
+
+
+def _register_markers(config: pytest.Config) -> None:
+    for name, help_text in hardware_marker_names().items():
+        config.addinivalue_line("markers", f"{name}: {help_text}")
+    config.addinivalue_line("markers", "qconform_operation(name): the matrix operation a conformance test checks")
+    config.addinivalue_line("markers", "qconform_dtype(label): the dtype (bf16, fp16, fp32) of a conformance test "
+                            "that is not parametrized over dtypes, for its matrix cell")
+    config.addinivalue_line("markers", "qconform_axes(*axes, **only): the axes a conformance check depends on "
+                            "(pytest_qconform.cases.axes); its instances are a covering array of them, from each "
+                            "backend's claims; keyword arguments restrict an axis to some values")
+    config.addinivalue_line("markers", "qconform_benchmark: a benchmark (runs only with --benchmark-only); its "
+                                       "timings go to the report's benchmarks, not to matrix cells")
+
+
+def suites_dir() -> Path:
+    import pytest_qconform.suites as suites
+
+    return Path(suites.__file__).resolve().parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _register_markers(config)
+    if not config.getoption("qconform"):
+        options.check_inactive(config)
+        return
+    from pytest_qconform.session import setup as session_setup
+
+    session_setup.start_session(config)
+    from pytest_qconform.triton_nf4 import warmup as triton_warmup
+
+    triton_warmup.start_warmup(config)
+    config.pluginmanager.import_plugin("pytest_qconform.session.fixtures")
+    config.pluginmanager.import_plugin("pytest_qconform.session.oom")
+    config.pluginmanager.import_plugin("pytest_qconform.session.device_loss")
+    from pytest_qconform.session.recorder import SHORT_CIRCUIT_PLUGIN, RunRecorder
+    from pytest_qconform.session.short_circuit import ShortCircuit
+
+    config.pluginmanager.register(RunRecorder(config), "qconform-recorder")
+    config.pluginmanager.register(ShortCircuit(config), SHORT_CIRCUIT_PLUGIN)
+    if config.args_source != pytest.Config.ArgsSource.ARGS:
+        config.args = [str(suites_dir())]
+
+
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    if not config.getoption("qconform"):
+        return None
+    from pytest_qconform.session import state
+
+    return state.probe(config).lines()
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    config = metafunc.config
+    if not config.getoption("qconform"):
+        return
+    from pytest_qconform.session import state
+
+    axes_marker = metafunc.definition.get_closest_marker("qconform_axes")
+    if axes_marker is not None:
+        from pytest_qconform.cases import instances
+
+        instances.parametrize(metafunc, axes_marker)
+    elif "qtarget" in metafunc.fixturenames:
+        params = [pytest.param(t, id=t.id, marks=[getattr(pytest.mark, m) for m in t.marker_names])
+                  for t in config.stash[state.TARGETS]]
+        metafunc.parametrize("qtarget", params, indirect=True)
+    if "qbackend" in metafunc.fixturenames and axes_marker is None:
+        names = sorted(config.stash[state.BACKEND_FACTORIES].keys())
+        metafunc.parametrize("qbackend", names, indirect=True)
+    if "qbench_shape" in metafunc.fixturenames:
+        from pytest_qconform.benchmark import harness as bench
+
+        metafunc.parametrize("qbench_shape", bench.shapes(config), ids=bench.shape_id)
+
+
+def _dtype_label(value: object) -> str:
+    """The cell key's dtype: a plain string (pytest-xdist sends the key between processes)."""
+    try:
+        return DtypeLabel.of(str(value)).value if value is not None else "-"
+    except ValueError:  # a parameter named dtype that is no dtype the suites check
+        return "-"
+
+
+def _fixed_dtype(item: pytest.Item) -> str:
+    """The ``qconform_dtype`` marker's label, or "-" for a test that spans dtypes."""
+    marker = item.get_closest_marker("qconform_dtype")
+    return str(marker.args[0]) if marker else "-"
+
+
+def _cell_key(item: pytest.Item) -> dict[str, str] | None:
+    callspec = getattr(item, "callspec", None)
+    if callspec is None or "qbackend" not in callspec.params:
+        return None
+    params = callspec.params
+    marker = item.get_closest_marker("qconform_operation")
+    operation = marker.args[0] if marker else item.path.stem.removeprefix("test_")
+    spec = params.get("spec")
+    target = params.get("qtarget")
+    from pytest_qconform.cases.instances import nothing_claimed
+
+    if nothing_claimed(item):  # the check's one cell for a backend that claims nothing it needs
+        return {"backend": str(params["qbackend"]), "operation": operation, "format": "-", "dtype": "-",
+                "target": target.id if target is not None else "-"}
+    return {
+        "backend": str(params["qbackend"]),
+        "operation": operation,
+        "format": spec.label() if spec is not None else str(params.get("format", "-")),
+        "dtype": _dtype_label(params["dtype"]) if "dtype" in params else _fixed_dtype(item),
+        "target": target.id if target is not None else "-",
+    }
+
+
+def _repro(config: pytest.Config, item: pytest.Item) -> str:
+    simulate = config.getoption("qconform_simulate")
+    extra = f" --qconform-simulate={simulate}" if simulate else ""
+    return f"pytest --qconform -p no:randomly{extra} '{item.path}::{item.name}'"
+
+
+def _selected(item: pytest.Item, key: dict[str, str], config: pytest.Config) -> bool:
+    formats = config.getoption("qconform_format")
+    dtypes = config.getoption("qconform_dtype")
+    fmt = key["format"].split("-", 1)[0]
+    if formats and fmt not in formats:
+        return False
+    return not (dtypes and key["dtype"] != "-" and key["dtype"] not in dtypes)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("qconform"):
+        return
+    from pytest_qconform.cases import instances
+
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
+    claims_cache: dict[Any, Any] = {}
+    for item in items:
+        key = _cell_key(item)
+        if key is not None:
+            if not _selected(item, key, config):
+                drop.append(item)
+                continue
+            if item.get_closest_marker("qconform_benchmark") is None:  # timings are not matrix cells
+                item.user_properties.append((outcomes.KEY_PROPERTY, key))
+                item.user_properties.append((outcomes.REPRO_PROPERTY, _repro(config, item)))
+                labels = instances.axis_labels(item)
+                if labels is not None:
+                    item.user_properties.append((outcomes.AXES_PROPERTY, labels))
+                    claimed = instances.claimed_labels(item, claims_cache)
+                    if claimed is not None:
+                        item.user_properties.append((outcomes.CLAIMED_AXES_PROPERTY, claimed))
+        keep.append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+    from pytest_qconform.session import applicability
+
+    applicability.deselect(config, items)
+    from pytest_qconform.benchmark import harness as bench
+
+    bench.order_items(items)
+    from pytest_qconform.session import known_failures
+
+    known_failures.apply(config, items)

@@ -1,0 +1,209 @@
+"""Collects each test's outcome into matrix cases (and each benchmark's timing) and writes
+the run report at the end."""
+from __future__ import annotations
+
+import datetime as _dt
+import time
+from pathlib import Path
+from typing import cast
+
+import pytest
+
+from pytest_qconform.session import outcomes, state
+from pytest_qconform.session.applicability import NOT_HERE
+from pytest_qconform.session.options import LOCAL_REPORT_DIR
+from pytest_qconform.vocabulary import FAILING
+
+# pytest-benchmark's skip of every non-benchmark test under --benchmark-only: it says
+# nothing about conformance, so a benchmark run's report holds no cells.
+BENCHMARK_ONLY_SKIP = "(--benchmark-only active)"
+SHORT_CIRCUIT_PLUGIN = "qconform-short-circuit"
+
+
+class RunRecorder:
+    """A plugin object (one per session, holding its config) registered by ``--qconform``."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.nothing_checked: str | None = None  # why, when the run recorded no cell
+        self.collected = 0
+        self.deselected = 0
+        self.uncounted_skips: list[str] = []  # "not claimed" / "other device" reasons: no cell
+        # pytest-xdist: the tests the workers collected, and those that reported. xdist stops
+        # for good after --max-worker-restart crashes; the tests it never ran say nothing.
+        self.scheduled: set[str] = set()
+        self.reported: set[str] = set()
+        self.never_ran: str | None = None
+        # Under pytest-xdist a dead worker's report carries no properties: remember each
+        # test's cell key and start time from its earlier reports (see outcomes.crash_case).
+        self.identities: dict[str, tuple[dict[str, str], str]] = {}
+        self.started: dict[str, float] = {}
+        self.benchmarks: list[dict] = []  # Benchmark.to_dict() of each timed case, in run order
+
+    def pytest_deselected(self, items: list) -> None:
+        self.deselected += len(items)
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.collected = len(session.items)
+
+    def pytest_runtest_logstart(self, nodeid: str, location: tuple) -> None:
+        self.started[nodeid] = time.monotonic()
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids: list[str]) -> None:
+        self.scheduled.update(ids)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.reported.add(report.nodeid)
+        if report.when == "call" and report.passed:
+            from pytest_qconform.benchmark.harness import PROPERTY
+
+            self.benchmarks += [cast(dict, value) for name, value in report.user_properties if name == PROPERTY]
+        if report.skipped and BENCHMARK_ONLY_SKIP in str(report.longrepr):
+            return
+        if outcomes.is_worker_crash(report):
+            identity = self.identities.get(report.nodeid)
+            if identity is None:
+                return  # died before its setup reported: no cell to charge (pytest reports the crash)
+            start = self.started.get(report.nodeid)
+            elapsed = time.monotonic() - start if start is not None else None
+            case: outcomes.Case | None = outcomes.crash_case(report, *identity, elapsed,
+                                                             _timeout_limit(self.config))
+        else:
+            identity = outcomes.identity_of(report)
+            if identity is not None:
+                self.identities[report.nodeid] = identity
+            case = outcomes.case_from_report(report)
+            if case is None and report.skipped and identity is not None:
+                self.uncounted_skips.append(outcomes.skip_reason(report))
+        if case is not None:
+            short_circuit = self.config.pluginmanager.get_plugin(SHORT_CIRCUIT_PLUGIN)
+            if short_circuit is not None:
+                short_circuit.trip(case)
+            cases = self.config.stash[state.CASES]
+            cases[case.nodeid] = outcomes.worse(cases.get(case.nodeid), case)
+
+    def cells(self) -> list:
+        from pytest_qconform.report.run_report import Cell, fold_cell
+
+        grouped: dict[tuple[str, str, str, str], list] = {}
+        for case in self.config.stash[state.CASES].values():
+            failed = case.verdict in FAILING
+            cell = Cell(backend=case.backend, operation=case.operation, format=case.format, dtype=case.dtype,
+                        verdict=case.verdict, cases=1, worst_error_multiple=case.worst_error_multiple,
+                        first_failure={"message": case.message, "repro": case.repro} if failed else None,
+                        reason=case.message if not failed else "")
+            grouped.setdefault(case.cell_key, []).append(cell)
+        return [fold_cell(group) for _, group in sorted(grouped.items())]
+
+    def _why_nothing_was_checked(self) -> str:
+        """Why a run recorded no cell, and what to try: for a run that must fail on it."""
+        if self.collected == 0:
+            what = (f"all {self.deselected} collected tests were deselected (by -k, -m, --qconform-format, "
+                    "--qconform-dtype, or as not applying here: see above)" if self.deselected
+                    else "no test was collected")
+        elif self.uncounted_skips:
+            what = (f"{len(self.uncounted_skips)} of the {self.collected} selected tests were skipped as not "
+                    f"applying here (not claimed by the backend, or for another device), e.g. "
+                    f"{self.uncounted_skips[0]!r}")
+        else:
+            what = (f"the {self.collected} selected tests record no matrix cell (benchmarks, and tests without the "
+                    "qbackend fixture, do not)")
+        return (f"qconform: nothing was checked, so this run fails (exit code {int(pytest.ExitCode.NO_TESTS_COLLECTED)})"
+                f": no conformance cell was recorded; {what} (probe: {state.probe(self.config).summary()}). "
+                "`pytest --qconform --collect-only -q` lists the tests, `python -m pytest_qconform doctor` what "
+                "this machine has.")
+
+    def _never_ran(self) -> str | None:
+        """Under pytest-xdist: tests collected but never reported (xdist gave up), or None."""
+        missing = sorted(self.scheduled - self.reported)
+        if not missing:
+            return None
+        return (f"qconform: {len(missing)} of {len(self.scheduled)} collected tests never ran, so they have no "
+                "verdict and this run fails: pytest-xdist stopped (after --max-worker-restart worker crashes, or "
+                f"interrupted); first: {missing[0]}. Allow more restarts, or see docs/fault-isolation.md.")
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        worker = hasattr(self.config, "workerinput")
+        self.never_ran = None if worker else self._never_ran()
+        if self.never_ran and exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        timing_only = self.config.getoption("benchmark_only", False)  # pytest-benchmark: no cells by design
+        if (not worker and not timing_only and not self.config.getoption("collectonly")
+                and not self.config.stash[state.CASES]
+                and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)):
+            self.nothing_checked = self._why_nothing_was_checked()
+            session.exitstatus = pytest.ExitCode.NO_TESTS_COLLECTED
+        if (worker or self.config.getoption("qconform_no_report")
+                or self.config.getoption("collectonly")):  # nothing ran: nothing to report
+            return
+        from pytest_qconform.report.benchmarks import Benchmark, with_bitsandbytes_ratios
+        from pytest_qconform.report.run_report import RunReport, write_report
+
+        folder = _report_folder(self.config)
+        created = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        benchmarks = with_bitsandbytes_ratios(Benchmark.from_dict(data, f"benchmark of {data.get('nodeid')}")
+                                              for data in self.benchmarks)
+        from pytest_qconform.cases.coverage import from_cases
+
+        from pytest_qconform.report.contract import current_suite
+
+        report = RunReport(probe=state.probe(self.config).to_dict(), cells=tuple(self.cells()), created=created,
+                           benchmarks=benchmarks, coverage=from_cases(self.config.stash[state.CASES].values()),
+                           suite=current_suite())
+        self.config.stash[state.REPORT_PATH] = str(write_report(report, folder))
+        self.report = report
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        tr = terminalreporter
+        tr.section("qconform matrix")
+        not_here = self.config.stash.get(NOT_HERE, None)
+        if not_here is not None and not_here.total:
+            tr.write_line(not_here.line())
+        if self.nothing_checked:
+            tr.write_line(self.nothing_checked, red=True, bold=True)
+        if self.never_ran:
+            tr.write_line(self.never_ran, red=True, bold=True)
+        report = getattr(self, "report", None)
+        if report is not None:
+            from pytest_qconform.report.tables import format_arch_table
+
+            tr.write_line(format_arch_table(report))
+            if report.benchmarks:
+                from pytest_qconform.report.tables import format_bench_table
+
+                tr.write_line(format_bench_table(report))
+        path = self.config.stash.get(state.REPORT_PATH, None)
+        if path:
+            tr.write_line(f"qconform report: {path}")
+
+
+def _timeout_limit(config: pytest.Config) -> float | None:
+    """The run's pytest-timeout limit in seconds, or None without one."""
+    if not config.pluginmanager.hasplugin("timeout"):
+        return None
+    from pytest_timeout import get_env_settings
+
+    return get_env_settings(config).timeout or None
+
+
+def _report_folder(config: pytest.Config) -> Path:
+    """The run report's folder, relative paths taken from where pytest was started.
+
+    The default folder (``options.LOCAL_REPORT_DIR``) gets a ``.gitignore`` of ``*`` in its
+    top folder, as ``.pytest_cache`` does: a project that runs us needs no ignore line of its own.
+    """
+    start = Path(config.invocation_params.dir)
+    chosen = config.getoption("qconform_report_dir") or config.getini("qconform_report_dir")
+    folder = Path(chosen)
+    if not folder.is_absolute():
+        folder = start / folder
+    if Path(chosen) == Path(LOCAL_REPORT_DIR):
+        top = start / Path(LOCAL_REPORT_DIR).parts[0]
+        top.mkdir(parents=True, exist_ok=True)
+        ignore = top / ".gitignore"
+        if not ignore.exists():
+            ignore.write_text("# Written by pytest-qconform: local run reports are not evidence (see README).\n*\n",
+                              encoding="utf-8")
+    return folder
