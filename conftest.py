@@ -5,6 +5,7 @@ package (from a checkout: ``pip install -e .``, which maps it to ``suites/``). W
 ``--qconform`` the repository's own tests run, and ``suites/`` is left alone, so a plain
 ``pytest`` here never imports a suite module under a second name.
 """
+
 from pathlib import Path
 
 _HERE = Path(__file__).parent

@@ -7,6 +7,7 @@ installs the example downstream backend into a fresh virtualenv and runs the sui
 records the Triton warm-up's call log; ``nox -s compile-check`` compiles our Triton kernels
 for every listed arch and writes the results and docs/kernels-compiled.md.
 """
+
 from __future__ import annotations
 
 import sys
@@ -38,8 +39,17 @@ def matrix(session: nox.Session) -> None:
     import os
 
     summary = ["--step-summary"] if os.environ.get("GITHUB_STEP_SUMMARY") else []
-    session.run(_python(session), "-m", "pytest_qconform.matrix.cli", *(session.posargs or ["reports/"]),
-                "--out", "reports/MATRIX.md", "--png", "reports/matrix.png", *summary)
+    session.run(
+        _python(session),
+        "-m",
+        "pytest_qconform.matrix.cli",
+        *(session.posargs or ["reports/"]),
+        "--out",
+        "reports/MATRIX.md",
+        "--png",
+        "reports/matrix.png",
+        *summary,
+    )
 
 
 @nox.session(python=False)
@@ -69,9 +79,20 @@ def kernel_calls(session: nox.Session) -> None:
     run gives some size-1 dimensions of x other strides, which Triton keys on (bench/notes.md
     "Warm-up"). tests/test_triton_warmup.py checks that a replayed log launches the
     recorded run's kernel keys. Runs in the current environment."""
-    session.run(_python(session), "-m", "pytest", "--qconform", "-q", "-p", "no:cacheprovider", "--tb=line",
-                "--qconform-no-report", "--qconform-warmup-workers=0",
-                "--qconform-record-kernel-calls=pytest_qconform/triton_nf4/default_run_kernel_calls.json", *session.posargs)
+    session.run(
+        _python(session),
+        "-m",
+        "pytest",
+        "--qconform",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--tb=line",
+        "--qconform-no-report",
+        "--qconform-warmup-workers=0",
+        "--qconform-record-kernel-calls=pytest_qconform/triton_nf4/default_run_kernel_calls.json",
+        *session.posargs,
+    )
 
 
 @nox.session(name="compile-check", python=False)
@@ -82,8 +103,16 @@ def compile_check(session: nox.Session) -> None:
     the kernel-call log or the Triton pin change; tests/test_compile_check.py fails until the
     committed files match. Extra arguments go to ``python -m pytest_qconform.compile.check``.
     160 s on 2 CPU cores with a cold Triton cache (one process per core), 7 s warm."""
-    session.run(_python(session), "-m", "pytest_qconform.compile.check", "--json", "reports/compiled/compile-check.json",
-                "--doc", "docs/kernels-compiled.md", *session.posargs)
+    session.run(
+        _python(session),
+        "-m",
+        "pytest_qconform.compile.check",
+        "--json",
+        "reports/compiled/compile-check.json",
+        "--doc",
+        "docs/kernels-compiled.md",
+        *session.posargs,
+    )
 
 
 DOWNSTREAM_ARGS = ("--qconform", "-q", "-p", "no:cacheprovider", "--tb=line")
@@ -116,20 +145,41 @@ def downstream(session: nox.Session) -> None:
         # would register their entry points in any process that has examples/downstream/src on
         # sys.path (the project's own tests do).
         example = scratch / "example"
-        shutil.copytree(root / "examples" / "downstream", example,
-                        ignore=shutil.ignore_patterns("*.egg-info", "build", "__pycache__"))
+        shutil.copytree(
+            root / "examples" / "downstream",
+            example,
+            ignore=shutil.ignore_patterns("*.egg-info", "build", "__pycache__"),
+        )
         good, broken = scratch / "reports-torch-nf4", scratch / "reports-torch-nf4-broken"
         session.install(str(example))
         with session.chdir(scratch):
             session.run("pytest", *DOWNSTREAM_ARGS, "--qconform-backend=torch-nf4", f"--qconform-report-dir={good}")
-            session.run("python", "-m", "pytest_qconform", "check", str(good), "--backend", "torch-nf4",
-                        "--require", "pass")
+            session.run(
+                "python", "-m", "pytest_qconform", "check", str(good), "--backend", "torch-nf4", "--require", "pass"
+            )
             session.install(str(example / "broken"))
             # The planted bug must fail the run (exit 1), and fail it in the right place.
-            session.run("pytest", *DOWNSTREAM_ARGS, "--tb=no", "--qconform-backend=torch-nf4-broken",
-                        f"--qconform-report-dir={broken}", success_codes=[1])
-            session.run("python", "-m", "pytest_qconform", "check", str(broken), "--backend", "torch-nf4-broken",
-                        "--require", "any", "--expect-fail", "torch-nf4-broken/dequantize")
+            session.run(
+                "pytest",
+                *DOWNSTREAM_ARGS,
+                "--tb=no",
+                "--qconform-backend=torch-nf4-broken",
+                f"--qconform-report-dir={broken}",
+                success_codes=[1],
+            )
+            session.run(
+                "python",
+                "-m",
+                "pytest_qconform",
+                "check",
+                str(broken),
+                "--backend",
+                "torch-nf4-broken",
+                "--require",
+                "any",
+                "--expect-fail",
+                "torch-nf4-broken/dequantize",
+            )
     session.log(f"downstream: done in {time.monotonic() - started:.0f} s")
 
 
@@ -155,7 +205,17 @@ def bench(session: nox.Session) -> None:
     shapes = "full" if str(has_gpu).strip().endswith("1") else "small"
     reports = Path("reports")
     before = set(reports.glob("*.json"))
-    session.run(_python(session), "-m", "pytest", "--qconform", "--benchmark-only", f"--qconform-bench-shapes={shapes}",
-                f"--qconform-report-dir={reports}", "-p", "no:cacheprovider", *session.posargs)
+    session.run(
+        _python(session),
+        "-m",
+        "pytest",
+        "--qconform",
+        "--benchmark-only",
+        f"--qconform-bench-shapes={shapes}",
+        f"--qconform-report-dir={reports}",
+        "-p",
+        "no:cacheprovider",
+        *session.posargs,
+    )
     for report in sorted(set(reports.glob("*.json")) - before):
         session.run(_python(session), "-m", "pytest_qconform.benchmark.plot", str(report))

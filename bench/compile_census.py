@@ -24,6 +24,7 @@ Usage (from the repository root; the suites are collected from the installed pac
 
 The summary is printed at the end of the run and written to ``--census-out``.
 """
+
 from __future__ import annotations
 
 import collections
@@ -35,8 +36,11 @@ import pytest
 import torch
 
 CENSUS_KEY = pytest.StashKey[dict]()
-KERNEL_MODULES = ("pytest_qconform.triton_nf4.kernels.nf4_dequant", "pytest_qconform.triton_nf4.kernels.nf4_gemv",
-                  "pytest_qconform.triton_nf4.kernels.nf4_mma")
+KERNEL_MODULES = (
+    "pytest_qconform.triton_nf4.kernels.nf4_dequant",
+    "pytest_qconform.triton_nf4.kernels.nf4_gemv",
+    "pytest_qconform.triton_nf4.kernels.nf4_mma",
+)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -64,7 +68,9 @@ class _KeyRecorder:
         launch = self.kernel[grid]
 
         def run(*args, **kwargs):
-            key = [self.name] + [_argument_class(n, a, self.not_specialized) for n, a in zip(self.kernel.arg_names, args)]
+            key = [self.name] + [
+                _argument_class(n, a, self.not_specialized) for n, a in zip(self.kernel.arg_names, args)
+            ]
             key += [f"{k}={v}" for k, v in sorted(kwargs.items()) if k != "BF16_BITS"]
             self.keys["|".join(key)] += 1
             return launch(*args, **kwargs)
@@ -74,6 +80,7 @@ class _KeyRecorder:
 
 def _timed(function, name: str, log: list[dict]):
     """``function`` wrapped to log its seconds under ``name`` (for a compile: the kernel's)."""
+
     def timed(*args, **kwargs):
         start = time.perf_counter()
         try:
@@ -94,8 +101,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
     from pytest_qconform.triton_nf4.kernels import interpreter_active
 
-    census = {"compiles": [], "launchers": [], "keys": collections.Counter(),
-              "mode": "interpreted" if interpreter_active() else "compiled"}
+    census = {
+        "compiles": [],
+        "launchers": [],
+        "keys": collections.Counter(),
+        "mode": "interpreted" if interpreter_active() else "compiled",
+    }
     config.stash[CENSUS_KEY] = census
     for module_name in KERNEL_MODULES:
         module = importlib.import_module(module_name)

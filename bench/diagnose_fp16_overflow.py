@@ -8,6 +8,7 @@ the same dequantized fp16 weight, with torch's
 
     PYTHONPATH=. python bench/diagnose_fp16_overflow.py
 """
+
 from __future__ import annotations
 
 import torch
@@ -31,10 +32,12 @@ def main() -> None:
             torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = flag
             y_bnb = bnb.matmul_4bit(x, q.t(), quant_state=state)
             y_lin = torch.nn.functional.linear(x, w16)
-            print(f"rows={rows} reduced_precision_reduction={flag}: "
-                  f"bnb nan={int(torch.isnan(y_bnb).sum())} inf={int(torch.isinf(y_bnb).sum())} | "
-                  f"F.linear nan={int(torch.isnan(y_lin).sum())} inf={int(torch.isinf(y_lin).sum())} | "
-                  f"max|exact|={exact.abs().max().item():.3g}")
+            print(
+                f"rows={rows} reduced_precision_reduction={flag}: "
+                f"bnb nan={int(torch.isnan(y_bnb).sum())} inf={int(torch.isinf(y_bnb).sum())} | "
+                f"F.linear nan={int(torch.isnan(y_lin).sum())} inf={int(torch.isinf(y_lin).sum())} | "
+                f"max|exact|={exact.abs().max().item():.3g}"
+            )
     torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = True
 
 

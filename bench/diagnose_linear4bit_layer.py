@@ -19,6 +19,7 @@ N] layout, and leaves the layer in that state:
      drops absmax and the quant state (reported only as unexpected keys), so the layer
      decodes the checkpoint's codes with its own old scales.
 """
+
 from __future__ import annotations
 
 import torch
@@ -28,10 +29,16 @@ from bitsandbytes.nn import Linear4bit, Params4bit
 
 def layer(seed: int, compute_dtype: torch.dtype, bias: bool = False, device: str = "cpu") -> Linear4bit:
     torch.manual_seed(seed)
-    module = Linear4bit(128, 64, bias=bias, compute_dtype=compute_dtype, quant_type="nf4", compress_statistics=False,
-                        device="meta")
-    module.weight = Params4bit(torch.randn(64, 128) * torch.rand(64, 1) * 4, requires_grad=False, quant_type="nf4",
-                               compress_statistics=False, module=module)
+    module = Linear4bit(
+        128, 64, bias=bias, compute_dtype=compute_dtype, quant_type="nf4", compress_statistics=False, device="meta"
+    )
+    module.weight = Params4bit(
+        torch.randn(64, 128) * torch.rand(64, 1) * 4,
+        requires_grad=False,
+        quant_type="nf4",
+        compress_statistics=False,
+        module=module,
+    )
     if bias:
         module.bias = torch.nn.Parameter(torch.randn(64))
     return module.to(device)
@@ -67,11 +74,14 @@ def main() -> None:
     with torch.no_grad():
         m(x.bfloat16())
     saved = m.state_dict()
-    fresh = Params4bit.from_prequantized(saved["weight"], {k[7:]: v for k, v in saved.items() if k != "weight"},
-                                         device="cpu")
-    print(f"3. checkpoint saved after an eval forward: weight.absmax {list(saved['weight.absmax'].shape)} "
-          f"{saved['weight.absmax'].dtype}, max |reloaded - original| = "
-          f"{(dequantize_4bit(fresh.data, fresh.quant_state).double() - w).abs().max().item():.3g}")
+    fresh = Params4bit.from_prequantized(
+        saved["weight"], {k[7:]: v for k, v in saved.items() if k != "weight"}, device="cpu"
+    )
+    print(
+        f"3. checkpoint saved after an eval forward: weight.absmax {list(saved['weight.absmax'].shape)} "
+        f"{saved['weight.absmax'].dtype}, max |reloaded - original| = "
+        f"{(dequantize_4bit(fresh.data, fresh.quant_state).double() - w).abs().max().item():.3g}"
+    )
 
     m = layer(3, torch.bfloat16, bias=True, device=device)
     before = m.bias.dtype
@@ -80,8 +90,10 @@ def main() -> None:
 
     saved, other = layer(4, torch.bfloat16, device=device), layer(5, torch.bfloat16, device=device)
     result = other.load_state_dict(saved.state_dict(), strict=False)
-    print(f"5. load_state_dict(strict=False): max |loaded - saved| = "
-          f"{(decoded(other) - decoded(saved)).abs().max().item():.3g}; unexpected keys {result.unexpected_keys}")
+    print(
+        f"5. load_state_dict(strict=False): max |loaded - saved| = "
+        f"{(decoded(other) - decoded(saved)).abs().max().item():.3g}; unexpected keys {result.unexpected_keys}"
+    )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ adapter at one and at 16 rows (the host's Python work per call, top functions).
 
     python bench/eager_loop.py --out eager.jsonl [--old-tree ../old] [--profile prof.txt]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,11 +52,24 @@ def _cases(which: str, device: torch.device):
             for rows in ROWS:
                 xs = [torch.randn(rows, k, device=device).to(torch.bfloat16) for _ in range(COPIES)]
                 fresh = backend.matmul(xs[0], copy.deepcopy(qs[0]), None, torch.bfloat16)  # entry points
-                yield backend.name, (n, k), rows, (lambda i, b=backend, qs=qs, xs=xs:
-                                                   b.matmul(xs[i], qs[i], None, torch.bfloat16))
+                yield (
+                    backend.name,
+                    (n, k),
+                    rows,
+                    (lambda i, b=backend, qs=qs, xs=xs: b.matmul(xs[i], qs[i], None, torch.bfloat16)),
+                )
                 planned = backend.matmul(xs[0], qs[0], None, torch.bfloat16)  # after 800 calls: the plan
-                print(json.dumps({"backend": backend.name, "shape": [n, k], "rows": rows,
-                                  "planned_equals_entry_point": bool(torch.equal(fresh, planned))}), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "backend": backend.name,
+                            "shape": [n, k],
+                            "rows": rows,
+                            "planned_equals_entry_point": bool(torch.equal(fresh, planned)),
+                        }
+                    ),
+                    flush=True,
+                )
             del qs, first
         if "tinygemm" in which:
             from pytest_qconform.benchmark.peer import GROUP, _packed_weight
@@ -64,9 +78,16 @@ def _cases(which: str, device: torch.device):
             packed = [_packed_weight(n, k, device, generator) for _ in range(COPIES)]
             for rows in ROWS:
                 xs = [torch.randn(rows, k, device=device).to(torch.bfloat16) for _ in range(COPIES)]
-                yield "torch-int4-tinygemm", (n, k), rows, (lambda i, xs=xs, packed=packed:
-                                                            torch.ops.aten._weight_int4pack_mm(
-                                                                xs[i], packed[i][0], GROUP, packed[i][1]))
+                yield (
+                    "torch-int4-tinygemm",
+                    (n, k),
+                    rows,
+                    (
+                        lambda i, xs=xs, packed=packed: torch.ops.aten._weight_int4pack_mm(
+                            xs[i], packed[i][0], GROUP, packed[i][1]
+                        )
+                    ),
+                )
 
 
 def _eager_time(call, count: int, loops: int = 7, calls: int = 100) -> float:
@@ -93,9 +114,18 @@ def measure(which: str, label: str) -> list[dict]:
         for name, shape, rows, call in _cases(which, device):
             times, hidden = bench.device_times(call, COPIES, 100, facts, device)
             eager = _eager_time(call, COPIES)
-            rows_out.append({"code": label, "backend": name, "shape": list(shape), "rows": rows,
-                             "device_us": round(statistics.median(times) * 1e6, 2), "launch_hidden": hidden,
-                             "eager_us": round(eager * 1e6, 2), "repeat_equal": bool(torch.equal(call(0), call(0)))})
+            rows_out.append(
+                {
+                    "code": label,
+                    "backend": name,
+                    "shape": list(shape),
+                    "rows": rows,
+                    "device_us": round(statistics.median(times) * 1e6, 2),
+                    "launch_hidden": hidden,
+                    "eager_us": round(eager * 1e6, 2),
+                    "repeat_equal": bool(torch.equal(call(0), call(0))),
+                }
+            )
             print(json.dumps(rows_out[-1]), flush=True)
     return rows_out
 
@@ -142,11 +172,14 @@ def graph_check() -> list[dict]:
         for rows in (1, 4, 16, None):
             xs = [torch.randn(rows or 1, 8192, device=device).to(torch.bfloat16) for _ in range(COPIES)]
             if rows is None:
+
                 def call(i, qs=qs):
                     return backend.dequantize(qs[i], torch.bfloat16)
             else:
+
                 def call(i, qs=qs, xs=xs):
                     return backend.matmul(xs[i], qs[i], None, torch.bfloat16)
+
             eager = [call(i).clone() for i in range(COPIES)]
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
@@ -166,8 +199,14 @@ def graph_check() -> list[dict]:
                 graph.replay()
             end.record()
             end.synchronize()
-            out.append({"graph": "dequantize" if rows is None else "matmul", "rows": rows, "replay_equal": equal,
-                        "replay_us_per_call": round(start.elapsed_time(end) * 1e3 / (25 * COPIES), 2)})
+            out.append(
+                {
+                    "graph": "dequantize" if rows is None else "matmul",
+                    "rows": rows,
+                    "replay_equal": equal,
+                    "replay_us_per_call": round(start.elapsed_time(end) * 1e3 / (25 * COPIES), 2),
+                }
+            )
             print(json.dumps(out[-1]), flush=True)
     return out
 
@@ -186,8 +225,21 @@ def main() -> int:
         results += graph_check()
     if args.old_tree:
         env = dict(os.environ, PYTHONPATH=f"{args.old_tree.resolve()}:{os.environ.get('PYTHONPATH', '')}")
-        old = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--out", str(args.out) + ".old",
-                              "--which", "triton-nf4", "--label", "before"], env=env, cwd=args.old_tree, check=False)
+        old = subprocess.run(
+            [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--out",
+                str(args.out) + ".old",
+                "--which",
+                "triton-nf4",
+                "--label",
+                "before",
+            ],
+            env=env,
+            cwd=args.old_tree,
+            check=False,
+        )
         if old.returncode == 0:
             results += [json.loads(line) for line in Path(str(args.out) + ".old").read_text().splitlines()]
     args.out.write_text("".join(json.dumps(r) + "\n" for r in results))

@@ -8,6 +8,7 @@ stdout and JSON to the path given (default ``bench/results/sensitivity-cpu.json`
 
     .venv/bin/python bench/sensitivity.py [OUT.json]
 """
+
 from __future__ import annotations
 
 import json
@@ -26,11 +27,28 @@ CONFTEST = (
 
 
 def suite_fails(dtype: str, eps: float, workdir: Path) -> bool:
-    env = {**os.environ, "QCONFORM_MUTANT_EPS": repr(eps),
-           "PYTHONPATH": f"{ROOT / 'tests'}:{ROOT / 'examples' / 'downstream' / 'src'}"}
-    args = [sys.executable, "-m", "pytest", "--qconform", "-q", "--tb=no", "-p", "no:cacheprovider",
-            "--qconform-no-report", "-o", "addopts=", "--qconform-backend=mutant-scaled-matmul",
-            f"--qconform-dtype={dtype}", "-k", "test_matmul_matches_reference and nf4-b64 and not dq"]
+    env = {
+        **os.environ,
+        "QCONFORM_MUTANT_EPS": repr(eps),
+        "PYTHONPATH": f"{ROOT / 'tests'}:{ROOT / 'examples' / 'downstream' / 'src'}",
+    }
+    args = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--qconform",
+        "-q",
+        "--tb=no",
+        "-p",
+        "no:cacheprovider",
+        "--qconform-no-report",
+        "-o",
+        "addopts=",
+        "--qconform-backend=mutant-scaled-matmul",
+        f"--qconform-dtype={dtype}",
+        "-k",
+        "test_matmul_matches_reference and nf4-b64 and not dq",
+    ]
     proc = subprocess.run(args, cwd=workdir, env=env, capture_output=True, text=True, timeout=600)
     if proc.returncode not in (0, 1):
         raise RuntimeError(f"pytest exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
@@ -48,10 +66,12 @@ def main() -> None:
             if suite_fails(dtype, 0.0, Path(tmp)):
                 raise RuntimeError(f"the correct output (eps 0) fails for {dtype}: the sweep means nothing")
             caught, exponent = None, 1
-            while exponent < 40 and suite_fails(dtype, 2.0 ** -exponent, Path(tmp)):
+            while exponent < 40 and suite_fails(dtype, 2.0**-exponent, Path(tmp)):
                 caught, exponent = exponent, exponent + 1
-            results[dtype] = {"smallest_caught_eps": None if caught is None else 2.0 ** -caught,
-                              "largest_missed_eps": 2.0 ** -exponent}
+            results[dtype] = {
+                "smallest_caught_eps": None if caught is None else 2.0**-caught,
+                "largest_missed_eps": 2.0**-exponent,
+            }
             print(f"{dtype}: caught 2**-{caught}, missed 2**-{exponent}", file=sys.stderr)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")

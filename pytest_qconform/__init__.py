@@ -20,4 +20,5 @@ Modules whose names start with an underscore, and ``plugin``, ``fixtures``, ``re
 ``session_setup``, ``state``, ``targets``, ``known_failures``, ``strategies``, ``kernels``
 and the rest of ``outcomes``, are internal.
 """
+
 __version__ = "0.1.0"

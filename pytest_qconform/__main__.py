@@ -5,6 +5,7 @@ report or as JSON, so a runner's operator can see what the suite will find befor
 running it. ``check`` is the report gate a CI job applies to a run's report
 (``pytest_qconform.report.gate``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,7 +25,6 @@ def doctor(simulate: str | None, as_json: bool) -> int:
     if not probe.has_gpu:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     from pytest_qconform.backends import registry
-
     from pytest_qconform.session.startup_notes import captured
 
     statuses = []
@@ -46,10 +46,17 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     doc = sub.add_parser("doctor", help="print what hardware, software and backends this machine has")
     doc.add_argument("--json", action="store_true", help="print JSON instead of text")
-    doc.add_argument("--simulate", default=os.environ.get("QCONFORM_SIMULATE"), metavar="ARCH",
-                     help="testing aid: pretend to be ARCH (e.g. gfx1200)")
-    sub.add_parser("check", add_help=False,
-                   help="require things of a run report (CI gate); see python -m pytest_qconform check --help")
+    doc.add_argument(
+        "--simulate",
+        default=os.environ.get("QCONFORM_SIMULATE"),
+        metavar="ARCH",
+        help="testing aid: pretend to be ARCH (e.g. gfx1200)",
+    )
+    sub.add_parser(
+        "check",
+        add_help=False,
+        help="require things of a run report (CI gate); see python -m pytest_qconform check --help",
+    )
     args, rest = parser.parse_known_args(argv)
     if args.command == "check":
         from pytest_qconform.report import gate

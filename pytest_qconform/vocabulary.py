@@ -7,6 +7,7 @@ NameError where it is written instead of a cell that silently matches nothing.
 
 Imports no torch: the matrix, the gate and the plugin's start-up read these without it.
 """
+
 from __future__ import annotations
 
 from enum import StrEnum
@@ -70,5 +71,10 @@ class DtypeLabel(StrEnum):
 
 
 # Other names a user or torch gives these dtypes (without the ``torch.`` prefix).
-DTYPE_ALIASES: dict[str, str] = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32",
-                                 "float": "fp32"}
+DTYPE_ALIASES: dict[str, str] = {
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "float32": "fp32",
+    "float": "fp32",
+}

@@ -26,18 +26,46 @@ Usage::
     bound = bounds.bnb4_dequantize_bound(packed, torch.bfloat16)
     assert bounds.error_multiple(out, exact, bound) <= bounds.BOUND_MULTIPLE
 """
+
 from __future__ import annotations
 
 from pytest_qconform.reference import bnb4, bounds, formats, hqq4, linear, requantize
-from pytest_qconform.reference.bounds import (BOUND_MULTIPLE, bnb4_dequantize_bound, dequantize_bound,
-                                              error_multiple, gamma, grad_bound, matmul_bound, rounding_bound,
-                                              unit_roundoff)
+from pytest_qconform.reference.bounds import (
+    BOUND_MULTIPLE,
+    bnb4_dequantize_bound,
+    dequantize_bound,
+    error_multiple,
+    gamma,
+    grad_bound,
+    matmul_bound,
+    rounding_bound,
+    unit_roundoff,
+)
 from pytest_qconform.reference.formats import FP4_CODE, NF4_CODE, code_table, dynamic_map_signed
 from pytest_qconform.reference.linear import linear_backward
 from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 
 __all__ = [
-    "BOUND_MULTIPLE", "FP4_CODE", "NF4_CODE", "PackedBnb4", "PackedHqq4", "bnb4", "bnb4_dequantize_bound",
-    "bounds", "code_table", "dequantize_bound", "dynamic_map_signed", "error_multiple", "formats", "gamma",
-    "grad_bound", "hqq4", "linear", "linear_backward", "matmul_bound", "requantize", "rounding_bound", "unit_roundoff",
+    "BOUND_MULTIPLE",
+    "FP4_CODE",
+    "NF4_CODE",
+    "PackedBnb4",
+    "PackedHqq4",
+    "bnb4",
+    "bnb4_dequantize_bound",
+    "bounds",
+    "code_table",
+    "dequantize_bound",
+    "dynamic_map_signed",
+    "error_multiple",
+    "formats",
+    "gamma",
+    "grad_bound",
+    "hqq4",
+    "linear",
+    "linear_backward",
+    "matmul_bound",
+    "requantize",
+    "rounding_bound",
+    "unit_roundoff",
 ]

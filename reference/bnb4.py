@@ -29,6 +29,7 @@ from the table the backend carries in ``PackedBnb4.code``: a backend decoding wi
 wrong table must show up as a mismatch. The nested table is data of the state
 (``state2.code``, any 256-entry map may be used), so it is read from the record.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -36,8 +37,7 @@ import torch
 from pytest_qconform.reference.formats import FP4_SIGN_BIT, code_table
 from pytest_qconform.reference.packed import PackedBnb4
 
-__all__ = ["code_table", "code_values", "decode", "decode_absmax", "encode", "pack_codes", "quantize",
-           "unpack_codes"]
+__all__ = ["code_table", "code_values", "decode", "decode_absmax", "encode", "pack_codes", "quantize", "unpack_codes"]
 
 
 def _device(device: str | torch.device | None) -> torch.device:
@@ -63,8 +63,10 @@ def unpack_codes(packed: np.ndarray, numel: int) -> np.ndarray:
     data = _as_bytes(packed)
     need = (numel + 1) // 2
     if numel < 0 or data.size < need:
-        raise ValueError(f"unpack_codes: {data.size} packed bytes cannot hold {numel} 4-bit codes "
-                         f"(need ceil(numel / 2) = {need}); pass the numel of the logical shape")
+        raise ValueError(
+            f"unpack_codes: {data.size} packed bytes cannot hold {numel} 4-bit codes "
+            f"(need ceil(numel / 2) = {need}); pass the numel of the logical shape"
+        )
     data = data[:need]
     codes = np.empty(2 * need, dtype=np.uint8)
     codes[0::2] = data >> 4
@@ -107,22 +109,28 @@ def decode_absmax(p: PackedBnb4, device: str | torch.device | None = "cpu") -> t
     nblocks = _nblocks(p.numel, p.blocksize)
     absmax = np.asarray(p.absmax).reshape(-1)
     if absmax.size != nblocks:
-        raise ValueError(f"decode_absmax: {absmax.size} absmax entries for shape {p.shape} in blocks of "
-                         f"{p.blocksize} (expected ceil({p.numel} / {p.blocksize}) = {nblocks})")
+        raise ValueError(
+            f"decode_absmax: {absmax.size} absmax entries for shape {p.shape} in blocks of "
+            f"{p.blocksize} (expected ceil({p.numel} / {p.blocksize}) = {nblocks})"
+        )
     if not p.double_quant:
         return torch.as_tensor(absmax.astype(np.float64), device=dev)
     if p.nested_code is None or p.nested_blocksize is None or p.offset is None:
-        raise ValueError("decode_absmax: a double-quantized PackedBnb4 needs nested_code, nested_blocksize "
-                         "and offset besides nested_absmax (state2.code, state2.blocksize, state.offset)")
+        raise ValueError(
+            "decode_absmax: a double-quantized PackedBnb4 needs nested_code, nested_blocksize "
+            "and offset besides nested_absmax (state2.code, state2.blocksize, state.offset)"
+        )
     if absmax.dtype != np.uint8:
         raise ValueError(f"decode_absmax: double-quantized absmax must be uint8 codes, got {absmax.dtype}")
     nested_code = np.asarray(p.nested_code, dtype=np.float64).reshape(-1)
     nested_absmax = np.asarray(p.nested_absmax, dtype=np.float64).reshape(-1)
     n_nested = _nblocks(nblocks, p.nested_blocksize)
     if nested_code.size != 256 or nested_absmax.size != n_nested:
-        raise ValueError(f"decode_absmax: expected a 256-entry nested_code and ceil({nblocks} / "
-                         f"{p.nested_blocksize}) = {n_nested} nested_absmax entries, got {nested_code.size} "
-                         f"and {nested_absmax.size}")
+        raise ValueError(
+            f"decode_absmax: expected a 256-entry nested_code and ceil({nblocks} / "
+            f"{p.nested_blocksize}) = {n_nested} nested_absmax entries, got {nested_code.size} "
+            f"and {nested_absmax.size}"
+        )
     code = torch.as_tensor(nested_code, device=dev)[torch.as_tensor(absmax.astype(np.int64), device=dev)]
     scale = torch.as_tensor(nested_absmax, device=dev).repeat_interleave(p.nested_blocksize)[:nblocks]
     return code * scale + float(p.offset)
@@ -190,8 +198,7 @@ def quantize(weight: torch.Tensor, quant_type: str, blocksize: int) -> tuple[np.
     padded[:numel] = w
     absmax = padded.reshape(nblocks, blocksize).abs().amax(dim=1)
     block_absmax = absmax.repeat_interleave(blocksize)[:numel]
-    scaled = torch.where(block_absmax > 0, w / torch.where(block_absmax > 0, block_absmax, 1.0),
-                         torch.zeros_like(w))
+    scaled = torch.where(block_absmax > 0, w / torch.where(block_absmax > 0, block_absmax, 1.0), torch.zeros_like(w))
     values, value_codes = _sorted_table(quant_type)
     values, value_codes = values.to(w.device), value_codes.to(w.device)
     midpoints = (values[1:] + values[:-1]) / 2

@@ -12,20 +12,35 @@ Every bound here is per element, float64, on the device of its input, and is a b
 ``|actual - exact|`` where ``exact`` is the float64 reference. A result passes when
 ``error_multiple(actual, exact, bound) <= BOUND_MULTIPLE``.
 """
+
 from __future__ import annotations
 
 import math
 
 import numpy as np
-import torch
-
 import pytest_qconform.reference.bnb4 as bnb4
 import pytest_qconform.reference.hqq4 as hqq4
+import torch
 from pytest_qconform.reference.linear import linear
 from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 
-__all__ = ["BOUND_MULTIPLE", "FLUSHES_SUBNORMALS", "underflow_error", "bnb4_dequantize_bound", "bnb4_matmul_weight_bound", "dequantize_bound", "error_multiple", "gamma",
-           "grad_bound", "hqq4_dequantize_bound", "matmul_bound", "rounding_bound", "rounding_direction", "rounding_direction_biased", "unit_roundoff"]
+__all__ = [
+    "BOUND_MULTIPLE",
+    "FLUSHES_SUBNORMALS",
+    "underflow_error",
+    "bnb4_dequantize_bound",
+    "bnb4_matmul_weight_bound",
+    "dequantize_bound",
+    "error_multiple",
+    "gamma",
+    "grad_bound",
+    "hqq4_dequantize_bound",
+    "matmul_bound",
+    "rounding_bound",
+    "rounding_direction",
+    "rounding_direction_biased",
+    "unit_roundoff",
+]
 
 # A result passes when its worst error is at most this multiple of its derived bound.
 # 1.0: the bounds are worst cases of the arithmetic, not statistical estimates, so a
@@ -91,7 +106,7 @@ def rounding_bound(exact: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     emin = int(round(math.log2(float(fi.tiny))))
     emax = int(math.floor(math.log2(float(fi.max))))
     try:
-        overflow = float(fi.max) + u * 2.0 ** emax
+        overflow = float(fi.max) + u * 2.0**emax
     except OverflowError:  # float64: the threshold is beyond float64 itself, nothing rounds to inf
         overflow = math.inf
     mag = exact.detach().to(torch.float64).abs()
@@ -106,8 +121,9 @@ def rounding_bound(exact: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(torch.isnan(mag), mag, bound)
 
 
-def dequantize_bound(exact: torch.Tensor, out_dtype: torch.dtype, intermediate: torch.dtype = torch.float32,
-                     ops: int = 2) -> torch.Tensor:
+def dequantize_bound(
+    exact: torch.Tensor, out_dtype: torch.dtype, intermediate: torch.dtype = torch.float32, ops: int = 2
+) -> torch.Tensor:
     """Bound for a decoded value computed by ``ops`` multiplications/subtractions of exact
     stored operands in ``intermediate`` precision, then rounded to ``out_dtype``.
 
@@ -133,8 +149,9 @@ def dequantize_bound(exact: torch.Tensor, out_dtype: torch.dtype, intermediate: 
     return chain + rounding_bound(mag + chain, out_dtype)
 
 
-def bnb4_dequantize_bound(p: PackedBnb4, out_dtype: torch.dtype,
-                          device: str | torch.device | None = "cpu") -> torch.Tensor:
+def bnb4_dequantize_bound(
+    p: PackedBnb4, out_dtype: torch.dtype, device: str | torch.device | None = "cpu"
+) -> torch.Tensor:
     """Per-element bound for bitsandbytes' dequantization of ``p`` to ``out_dtype``,
     shape ``p.shape``, from the stored state (float32 arithmetic, ``u = 2**-24``).
 
@@ -175,8 +192,9 @@ def bnb4_dequantize_bound(p: PackedBnb4, out_dtype: torch.dtype,
     return bound.reshape(p.shape)
 
 
-def bnb4_matmul_weight_bound(p: PackedBnb4, compute_dtype: torch.dtype,
-                             device: str | torch.device | None = "cpu") -> torch.Tensor:
+def bnb4_matmul_weight_bound(
+    p: PackedBnb4, compute_dtype: torch.dtype, device: str | torch.device | None = "cpu"
+) -> torch.Tensor:
     """``E`` of ``matmul_bound`` for a bitsandbytes-format weight used by a kernel that
     computes in ``compute_dtype``: how far the weight it multiplies by may be from the
     exact decoding.
@@ -208,8 +226,12 @@ def _stored_dtype(name: object) -> torch.dtype:
     return dtype
 
 
-def hqq4_dequantize_bound(p: PackedHqq4, out_dtype: torch.dtype, compute_dtype: torch.dtype | None = None,
-                          device: str | torch.device | None = "cpu") -> torch.Tensor:
+def hqq4_dequantize_bound(
+    p: PackedHqq4,
+    out_dtype: torch.dtype,
+    compute_dtype: torch.dtype | None = None,
+    device: str | torch.device | None = "cpu",
+) -> torch.Tensor:
     """Bound for HQQ's ``W = (q - zero) * scale`` evaluated in ``compute_dtype`` (default:
     the layer's, ``p.meta['compute_dtype']``) and returned in ``out_dtype``.
 
@@ -242,8 +264,7 @@ def hqq4_dequantize_bound(p: PackedHqq4, out_dtype: torch.dtype, compute_dtype: 
     e_z, e_s = stored_error(zero, "zero_dtype"), stored_error(scale, "scale_dtype")
     diff = (q - zero).abs()
     s_abs = scale.abs()
-    e = (s_abs * e_z + diff * e_s + e_z * e_s + gamma(2, u) * (diff + e_z) * (s_abs + e_s)
-         + 2 * underflow_error(compute))
+    e = s_abs * e_z + diff * e_s + e_z * e_s + gamma(2, u) * (diff + e_z) * (s_abs + e_s) + 2 * underflow_error(compute)
     if out_dtype == compute:
         return e
     return e + rounding_bound(diff * s_abs + e, out_dtype)
@@ -255,9 +276,17 @@ def _accumulate_default(compute_dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if unit_roundoff(compute_dtype) > unit_roundoff(torch.float32) else compute_dtype
 
 
-def matmul_bound(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, compute_dtype: torch.dtype,
-                 out_dtype: torch.dtype, k: int | None = None, *, accumulate_dtype: torch.dtype | None = None,
-                 w_error: torch.Tensor | None = None) -> torch.Tensor:
+def matmul_bound(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    compute_dtype: torch.dtype,
+    out_dtype: torch.dtype,
+    k: int | None = None,
+    *,
+    accumulate_dtype: torch.dtype | None = None,
+    w_error: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Bound for ``y = x W^T + b`` computed in ``compute_dtype`` and returned in
     ``out_dtype``; x ``(..., K)``, W ``(N, K)`` and b ``(N,)`` exact float64, shape ``(..., N)``.
 
@@ -292,8 +321,9 @@ def matmul_bound(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, compu
     them (``nan_to_num``) to bound the finite entries around them.
     """
     if w.dim() != 2 or x.shape[-1] != w.shape[1]:
-        raise ValueError(f"matmul_bound: x {tuple(x.shape)} and W {tuple(w.shape)} do not chain: need "
-                         "x (..., K) and W (N, K)")
+        raise ValueError(
+            f"matmul_bound: x {tuple(x.shape)} and W {tuple(w.shape)} do not chain: need x (..., K) and W (N, K)"
+        )
     dev = x.device
     u = unit_roundoff(compute_dtype)
     u_acc = unit_roundoff(_accumulate_default(compute_dtype) if accumulate_dtype is None else accumulate_dtype)
@@ -306,26 +336,42 @@ def matmul_bound(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, compu
         mag = mag + b.detach().to(device=dev, dtype=torch.float64).abs()
     relative = u + (1 + u) * gamma(n + (b is not None), u_acc)
     acc_dtype = _accumulate_default(compute_dtype) if accumulate_dtype is None else accumulate_dtype
-    product_underflow = (float(_finfo(acc_dtype).tiny) if compute_dtype in FLUSHES_SUBNORMALS
-                         else _half_subnormal(acc_dtype))
-    underflow = (underflow_error(compute_dtype) * ((w_abs + e_w).sum(dim=1) + (b is not None))
-                 + n * product_underflow)
+    product_underflow = (
+        float(_finfo(acc_dtype).tiny) if compute_dtype in FLUSHES_SUBNORMALS else _half_subnormal(acc_dtype)
+    )
+    underflow = underflow_error(compute_dtype) * ((w_abs + e_w).sum(dim=1) + (b is not None)) + n * product_underflow
     e_c = x_abs @ e_w.T + relative * mag + underflow
     y = linear(x, w, b)
     return e_c + rounding_bound(y.abs() + e_c, out_dtype)
 
 
-def grad_bound(dy: torch.Tensor, w: torch.Tensor, compute_dtype: torch.dtype, out_dtype: torch.dtype,
-               k: int | None = None, *, accumulate_dtype: torch.dtype | None = None,
-               w_error: torch.Tensor | None = None) -> torch.Tensor:
+def grad_bound(
+    dy: torch.Tensor,
+    w: torch.Tensor,
+    compute_dtype: torch.dtype,
+    out_dtype: torch.dtype,
+    k: int | None = None,
+    *,
+    accumulate_dtype: torch.dtype | None = None,
+    w_error: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Bound for ``dx = dy W`` (dy ``(..., N)``, W ``(N, K)``) computed in ``compute_dtype``
     and returned in ``out_dtype``: ``matmul_bound`` of ``dy`` against ``W^T`` (the
     reduction runs over N), same derivation and defaults."""
     if w.dim() != 2 or dy.shape[-1] != w.shape[0]:
-        raise ValueError(f"grad_bound: dy {tuple(dy.shape)} and W {tuple(w.shape)} do not chain: need "
-                         "dy (..., N) and W (N, K)")
-    return matmul_bound(dy, w.T, None, compute_dtype, out_dtype, k, accumulate_dtype=accumulate_dtype,
-                        w_error=None if w_error is None else w_error.T)
+        raise ValueError(
+            f"grad_bound: dy {tuple(dy.shape)} and W {tuple(w.shape)} do not chain: need dy (..., N) and W (N, K)"
+        )
+    return matmul_bound(
+        dy,
+        w.T,
+        None,
+        compute_dtype,
+        out_dtype,
+        k,
+        accumulate_dtype=accumulate_dtype,
+        w_error=None if w_error is None else w_error.T,
+    )
 
 
 def error_multiple(actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor) -> float:
@@ -370,8 +416,7 @@ ROUNDING_DIRECTION_MIN_UNITS: int = 64
 ROUNDING_DIRECTION_LIMIT: float = 0.8
 
 
-def rounding_direction(actual: torch.Tensor, expected: torch.Tensor, units: torch.Tensor
-                       ) -> tuple[float, float, int]:
+def rounding_direction(actual: torch.Tensor, expected: torch.Tensor, units: torch.Tensor) -> tuple[float, float, int]:
     """``(toward_zero, away_from_zero, n)``: the fractions of the ``n`` voting units whose
     errors point toward zero and away from it. ``units`` (integers, broadcast to the
     result's shape) says which unit each element belongs to: its block or group for a
@@ -403,7 +448,9 @@ def rounding_direction_biased(actual: torch.Tensor, expected: torch.Tensor, unit
         return None
     for fraction, direction in ((toward, "toward zero"), (away, "away from zero")):
         if fraction > ROUNDING_DIRECTION_LIMIT:
-            return (f"the errors of {fraction:.0%} of {n} independent units (blocks, groups or weight rows) point "
-                    f"{direction}; round to nearest errs both ways, and at most {ROUNDING_DIRECTION_LIMIT:.0%} "
-                    "may point one way")
+            return (
+                f"the errors of {fraction:.0%} of {n} independent units (blocks, groups or weight rows) point "
+                f"{direction}; round to nearest errs both ways, and at most {ROUNDING_DIRECTION_LIMIT:.0%} "
+                "may point one way"
+            )
     return None

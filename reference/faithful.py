@@ -24,25 +24,29 @@ holds; but every decoded value of a group must stay within that group's input ra
 widened by the range itself: ``|w_i - decode_i| <= max_g w - min_g w`` (a scale or zero
 that is inf, NaN, or off by a factor fails it).
 """
+
 from __future__ import annotations
 
 import numpy as np
 import torch
-
 from pytest_qconform.reference import bnb4, hqq4
 from pytest_qconform.reference.formats import code_table
 from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 
 __all__ = ["decode", "faithful_bound", "nonfinite_stored_fields"]
 
-_U32 = 2.0 ** -24
+_U32 = 2.0**-24
 
 
 def nonfinite_stored_fields(p: PackedBnb4 | PackedHqq4) -> list[str]:
     """The names of the stored floating-point fields that hold NaN or inf."""
     if isinstance(p, PackedBnb4):
-        fields = {"absmax": p.absmax, "nested_absmax": p.nested_absmax, "nested_code": p.nested_code,
-                  "offset": None if p.offset is None else np.asarray([p.offset])}
+        fields = {
+            "absmax": p.absmax,
+            "nested_absmax": p.nested_absmax,
+            "nested_code": p.nested_code,
+            "offset": None if p.offset is None else np.asarray([p.offset]),
+        }
     else:
         fields = {"scale": p.scale, "zero": p.zero}
     found = []
@@ -91,8 +95,9 @@ def faithful_bound(p: PackedBnb4 | PackedHqq4, weight: torch.Tensor) -> torch.Te
     """Per element, how far ``decode(p)`` may be from ``weight`` (the quantizer's input), in
     float64 on the weight's device; derived from the input alone (module docstring)."""
     if tuple(weight.shape) != tuple(p.shape) and weight.numel() != int(np.prod(p.shape)):
-        raise ValueError(f"faithful_bound: weight of shape {tuple(weight.shape)} for a stored state of shape "
-                         f"{tuple(p.shape)}")
+        raise ValueError(
+            f"faithful_bound: weight of shape {tuple(weight.shape)} for a stored state of shape {tuple(p.shape)}"
+        )
     if isinstance(p, PackedBnb4):
         return _bnb4_bound(p, weight)
     return _hqq4_bound(p, weight)

@@ -5,6 +5,7 @@ A 4-bit code is an index into a 16-entry table of values in [-1, 1]; the weight 
 bitsandbytes stores (``QuantState.code``, serialized as ``quant_map``), written out as
 Python floats (each is exactly representable in float32, so nothing is lost).
 """
+
 from __future__ import annotations
 
 import torch
@@ -68,8 +69,9 @@ def code_table(quant_type: str) -> tuple[float, ...]:
     try:
         return CODE_TABLES[quant_type]
     except KeyError:
-        raise ValueError(f"unknown 4-bit quant_type {quant_type!r}; the reference knows "
-                         f"{sorted(CODE_TABLES)}") from None
+        raise ValueError(
+            f"unknown 4-bit quant_type {quant_type!r}; the reference knows {sorted(CODE_TABLES)}"
+        ) from None
 
 
 def dynamic_map_signed() -> tuple[float, ...]:

@@ -21,6 +21,7 @@ into halves, ``packed = (Q[:R/2] << 4) | Q[R/2:]``, a uint8 array of shape ``(R/
 the high nibble of packed row ``r`` is Q's row ``r`` and the low nibble Q's row
 ``r + R/2``. (This is not the interleaving bitsandbytes uses.)
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -46,8 +47,10 @@ def unpack_4bit_u8(packed: np.ndarray) -> np.ndarray:
     rows ``[0, R/2)`` from the high nibbles, rows ``[R/2, R)`` from the low nibbles."""
     data = np.asarray(packed)
     if data.dtype != np.uint8:
-        raise ValueError(f"unpack_4bit_u8: expected uint8 bytes, got {data.dtype} (a view_as_float "
-                         "W_q must be viewed back as uint8 first)")
+        raise ValueError(
+            f"unpack_4bit_u8: expected uint8 bytes, got {data.dtype} (a view_as_float "
+            "W_q must be viewed back as uint8 first)"
+        )
     if data.ndim != 2:
         raise ValueError(f"unpack_4bit_u8: expected a 2-D (R/2, C) array, got shape {data.shape}")
     return np.concatenate([data >> 4, data & 0x0F], axis=0).astype(np.uint8)
@@ -58,13 +61,16 @@ def _per_group(values: np.ndarray, rows: int, cols: int, axis: int, name: str) -
     flat = np.asarray(values, dtype=np.float64).reshape(-1)
     groups = rows if axis == 1 else cols
     if flat.size != groups:
-        raise ValueError(f"HQQ {name} has {flat.size} entries, expected one per group ({groups}) "
-                         f"for axis {axis} on a ({rows}, {cols}) grouped tensor")
+        raise ValueError(
+            f"HQQ {name} has {flat.size} entries, expected one per group ({groups}) "
+            f"for axis {axis} on a ({rows}, {cols}) grouped tensor"
+        )
     return flat.reshape(rows, 1) if axis == 1 else flat.reshape(1, cols)
 
 
-def decode_parts(p: PackedHqq4, device: str | torch.device | None = "cpu"
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def decode_parts(
+    p: PackedHqq4, device: str | torch.device | None = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(q, zero, scale)`` in float64, each of the weight's shape (zero and scale repeated
     over their group): the stored values the weight is computed from, which the error
     bound of a lower-precision evaluation needs as well as the decoding."""
@@ -72,20 +78,26 @@ def decode_parts(p: PackedHqq4, device: str | torch.device | None = "cpu"
         raise ValueError(f"hqq4.decode knows the '4bit_u8' packing only, got {p.packing!r}")
     rows, cols = grouped_shape(tuple(p.shape), p.group_size, p.axis)
     if rows % 2:
-        raise ValueError(f"HQQ 4bit_u8 splits Q's {rows} rows into halves: an odd row count cannot be "
-                         f"packed (shape {tuple(p.shape)}, group_size {p.group_size}, axis {p.axis})")
+        raise ValueError(
+            f"HQQ 4bit_u8 splits Q's {rows} rows into halves: an odd row count cannot be "
+            f"packed (shape {tuple(p.shape)}, group_size {p.group_size}, axis {p.axis})"
+        )
     data = np.asarray(p.packed)
     if data.dtype != np.uint8:
         data = np.ascontiguousarray(data).view(np.uint8)
     if data.size != rows // 2 * cols:
-        raise ValueError(f"HQQ packed has {data.size} bytes, expected (R/2) * C = {rows // 2 * cols} for "
-                         f"shape {tuple(p.shape)}, group_size {p.group_size}, axis {p.axis}")
+        raise ValueError(
+            f"HQQ packed has {data.size} bytes, expected (R/2) * C = {rows // 2 * cols} for "
+            f"shape {tuple(p.shape)}, group_size {p.group_size}, axis {p.axis}"
+        )
     q = unpack_4bit_u8(data.reshape(rows // 2, cols)).astype(np.float64)
     scale = _per_group(p.scale, rows, cols, p.axis, "scale")
     zero = _per_group(p.zero, rows, cols, p.axis, "zero")
     dev = torch.device("cpu" if device is None else device)
-    q_t, zero_t, scale_t = (torch.as_tensor(np.broadcast_to(a, (rows, cols)).copy(), device=dev).reshape(tuple(p.shape))
-                            for a in (q, zero, scale))
+    q_t, zero_t, scale_t = (
+        torch.as_tensor(np.broadcast_to(a, (rows, cols)).copy(), device=dev).reshape(tuple(p.shape))
+        for a in (q, zero, scale)
+    )
     return q_t, zero_t, scale_t
 
 

@@ -13,6 +13,7 @@ NaN and Inf follow IEEE arithmetic exactly: a row of x (or a row of W) holding a
 non-finite entry is recomputed as an explicit elementwise sum, because a BLAS may skip
 ``0 * Inf`` terms that IEEE makes NaN.
 """
+
 from __future__ import annotations
 
 import torch
@@ -35,16 +36,17 @@ def _ieee_matmul(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
     if bool(bad_cols.any()):
         cols = bad_cols.nonzero().flatten()
         for start in range(0, a.shape[0], 256):  # bounded memory: 256 rows at a time
-            chunk = a[start:start + 256]
-            out[start:start + 256, cols] = (chunk.unsqueeze(1) * b_t[cols].unsqueeze(0)).sum(dim=-1)
+            chunk = a[start : start + 256]
+            out[start : start + 256, cols] = (chunk.unsqueeze(1) * b_t[cols].unsqueeze(0)).sum(dim=-1)
     return out
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ w.T + b`` in float64, for x of any leading dims; shape ``(..., N)``."""
     if w.dim() != 2 or x.shape[-1] != w.shape[1]:
-        raise ValueError(f"linear: x {tuple(x.shape)} and W {tuple(w.shape)} do not chain: need "
-                         "x (..., K) and W (N, K)")
+        raise ValueError(
+            f"linear: x {tuple(x.shape)} and W {tuple(w.shape)} do not chain: need x (..., K) and W (N, K)"
+        )
     if b is not None and tuple(b.shape) != (w.shape[0],):
         raise ValueError(f"linear: bias shape {tuple(b.shape)}, expected ({w.shape[0]},)")
     dev = x.device
@@ -55,13 +57,16 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
     return y.reshape(*x.shape[:-1], w.shape[0])
 
 
-def linear_backward(x: torch.Tensor, w: torch.Tensor,
-                    dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def linear_backward(
+    x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dx, dW, db)`` of ``y = x W^T + b`` for the upstream gradient ``dy``, float64:
     ``dx = dy W``, ``dW = dy^T x`` and ``db = sum(dy)`` over the leading dims."""
     if w.dim() != 2 or x.shape[-1] != w.shape[1] or tuple(dy.shape) != (*x.shape[:-1], w.shape[0]):
-        raise ValueError(f"linear_backward: x {tuple(x.shape)}, W {tuple(w.shape)}, dy {tuple(dy.shape)} do not "
-                         "match: need x (..., K), W (N, K), dy (..., N)")
+        raise ValueError(
+            f"linear_backward: x {tuple(x.shape)}, W {tuple(w.shape)}, dy {tuple(dy.shape)} do not "
+            "match: need x (..., K), W (N, K), dy (..., N)"
+        )
     dev = x.device
     x2 = _f64(x, dev).reshape(-1, x.shape[-1])
     dy2 = _f64(dy, dev).reshape(-1, w.shape[0])

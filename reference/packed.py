@@ -5,6 +5,7 @@ reference decodes them without importing any backend. Arrays are NumPy, on the h
 exactly as the backend stores them (no re-packing), so a layout bug in a backend shows
 up as a decoding mismatch.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -28,13 +28,13 @@ Then the chosen value ``g`` satisfies ``|g - t~| <= d(t~) <= d(t) + e'`` with
 where ``d`` is measured on the stored grid. A requantization that keeps the old scales,
 drops the delta, or rounds the wrong way exceeds it.
 """
+
 from __future__ import annotations
 
 import numpy as np
-import torch
-
 import pytest_qconform.reference.bnb4 as bnb4
 import pytest_qconform.reference.hqq4 as hqq4
+import torch
 from pytest_qconform.reference.bounds import _stored_dtype, unit_roundoff
 from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 
@@ -48,8 +48,10 @@ def grid_values(p: PackedBnb4 | PackedHqq4, device: str | torch.device | None = 
     dev = torch.device("cpu" if device is None else device)
     if isinstance(p, PackedBnb4):
         if p.double_quant:
-            raise ValueError("requantize: double-quantized absmax is not covered (the quantizer rounded with an "
-                             "fp32 absmax it did not store)")
+            raise ValueError(
+                "requantize: double-quantized absmax is not covered (the quantizer rounded with an "
+                "fp32 absmax it did not store)"
+            )
         table = torch.as_tensor(np.asarray(p.code, dtype=np.float64).reshape(-1), device=dev)
         absmax = bnb4.decode_absmax(p, dev).repeat_interleave(p.blocksize)[: p.numel]
         return (absmax.unsqueeze(-1) * table).reshape(*p.shape, table.numel())

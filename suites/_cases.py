@@ -4,35 +4,56 @@ Suites test every claim a backend makes and nothing else: a combination a backen
 not claim is skipped with a ``not claimed:`` reason, which the report leaves out of the
 matrix. Tolerances never appear here: they come from ``pytest_qconform.reference.bounds``.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
-
-from pytest_qconform.cases.axes import spec_id  # noqa: F401  (the suites' instance ids)
-from pytest_qconform.backends.base import Backend, Capabilities, QuantSpec
-from pytest_qconform.cases.claims import target_device, unclaimed
-from pytest_qconform.session.outcomes import NOT_CLAIMED_PREFIX
 from pytest_qconform.reference import bnb4, faithful, hqq4
 from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
+
+from pytest_qconform.backends.base import Backend, Capabilities, QuantSpec
+from pytest_qconform.cases.axes import spec_id  # noqa: F401  (the suites' instance ids)
+from pytest_qconform.cases.claims import target_device, unclaimed
 from pytest_qconform.hardware.targets import Target
+from pytest_qconform.session.outcomes import NOT_CLAIMED_PREFIX
 
 DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
+
 
 def dtype_id(dtype: torch.dtype) -> str:
     return {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
 
 
-def require_claim(backend: Backend, target: Target, spec: QuantSpec | None = None,
-                  dtype: torch.dtype | None = None, *, backward: bool = False,
-                  serialize: bool = False, out: str | None = None, explicit_absmax: bool = False,
-                  orientation: str | None = None, compiled: str | None = None,
-                  captured: str | None = None) -> Capabilities:
+def require_claim(
+    backend: Backend,
+    target: Target,
+    spec: QuantSpec | None = None,
+    dtype: torch.dtype | None = None,
+    *,
+    backward: bool = False,
+    serialize: bool = False,
+    out: str | None = None,
+    explicit_absmax: bool = False,
+    orientation: str | None = None,
+    compiled: str | None = None,
+    captured: str | None = None,
+) -> Capabilities:
     """The backend's capabilities on the target, or a ``not claimed`` skip."""
     caps = backend.capabilities(target_device(target))
-    problems = unclaimed(caps, target, spec, dtype, backward=backward, serialize=serialize, out=out,
-                         explicit_absmax=explicit_absmax, orientation=orientation, compiled=compiled,
-                         captured=captured)
+    problems = unclaimed(
+        caps,
+        target,
+        spec,
+        dtype,
+        backward=backward,
+        serialize=serialize,
+        out=out,
+        explicit_absmax=explicit_absmax,
+        orientation=orientation,
+        compiled=compiled,
+        captured=captured,
+    )
     if problems:
         pytest.skip(f"{NOT_CLAIMED_PREFIX} {backend.name} does not claim {', '.join(problems)}")
     return caps
@@ -91,8 +112,9 @@ def packed_dequantize_bound(packed: PackedBnb4 | PackedHqq4, exact: torch.Tensor
     return bounds.hqq4_dequantize_bound(packed, dtype, device=exact.device)
 
 
-def weight_error(packed: PackedBnb4 | PackedHqq4, exact: torch.Tensor, compute_dtype: torch.dtype,
-                 rows: int | None = None) -> torch.Tensor:
+def weight_error(
+    packed: PackedBnb4 | PackedHqq4, exact: torch.Tensor, compute_dtype: torch.dtype, rows: int | None = None
+) -> torch.Tensor:
     """``E`` of ``bounds.matmul_bound``: how far the weight a matmul kernel multiplies by
     may be from its exact decoding. A kernel dequantizes into its compute dtype (or keeps
     more precision): for HQQ two roundings of ``(W_q - zero) * scale`` after rounding a

@@ -8,6 +8,7 @@ sends back the worst error multiple and the failure, if any; a child that dies i
 failure naming its exit code. A backend the registry cannot build (one registered by a
 conftest hook) runs in this process instead.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -64,10 +65,11 @@ def run_isolated(ref: str, backend: Backend, qcheck: Checker, *args: Any) -> Non
     if outcome is None:
         if child.is_alive():
             child.kill()
-        raise AssertionError(f"the check ran in a child process that exited with code {child.exitcode} (negative: "
-                             f"killed by that signal; None: still running after {CHILD_TIMEOUT_S:g} s) before "
-                             "reporting a result: a crash (its stderr is in the captured output); "
-                             + qcheck._where())
+        raise AssertionError(
+            f"the check ran in a child process that exited with code {child.exitcode} (negative: "
+            f"killed by that signal; None: still running after {CHILD_TIMEOUT_S:g} s) before "
+            "reporting a result: a crash (its stderr is in the captured output); " + qcheck._where()
+        )
     status, message, multiple = outcome
     if multiple is not None:
         qcheck.record_multiple(multiple)

@@ -7,19 +7,20 @@ so a layer's weight error ``E`` is the larger of the two models ``weight_error``
 the weight dequantized once into the compute dtype, or code table and scales rounded to
 the compute dtype first (bitsandbytes' gemv).
 """
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
+from pytest_qconform.reference import bounds, linear
+from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 
 from pytest_qconform.backends.base import Backend, QuantSpec
 from pytest_qconform.backends.layers import LayerCapabilities, LayerFacet
-from pytest_qconform.session.outcomes import NOT_CLAIMED_PREFIX
-from pytest_qconform.reference import bounds, linear
-from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 from pytest_qconform.cases.strategies import WeightCase
 from pytest_qconform.hardware.targets import Target
+from pytest_qconform.session.outcomes import NOT_CLAIMED_PREFIX
 
 from ._cases import packed_dequantize_bound, reference_decode, require_claim, weight_error
 
@@ -31,13 +32,22 @@ OPTIONAL = {"transformers": "transformers", "peft": "PEFT", "safetensors.torch":
 
 def needs(module: str):
     """The optional dependency ``module`` (the ``layers`` extra), or a skip naming it."""
-    return pytest.importorskip(module, reason=f"needs {OPTIONAL[module]}, which is not installed: "
-                                              "pip install 'pytest-qconform[layers]'")
+    return pytest.importorskip(
+        module, reason=f"needs {OPTIONAL[module]}, which is not installed: pip install 'pytest-qconform[layers]'"
+    )
 
 
-def require_layer_claim(backend: Backend, target: Target, spec: QuantSpec | None = None,
-                        dtype: torch.dtype | None = None, *, backward: bool = False, move: str | None = None,
-                        peft: bool = False, transformers: bool = False) -> tuple[LayerFacet, LayerCapabilities]:
+def require_layer_claim(
+    backend: Backend,
+    target: Target,
+    spec: QuantSpec | None = None,
+    dtype: torch.dtype | None = None,
+    *,
+    backward: bool = False,
+    move: str | None = None,
+    peft: bool = False,
+    transformers: bool = False,
+) -> tuple[LayerFacet, LayerCapabilities]:
     """The backend's layer facet and its claims on the target, or a ``not claimed`` skip:
     the layer claims what the backend claims (``require_claim``) plus its own flags."""
     facet = backend.layers()
@@ -57,8 +67,9 @@ def require_layer_claim(backend: Backend, target: Target, spec: QuantSpec | None
     return facet, caps
 
 
-def layer_inputs(seed: int, dtype: torch.dtype, shape: tuple[int, int] = LAYER_SHAPE,
-                 with_bias: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+def layer_inputs(
+    seed: int, dtype: torch.dtype, shape: tuple[int, int] = LAYER_SHAPE, with_bias: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A float weight and bias on the CPU, in ``dtype`` (a model loaded in its compute dtype)."""
     weight = WeightCase(shape, "normal", seed).make("cpu").to(dtype)
     bias = torch.randn(shape[0], generator=torch.Generator().manual_seed(seed + 1)).to(dtype) if with_bias else None
@@ -97,8 +108,13 @@ def snapshot_differences(before: dict[str, object], after: dict[str, object]) ->
     for key in sorted(set(before) | set(after)):
         a, b = before.get(key), after.get(key)
         if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-            same = (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype
-                    and a.shape == b.shape and np.array_equal(a, b))
+            same = (
+                isinstance(a, np.ndarray)
+                and isinstance(b, np.ndarray)
+                and a.dtype == b.dtype
+                and a.shape == b.shape
+                and np.array_equal(a, b)
+            )
             if not same:
                 values_only = _describe(a) == _describe(b)
                 changed.append(f"{key}: {_describe(a)} -> {_describe(b)}" + (" (values)" if values_only else ""))
@@ -107,8 +123,16 @@ def snapshot_differences(before: dict[str, object], after: dict[str, object]) ->
     return changed
 
 
-def check_forward(qcheck, packed: PackedBnb4 | PackedHqq4, layer: torch.nn.Module, x: torch.Tensor,
-                  compute_dtype: torch.dtype, what: str, *, grad: bool = True) -> torch.Tensor:
+def check_forward(
+    qcheck,
+    packed: PackedBnb4 | PackedHqq4,
+    layer: torch.nn.Module,
+    x: torch.Tensor,
+    compute_dtype: torch.dtype,
+    what: str,
+    *,
+    grad: bool = True,
+) -> torch.Tensor:
     """Run ``layer(x)`` (with or without grad) and judge it against float64 from ``packed``,
     the layer's bytes as read when it was built (its weight, whatever a forward later
     does to how it is stored: that is layer-state's business), and its bias; with
@@ -123,27 +147,50 @@ def check_forward(qcheck, packed: PackedBnb4 | PackedHqq4, layer: torch.nn.Modul
     b = bias_of(layer)
     b64 = b.double() if b is not None else None
     e_w = layer_weight_error(packed, w, compute_dtype)
-    qcheck.within(y, linear.linear(x.double(), w, b64),
-                  bounds.matmul_bound(x.double(), w, b64, compute_dtype, x.dtype, w_error=e_w), f"{what}: forward")
+    qcheck.within(
+        y,
+        linear.linear(x.double(), w, b64),
+        bounds.matmul_bound(x.double(), w, b64, compute_dtype, x.dtype, w_error=e_w),
+        f"{what}: forward",
+    )
     if grad and x.requires_grad:
         dy = torch.ones_like(y)
         y.backward(dy)
-        qcheck.within(x.grad, dy.double() @ w, bounds.grad_bound(dy.double(), w, compute_dtype, x.dtype, w_error=e_w),
-                      f"{what}: dx")
+        qcheck.within(
+            x.grad,
+            dy.double() @ w,
+            bounds.grad_bound(dy.double(), w, compute_dtype, x.dtype, w_error=e_w),
+            f"{what}: dx",
+        )
     return y
 
 
 def tiny_llama(dtype: torch.dtype, seed: int):
     """A one-layer Llama from a config, random weights: no download."""
     transformers = needs("transformers")
-    config = transformers.LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=1,
-                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32)
+    config = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+    )
     torch.manual_seed(seed)
     return transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
 
 
-def quantized_tiny_llama(qcheck, facet: LayerFacet, caps: LayerCapabilities, spec: QuantSpec, dtype: torch.dtype,
-                         device: torch.device, tmp_path, seed: int):
+def quantized_tiny_llama(
+    qcheck,
+    facet: LayerFacet,
+    caps: LayerCapabilities,
+    spec: QuantSpec,
+    dtype: torch.dtype,
+    device: torch.device,
+    tmp_path,
+    seed: int,
+):
     """``tiny_llama`` with its decoder's linear layers quantized by the backend: through
     transformers' ``from_pretrained`` where the layer claims it (PEFT recognizes a
     bitsandbytes model only when transformers loaded it), else, or when transformers
@@ -156,8 +203,11 @@ def quantized_tiny_llama(qcheck, facet: LayerFacet, caps: LayerCapabilities, spe
         model.save_pretrained(tmp_path / "float")
         try:
             return transformers.AutoModelForCausalLM.from_pretrained(
-                tmp_path / "float", quantization_config=facet.transformers_config(spec, dtype), device_map=str(device),
-                dtype=dtype)
+                tmp_path / "float",
+                quantization_config=facet.transformers_config(spec, dtype),
+                device_map=str(device),
+                dtype=dtype,
+            )
         except NotImplementedError as exc:
             qcheck.describe(built_by="replacing nn.Linear", transformers_refused=str(exc).splitlines()[0])
     model = model.to(device)
@@ -168,9 +218,18 @@ def quantized_tiny_llama(qcheck, facet: LayerFacet, caps: LayerCapabilities, spe
     return model
 
 
-def lora_gradients(x: torch.Tensor, dy: torch.Tensor, w: torch.Tensor, w_error: torch.Tensor, lora_a: torch.Tensor,
-                   lora_b: torch.Tensor, scale: float, compute_dtype: torch.dtype, adapter_dtype: torch.dtype,
-                   x_dtype: torch.dtype) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+def lora_gradients(
+    x: torch.Tensor,
+    dy: torch.Tensor,
+    w: torch.Tensor,
+    w_error: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    scale: float,
+    compute_dtype: torch.dtype,
+    adapter_dtype: torch.dtype,
+    x_dtype: torch.dtype,
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """``{name: (exact, bound)}`` for the gradients of ``y = layer(x) + s (x A^T) B^T``
     (LoRA as PEFT adds it beside a frozen layer) given the upstream ``dy``; all inputs
     exact float64, x ``(M, K)``, dy ``(M, N)``, A ``(r, K)``, B ``(N, r)``, ``s`` a power of 2.
@@ -182,6 +241,7 @@ def lora_gradients(x: torch.Tensor, dy: torch.Tensor, w: torch.Tensor, w_error: 
 
         dx = dy W + g A        dA = g^T x        dB = s dy^T u
     """
+
     def mm(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:  # bound of fl(p @ q) in the adapter dtype
         return bounds.matmul_bound(p, q.T, None, adapter_dtype, adapter_dtype)
 
@@ -190,21 +250,27 @@ def lora_gradients(x: torch.Tensor, dy: torch.Tensor, w: torch.Tensor, w_error: 
     dx_lora = g @ lora_a
     e_dx_lora = mm(g, lora_a) + e_g @ lora_a.abs()
     dx = dy @ w + dx_lora
-    e_dx = (bounds.grad_bound(dy, w, compute_dtype, x_dtype, w_error=w_error)
-            + e_dx_lora + bounds.rounding_bound(dx_lora.abs() + e_dx_lora, x_dtype)
-            + bounds.rounding_bound(dx.abs() + e_dx_lora, x_dtype))
+    e_dx = (
+        bounds.grad_bound(dy, w, compute_dtype, x_dtype, w_error=w_error)
+        + e_dx_lora
+        + bounds.rounding_bound(dx_lora.abs() + e_dx_lora, x_dtype)
+        + bounds.rounding_bound(dx.abs() + e_dx_lora, x_dtype)
+    )
     da = g.T @ x
     db = scale * dy.T @ u
-    return {"dx": (dx, e_dx),
-            "lora_A": (da, mm(g.T, x) + e_g.T @ x.abs()),
-            "lora_B": (db, scale * (mm(dy.T, u) + dy.abs().T @ e_u))}
+    return {
+        "dx": (dx, e_dx),
+        "lora_A": (da, mm(g.T, x) + e_g.T @ x.abs()),
+        "lora_B": (db, scale * (mm(dy.T, u) + dy.abs().T @ e_u)),
+    }
 
 
 # -- PEFT's LoRA merge, judged by its requantization (test_peft, test_lifecycle_sequences) --------
 
 
-def lora_delta(lora_module: torch.nn.Module, scale: float,
-               adapter_name: str = "default") -> tuple[torch.Tensor, torch.Tensor, torch.dtype]:
+def lora_delta(
+    lora_module: torch.nn.Module, scale: float, adapter_name: str = "default"
+) -> tuple[torch.Tensor, torch.Tensor, torch.dtype]:
     """``(s B A, its bound, the adapter's dtype)`` for a PEFT LoRA layer, in float64: the
     delta a merge adds, computed by PEFT in the adapter's dtype."""
     a = lora_module.lora_A[adapter_name].weight.detach().double()
@@ -222,9 +288,17 @@ def merge_dequantized_dtype(packed: PackedBnb4 | PackedHqq4) -> torch.dtype:
     return dtype_from_name(packed.meta["compute_dtype"])
 
 
-def check_requantized(qcheck, facet: LayerFacet, layer: torch.nn.Module, before: PackedBnb4 | PackedHqq4,
-                      delta: torch.Tensor, e_delta: torch.Tensor, adapter_dtype: torch.dtype, sign: float,
-                      what: str) -> PackedBnb4 | PackedHqq4:
+def check_requantized(
+    qcheck,
+    facet: LayerFacet,
+    layer: torch.nn.Module,
+    before: PackedBnb4 | PackedHqq4,
+    delta: torch.Tensor,
+    e_delta: torch.Tensor,
+    adapter_dtype: torch.dtype,
+    sign: float,
+    what: str,
+) -> PackedBnb4 | PackedHqq4:
     """``layer`` (a merge's base layer) now holds ``decode(before) + sign * delta`` quantized
     to nearest on its own grid, the target's error being what PEFT's arithmetic allows: the
     dequantize in the stored dtype, the delta in the adapter's (``lora_delta``), and their
@@ -235,9 +309,13 @@ def check_requantized(qcheck, facet: LayerFacet, layer: torch.nn.Module, before:
     w = reference_decode(before, delta.device)
     target = w + sign * delta
     dequantized = merge_dequantized_dtype(before)
-    e_target = (packed_dequantize_bound(before, w, dequantized) + e_delta
-                + bounds.rounding_bound(target.abs() + e_delta, torch.promote_types(dequantized, adapter_dtype)))
+    e_target = (
+        packed_dequantize_bound(before, w, dequantized)
+        + e_delta
+        + bounds.rounding_bound(target.abs() + e_delta, torch.promote_types(dequantized, adapter_dtype))
+    )
     after = facet.packed(layer)
-    qcheck.within(reference_decode(after, delta.device), target, requantize.requantize_bound(after, target, e_target),
-                  what)
+    qcheck.within(
+        reference_decode(after, delta.device), target, requantize.requantize_bound(after, target, e_target), what
+    )
     return after

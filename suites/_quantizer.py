@@ -8,13 +8,14 @@ element fell into, times its block's absmax. HQQ optimizes its zero point, so th
 no reference for its scale and zero; given the stored ones, every code must be the
 nearest level.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import torch
+from pytest_qconform.reference import bnb4, bounds, hqq4
 
 from pytest_qconform.backends.base import QuantSpec
-from pytest_qconform.reference import bnb4, bounds, hqq4
 
 from ._cases import reference_decode
 
@@ -49,14 +50,19 @@ def check_codes_and_absmax(qbackend, qcheck, spec: QuantSpec, weight: torch.Tens
     scaled = torch.where(block_absmax > 0, flat / block_absmax.clamp_min(1e-300), torch.zeros_like(flat))
     comparable = ~_tie_mask(table, scaled)
     # Codes that decode to the same value (FP4's +0 and -0) are the same quantization.
-    same_value = table[torch.as_tensor(np.asarray(got_codes, dtype=np.int64))] == \
-        table[torch.as_tensor(np.asarray(ref_codes, dtype=np.int64))]
+    same_value = (
+        table[torch.as_tensor(np.asarray(got_codes, dtype=np.int64))]
+        == table[torch.as_tensor(np.asarray(ref_codes, dtype=np.int64))]
+    )
     mismatched = np.flatnonzero((~same_value & comparable).numpy())
     if mismatched.size:
         i = int(mismatched[0])
-        qcheck.equal(int(got_codes[i]), int(ref_codes[i]),
-                     f"quantize code of element {i} (w={flat[i].item()!r}, scaled={scaled[i].item()!r}; "
-                     f"{mismatched.size} non-tie mismatches)")
+        qcheck.equal(
+            int(got_codes[i]),
+            int(ref_codes[i]),
+            f"quantize code of element {i} (w={flat[i].item()!r}, scaled={scaled[i].item()!r}; "
+            f"{mismatched.size} non-tie mismatches)",
+        )
     got_absmax = bnb4.decode_absmax(packed, device="cpu")
     if packed.double_quant:
         # absmax went through the 8-bit dynamic map: its code is one of the two codes
@@ -73,14 +79,19 @@ def check_codes_and_absmax(qbackend, qcheck, spec: QuantSpec, weight: torch.Tens
     # Round trip: within half the code interval, times the stored absmax.
     decoded = reference_decode(packed, torch.device("cpu")).reshape(-1)
     stored_absmax = got_absmax.repeat_interleave(spec.blocksize)[:case_numel]
-    trip_bound = (_half_gaps(table, scaled) * block_absmax + table.abs().max() * (stored_absmax - block_absmax).abs()
-                  + 4 * U32 * flat.abs() + 1e-300)
+    trip_bound = (
+        _half_gaps(table, scaled) * block_absmax
+        + table.abs().max() * (stored_absmax - block_absmax).abs()
+        + 4 * U32 * flat.abs()
+        + 1e-300
+    )
     qcheck.within(decoded, flat, trip_bound, "round trip |w - decode(quantize(w))|")
     return packed
 
 
-def check_hqq_nearest_levels(qbackend, qcheck, spec: QuantSpec, weight: torch.Tensor, device: torch.device,
-                             quantized=None):
+def check_hqq_nearest_levels(
+    qbackend, qcheck, spec: QuantSpec, weight: torch.Tensor, device: torch.device, quantized=None
+):
     """HQQ's codes for ``weight`` against the nearest level of its own stored scale and
     zero, ``clamp(round(w / scale + zero), 0, 15)``, outside a band around the rounding
     ties as wide as the stored scale's and zero's rounding to the compute dtype (and to
@@ -89,15 +100,20 @@ def check_hqq_nearest_levels(qbackend, qcheck, spec: QuantSpec, weight: torch.Te
     packed = qbackend.export_packed(quantized or qbackend.quantize(weight, spec))
     codes, zero, scale = hqq4.decode_parts(packed)
     levels = weight.cpu().double() / scale + zero
-    u = max(bounds.unit_roundoff(dtype), bounds.unit_roundoff(torch.float16 if device.type == "cuda"
-                                                              else torch.float32))
-    band = 4 * u * (levels.abs() + zero.abs()) + 2 ** -18
+    u = max(
+        bounds.unit_roundoff(dtype), bounds.unit_roundoff(torch.float16 if device.type == "cuda" else torch.float32)
+    )
+    band = 4 * u * (levels.abs() + zero.abs()) + 2**-18
     nearest = levels.round().clamp(0, 15)
     tie = (levels - levels.floor() - 0.5).abs() <= band
     wrong = ((codes != nearest) & ~tie).nonzero()
     if wrong.numel():
         i = tuple(int(v) for v in wrong[0])
-        qcheck.equal(int(codes[i]), int(nearest[i]), f"HQQ code of element {i} (w={weight[i].item()!r}, "
-                     f"level w/scale+zero={levels[i].item()!r}; {wrong.shape[0]} non-tie mismatches)")
+        qcheck.equal(
+            int(codes[i]),
+            int(nearest[i]),
+            f"HQQ code of element {i} (w={weight[i].item()!r}, "
+            f"level w/scale+zero={levels[i].item()!r}; {wrong.shape[0]} non-tie mismatches)",
+        )
     qcheck.record_multiple(0.0)
     return packed

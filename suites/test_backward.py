@@ -6,13 +6,14 @@ Inputs are also chosen to provoke fp16 overflow inside a kernel while the exact 
 stays representable (paired rows and columns whose products cancel exactly), and NaN
 or Inf in an input must show up where the reference puts it and nowhere else.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
 from hypothesis import given
-
 from pytest_qconform.reference import bounds, linear
+
 from pytest_qconform.cases.strategies import WeightCase, activation_cases, weight_cases
 
 from ._cases import reference_decode, require_claim, shapes_for, weight_error
@@ -108,14 +109,22 @@ def test_fp16_overflow_inside_kernel_stays_finite(qtarget, qbackend, qdevice, qc
     bias = torch.linspace(-1, 1, 64, dtype=dtype, device=qdevice)
     y = qbackend.matmul(x, quantized, bias, dtype)
     y_exact = linear.linear(x.double(), w, bias.double())
-    qcheck.within(y, y_exact, bounds.matmul_bound(x.double(), w, bias.double(), dtype, dtype, w_error=w_error),
-                  "forward with cancelling large products")
+    qcheck.within(
+        y,
+        y_exact,
+        bounds.matmul_bound(x.double(), w, bias.double(), dtype, dtype, w_error=w_error),
+        "forward with cancelling large products",
+    )
     dy = torch.full_like(y, 30000.0)
     dy[:, 1::2] = -30000.0
     y.backward(dy)
     dx_exact = dy.double() @ w
-    qcheck.within(x.grad, dx_exact, bounds.grad_bound(dy.double(), w, dtype, dtype, w_error=w_error),
-                  "backward with cancelling large products")
+    qcheck.within(
+        x.grad,
+        dx_exact,
+        bounds.grad_bound(dy.double(), w, dtype, dtype, w_error=w_error),
+        "backward with cancelling large products",
+    )
 
 
 @pytest.mark.qconform_dtype("fp32")
@@ -137,7 +146,12 @@ def test_nonfinite_input_propagates_only_where_reference_does(qtarget, qbackend,
     same_inf = torch.equal(torch.isinf(y).cpu(), torch.isinf(y_exact).cpu())
     qcheck.equal((same_nan, same_inf), (True, True), "NaN/Inf pattern of y equals the reference's")
     finite = torch.isfinite(y_exact)
-    bound = bounds.matmul_bound(x.double().nan_to_num(0, 0, 0), w, None, dtype, dtype,
-                                w_error=weight_error(packed, w, dtype, rows=4))
-    qcheck.within(torch.where(finite, y.double(), 0.0), torch.where(finite, y_exact, 0.0), bound,
-                  "finite entries around the poisoned row")
+    bound = bounds.matmul_bound(
+        x.double().nan_to_num(0, 0, 0), w, None, dtype, dtype, w_error=weight_error(packed, w, dtype, rows=4)
+    )
+    qcheck.within(
+        torch.where(finite, y.double(), 0.0),
+        torch.where(finite, y_exact, 0.0),
+        bound,
+        "finite entries around the poisoned row",
+    )

@@ -12,13 +12,15 @@ events, inputs rotated out of L2, the floor) is in ``pytest_qconform.benchmark.h
 results go to pytest-benchmark's ``extra_info`` and the run report's ``benchmarks``.
 Correctness is the other suites' job: a benchmark checks only its output's shape.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-pytest.importorskip("pytest_benchmark", reason="benchmark: pytest-benchmark is not installed "
-                                               "(pip install 'pytest-qconform[bench]')")
+pytest.importorskip(
+    "pytest_benchmark", reason="benchmark: pytest-benchmark is not installed (pip install 'pytest-qconform[bench]')"
+)
 
 from pytest_qconform.backends.base import QuantSpec  # noqa: E402
 from pytest_qconform.benchmark.harness import BATCHES  # noqa: E402
@@ -49,7 +51,8 @@ def test_benchmark_matmul(qbench, qtarget, qbackend, benchmark, spec, dtype, qbe
     require_claim(qbackend, qtarget, spec, dtype)
     qbench.matmul(benchmark, qbackend, spec, qbench_shape, batch, dtype)
     if qbench.device.type == "cuda":  # torch's int4 tinygemm, timed once per case beside the backends
-        from pytest_qconform.benchmark import harness as bench, peer as bench_peer
+        from pytest_qconform.benchmark import harness as bench
+        from pytest_qconform.benchmark import peer as bench_peer
 
         bench_peer.time_peer_once(qbench, qbench_shape, batch, dtype, bench.device_facts(qbench.config, qbench.device))
 

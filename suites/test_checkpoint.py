@@ -9,6 +9,7 @@ layer has run inference, and through transformers for a tiny Llama built from a 
 (random weights, no download). Loading may refuse with an error; it must never leave a
 layer that decodes to something else.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,8 +17,16 @@ import dataclasses
 import pytest
 import torch
 
-
-from ._layers import (LAYER_SHAPE, activation, layer_inputs, needs, require_layer_claim, snapshot, snapshot_differences, tiny_llama)
+from ._layers import (
+    LAYER_SHAPE,
+    activation,
+    layer_inputs,
+    needs,
+    require_layer_claim,
+    snapshot,
+    snapshot_differences,
+    tiny_llama,
+)
 
 pytestmark = pytest.mark.qconform_operation("checkpoint")
 PLATFORM_BLOCKSIZES = (64, 128)  # CUDA/CPU, ROCm
@@ -95,8 +104,9 @@ def test_checkpoint_saved_after_inference(qtarget, qbackend, qdevice, qcheck, tm
     _same_decode(qcheck, before, facet, fresh, "stored quantization of the checkpoint saved after inference")
 
 
-@pytest.mark.qconform_axes("format", "double_quant", "hqq_axis", "dtype",
-                           dtype=(torch.bfloat16, torch.float16))  # the model's path through transformers
+@pytest.mark.qconform_axes(
+    "format", "double_quant", "hqq_axis", "dtype", dtype=(torch.bfloat16, torch.float16)
+)  # the model's path through transformers
 def test_pre_quantized_model_through_transformers(qtarget, qbackend, qdevice, qcheck, tmp_path, spec, dtype):
     """A tiny Llama saved in ``dtype``, quantized by ``from_pretrained`` with the backend's
     quantization config, saved pre-quantized with ``save_pretrained`` and loaded back:
@@ -108,7 +118,8 @@ def test_pre_quantized_model_through_transformers(qtarget, qbackend, qdevice, qc
     qcheck.describe(model="tiny Llama, 1 layer, hidden 128", seed=79)
     load = dict(device_map=str(qdevice), dtype=dtype)
     quantized = transformers.AutoModelForCausalLM.from_pretrained(
-        tmp_path / "float", quantization_config=facet.transformers_config(spec, dtype), **load)
+        tmp_path / "float", quantization_config=facet.transformers_config(spec, dtype), **load
+    )
     layers = {name: m for name, m in quantized.named_modules() if isinstance(m, facet.layer_types())}
     qcheck.equal(len(layers) > 0, True, "transformers replaced the linear layers with the backend's layers")
     before = {name: snapshot(facet, m) for name, m in layers.items()}

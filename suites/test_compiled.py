@@ -17,17 +17,18 @@ graph that does not write it (a kernel launched outside the capture) fails too. 
 captured dequantize replays the same weight (weights are constant in a captured model).
 Inference only (eval mode, no grad), as those stacks run. The captured checks need a GPU.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import pytest
 import torch
+from pytest_qconform.reference import bounds, linear
 
 from pytest_qconform.backends.base import QuantSpec
-from pytest_qconform.session.outcomes import OTHER_DEVICE_PREFIX
-from pytest_qconform.reference import bounds, linear
 from pytest_qconform.cases.strategies import WeightCase
+from pytest_qconform.session.outcomes import OTHER_DEVICE_PREFIX
 
 from ._cases import packed_dequantize_bound, reference_decode, require_claim, weight_error
 from ._layers import LAYER_SHAPE, activation, bias_of, check_forward, layer_inputs, require_layer_claim
@@ -45,9 +46,11 @@ WARMUP_CALLS = 3  # on a side stream before capture, as torch.cuda.graphs docume
 
 def path_check(operation: str) -> Callable:
     """A check of matrix operation ``operation``, its instances a covering array of ``PATH_AXES``."""
+
     def instances(test: Callable) -> Callable:
         test = pytest.mark.qconform_axes(*PATH_AXES)(test)
         return pytest.mark.qconform_operation(operation)(test)
+
     return instances
 
 
@@ -74,8 +77,9 @@ class Captured:
     Warm-up runs on a side stream first (lazy initialization, kernel compilation and
     allocator state stay out of the graph), as torch.cuda.graphs documents."""
 
-    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor], static_input: torch.Tensor,
-                 bias: torch.Tensor | None = None) -> None:
+    def __init__(
+        self, fn: Callable[[torch.Tensor], torch.Tensor], static_input: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> None:
         self.static_input, self.bias = static_input, bias
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -100,8 +104,10 @@ def require_gpu(qdevice: torch.device) -> None:
     does not report on): a CPU run has nothing to capture, and a skipped cell would fail a
     ``--require pass`` gate."""
     if qdevice.type != "cuda":
-        pytest.skip(f"{OTHER_DEVICE_PREFIX} GPU only: a CUDA graph captures GPU kernels, and this run computes on "
-                    f"the {qdevice.type.upper()}")
+        pytest.skip(
+            f"{OTHER_DEVICE_PREFIX} GPU only: a CUDA graph captures GPU kernels, and this run computes on "
+            f"the {qdevice.type.upper()}"
+        )
 
 
 def quantized_weight(qbackend, qdevice, spec: QuantSpec, dtype: torch.dtype, seed: int):
@@ -119,16 +125,30 @@ def judge_dequantize(qcheck, qbackend, quantized, out: torch.Tensor, dtype: torc
     qcheck.within(out, exact, packed_dequantize_bound(packed, exact, dtype), f"{what} vs reference decoding")
 
 
-def judge_matmul(qcheck, qbackend, quantized, x: torch.Tensor, bias: torch.Tensor, y: torch.Tensor,
-                 compute_dtype: torch.dtype, what: str) -> None:
+def judge_matmul(
+    qcheck,
+    qbackend,
+    quantized,
+    x: torch.Tensor,
+    bias: torch.Tensor,
+    y: torch.Tensor,
+    compute_dtype: torch.dtype,
+    what: str,
+) -> None:
     """As the matmul suite judges it: float64 ``x W^T + b`` from the backend's bytes."""
     qcheck.equal(y.dtype, x.dtype, f"{what}: output dtype (the activation's dtype)")
     packed = qbackend.export_packed(quantized)
     w_exact = reference_decode(packed, x.device)
     b_exact = bias.double()
     rows = x.numel() // x.shape[-1]
-    bound = bounds.matmul_bound(x.double(), w_exact, b_exact, compute_dtype, y.dtype,
-                                w_error=weight_error(packed, w_exact, compute_dtype, rows=rows))
+    bound = bounds.matmul_bound(
+        x.double(),
+        w_exact,
+        b_exact,
+        compute_dtype,
+        y.dtype,
+        w_error=weight_error(packed, w_exact, compute_dtype, rows=rows),
+    )
     qcheck.within(y, linear.linear(x.double(), w_exact, b_exact), bound, f"{what} vs float64 x W^T + b")
 
 
@@ -152,6 +172,7 @@ def inference_layer(qbackend, qtarget, qdevice, spec: QuantSpec, dtype: torch.dt
 
 
 # -- torch.compile ----------------------------------------------------------------------------
+
 
 @path_check("compiled")
 def test_dequantize_compiled(qtarget, qbackend, qdevice, qcheck, spec, dtype):
@@ -181,12 +202,14 @@ def test_layer_forward_compiled(qtarget, qbackend, qdevice, qcheck, spec, dtype)
     layer, packed, xs = inference_layer(qbackend, qtarget, qdevice, spec, dtype, 71, compiled="layer-forward")
     compiled = compile_once(layer)  # what torch.compile(model) does to each of its layers
     for call, x in enumerate(xs, 1):
-        qcheck.describe(shape=LAYER_SHAPE, seed=71, x_leading=LAYER_LEADING, mode="eval-nograd",
-                        path="torch.compile", call=call)
+        qcheck.describe(
+            shape=LAYER_SHAPE, seed=71, x_leading=LAYER_LEADING, mode="eval-nograd", path="torch.compile", call=call
+        )
         check_forward(qcheck, packed, compiled, x, dtype, f"compiled layer, call {call}", grad=False)
 
 
 # -- CUDA graphs ------------------------------------------------------------------------------
+
 
 @path_check("captured")
 def test_dequantize_captured(qtarget, qbackend, qdevice, qcheck, spec, dtype):
@@ -221,6 +244,7 @@ def test_layer_forward_captured(qtarget, qbackend, qdevice, qcheck, spec, dtype)
     with torch.no_grad():
         replay = Captured(layer, torch.zeros_like(xs[0]), bias_of(layer))
         for call, x in enumerate(xs, 1):
-            qcheck.describe(shape=LAYER_SHAPE, seed=83, x_leading=LAYER_LEADING, mode="eval-nograd",
-                            path="CUDA graph", replay=call)
+            qcheck.describe(
+                shape=LAYER_SHAPE, seed=83, x_leading=LAYER_LEADING, mode="eval-nograd", path="CUDA graph", replay=call
+            )
             check_forward(qcheck, packed, replay, x, dtype, f"replayed layer, replay {call}", grad=False)

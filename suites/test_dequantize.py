@@ -4,6 +4,7 @@ Output dtype and shape are part of the contract. Inputs cover NF4 and FP4, block
 32 to 4096 (64 and 128 always), double quantization on and off, bf16/fp16/fp32 outputs,
 element counts that are not a multiple of the blocksize, odd counts and single blocks.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -27,8 +28,13 @@ def check_dequantize(qbackend, qdevice, qcheck, spec: QuantSpec, dtype: torch.dt
     qcheck.equal(tuple(out.shape), tuple(case.shape), "dequantize output shape")
     packed = qbackend.export_packed(quantized)
     exact = reference_decode(packed, qdevice)
-    qcheck.within(out, exact, packed_dequantize_bound(packed, exact, dtype), "dequantize vs reference decoding",
-                  rounding_units=block_ids(packed))
+    qcheck.within(
+        out,
+        exact,
+        packed_dequantize_bound(packed, exact, dtype),
+        "dequantize vs reference decoding",
+        rounding_units=block_ids(packed),
+    )
 
 
 @pytest.mark.qconform_axes("format", "blocksize", "double_quant", "hqq_axis", "dtype", "distribution")

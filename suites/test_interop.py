@@ -8,6 +8,7 @@ backend that reads its layout (our Triton kernels) and through the reference. bi
 serves as the byte source whenever it is installed, selected or not; its own decoding is
 judged only when it is under test.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -33,8 +34,9 @@ def test_checkpoint_decodes_exactly_after_reload(qtarget, qbackend, qdevice, qch
         loaded = qbackend.load(state, qdevice)
     except Exception as exc:  # noqa: BLE001 - a refusal is allowed if it is clear
         if "blocksize" not in str(exc).lower():
-            raise AssertionError(f"load refused without naming the blocksize: {type(exc).__name__}: {exc}; "
-                                 + qcheck._where()) from exc
+            raise AssertionError(
+                f"load refused without naming the blocksize: {type(exc).__name__}: {exc}; " + qcheck._where()
+            ) from exc
         return
     after = qbackend.dequantize(loaded, torch.float32)
     qcheck.equal(qbackend.export_packed(loaded).blocksize, spec.blocksize, "blocksize after reload")

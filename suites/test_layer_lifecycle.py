@@ -9,18 +9,28 @@ global-buffer class (unsloth PR 4026) at layer level, a bf16 model, then an fp16
 then bf16 again, each forward and backward checked, through the same backend instance
 (for triton-nf4: the adapter's one ``WeightBuffer``).
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-
 from ._cases import dtype_id
-from ._layers import (LAYER_SHAPE, activation, check_forward, layer_inputs, require_layer_claim, snapshot, snapshot_differences)
+from ._layers import (
+    LAYER_SHAPE,
+    activation,
+    check_forward,
+    layer_inputs,
+    require_layer_claim,
+    snapshot,
+    snapshot_differences,
+)
 
 # A move there and a move back, each as users write it.
-ROUND_TRIPS = {"to": (lambda m: m.to("cpu"), lambda m, d: m.to(d)),
-               "cuda": (lambda m: m.cpu(), lambda m, d: m.cuda())}  # the current device: the target's
+ROUND_TRIPS = {
+    "to": (lambda m: m.to("cpu"), lambda m, d: m.to(d)),
+    "cuda": (lambda m: m.cpu(), lambda m, d: m.cuda()),
+}  # the current device: the target's
 MOVE_CLAIMS = {"to": ("to",), "cuda": ("cpu", "cuda")}
 
 
@@ -50,13 +60,26 @@ def test_gpu_to_cpu_and_back(qtarget, qbackend, qdevice, qcheck, spec, move):
     layer = to_cpu(layer)
     cpu_claimed = "cpu" in qbackend.capabilities(torch.device("cpu")).devices
     if cpu_claimed:
-        check_forward(qcheck, facet.packed(layer), layer, activation((3,), LAYER_SHAPE[1], 1, dtype, "cpu"), dtype,
-                      "forward on the CPU after the move", grad=False)
+        check_forward(
+            qcheck,
+            facet.packed(layer),
+            layer,
+            activation((3,), LAYER_SHAPE[1], 1, dtype, "cpu"),
+            dtype,
+            "forward on the CPU after the move",
+            grad=False,
+        )
     qcheck.equal(snapshot_differences(before, snapshot(facet, layer)), [], "stored quantization on the CPU")
     layer = back(layer, qdevice)
     qcheck.equal(snapshot_differences(before, snapshot(facet, layer)), [], "stored quantization back on the GPU")
-    check_forward(qcheck, facet.packed(layer), layer, activation((3,), LAYER_SHAPE[1], 2, dtype, qdevice), dtype,
-                  "forward back on the GPU")
+    check_forward(
+        qcheck,
+        facet.packed(layer),
+        layer,
+        activation((3,), LAYER_SHAPE[1], 2, dtype, qdevice),
+        dtype,
+        "forward back on the GPU",
+    )
 
 
 @pytest.mark.qconform_operation("device-move")
@@ -70,14 +93,25 @@ def test_dtype_cast_of_a_quantized_layer_keeps_its_quantization(qtarget, qbacken
     weight, bias = layer_inputs(89, dtype)
     layer = facet.quantize(weight, bias, spec, dtype, qdevice)
     before = snapshot(facet, layer)
-    casts = (("half()", lambda m: m.half()), ("to(bfloat16)", lambda m: m.to(torch.bfloat16)),
-             ("float()", lambda m: m.float()), (f"to({dtype_id(dtype)})", lambda m: m.to(dtype)))
+    casts = (
+        ("half()", lambda m: m.half()),
+        ("to(bfloat16)", lambda m: m.to(torch.bfloat16)),
+        ("float()", lambda m: m.float()),
+        (f"to({dtype_id(dtype)})", lambda m: m.to(dtype)),
+    )
     for name, cast in casts:
         qcheck.describe(shape=LAYER_SHAPE, seed=89, cast=name)
         layer = cast(layer)
         qcheck.equal(snapshot_differences(before, snapshot(facet, layer)), [], f"stored quantization after .{name}")
-    check_forward(qcheck, facet.packed(layer), layer, activation((3,), LAYER_SHAPE[1], 4, dtype, qdevice), dtype,
-                  "forward after the casts", grad=False)
+    check_forward(
+        qcheck,
+        facet.packed(layer),
+        layer,
+        activation((3,), LAYER_SHAPE[1], 4, dtype, qdevice),
+        dtype,
+        "forward after the casts",
+        grad=False,
+    )
 
 
 SEQUENCE = (torch.bfloat16, torch.float16, torch.bfloat16)
@@ -104,6 +138,12 @@ def test_models_loaded_one_after_another(qtarget, qbackend, qdevice, qcheck, spe
             qcheck.describe(step=step, step_dtype=dtype_id(dtype), rows=rows, shapes=MODEL_SHAPES)
             x = activation((rows,), MODEL_SHAPES[0][1], step, dtype, qdevice).requires_grad_(True)
             hidden = check_forward(qcheck, packed[0], layers[0], x, dtype, f"step {step} ({dtype_id(dtype)}) layer 0")
-            check_forward(qcheck, packed[1], layers[1], hidden.detach().requires_grad_(True), dtype,
-                          f"step {step} ({dtype_id(dtype)}) layer 1")
+            check_forward(
+                qcheck,
+                packed[1],
+                layers[1],
+                hidden.detach().requires_grad_(True),
+                dtype,
+                f"step {step} ({dtype_id(dtype)}) layer 1",
+            )
         del model, layers

@@ -7,6 +7,7 @@ own (bitsandbytes repacks the weight for a CPU kernel in eval mode without grad 
 AVX512-BF16 CPUs), so each mode is judged against float64 from the layer's own bytes,
 and the layer's stored state must come out of all of it unchanged.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,8 +15,18 @@ import pytest
 import torch
 
 from ._cases import dtype_id, reference_decode
-from ._layers import (LAYER_SHAPE, activation, bias_of, check_forward, layer_inputs, layer_weight_error, lora_gradients, require_layer_claim, snapshot,
-                      snapshot_differences)
+from ._layers import (
+    LAYER_SHAPE,
+    activation,
+    bias_of,
+    check_forward,
+    layer_inputs,
+    layer_weight_error,
+    lora_gradients,
+    require_layer_claim,
+    snapshot,
+    snapshot_differences,
+)
 
 # (training, grad): the four ways a layer is called; x shapes: one row (gemv), a batch, batch x sequence.
 MODES = ((True, True), (True, False), (False, True), (False, False))
@@ -38,8 +49,11 @@ def test_layer_quantized_by_moving_holds_the_reference_quantization(qtarget, qba
     qcheck.describe(shape=LAYER_SHAPE, seed=31, weight_dtype=dtype_id(dtype))
     layer = facet.quantize(weight, bias, spec, dtype, qdevice)
     functional = qbackend.export_packed(qbackend.quantize(weight.to(qdevice), spec))
-    qcheck.equal(snapshot_differences(dict(vars(functional)), snapshot(facet, layer)), [],
-                 "layer's stored quantization vs the backend's quantizer on the same weight")
+    qcheck.equal(
+        snapshot_differences(dict(vars(functional)), snapshot(facet, layer)),
+        [],
+        "layer's stored quantization vs the backend's quantizer on the same weight",
+    )
     decoded = reference_decode(facet.packed(layer), qdevice)
     qcheck.equal(tuple(decoded.shape), LAYER_SHAPE, "decoded shape")
     qcheck.equal(bool(np.isfinite(decoded.cpu().numpy()).all()), True, "decoded values finite")
@@ -72,15 +86,17 @@ def test_layer_forward_other_input_dtypes(qtarget, qbackend, qdevice, qcheck, sp
     weight, bias = layer_inputs(43, dtype)
     layer = facet.quantize(weight, bias, spec, dtype, qdevice)
     packed = facet.packed(layer)
-    others = [d for d in qbackend.capabilities(qdevice).dtypes
-              if d != dtype and (d is not torch.bfloat16 or qtarget.bf16)]
+    others = [
+        d for d in qbackend.capabilities(qdevice).dtypes if d != dtype and (d is not torch.bfloat16 or qtarget.bf16)
+    ]
     for x_dtype in others:
         for training, grad in ((True, True), (False, False)):
             layer.train(training)
             qcheck.describe(shape=LAYER_SHAPE, seed=43, mode=_mode_id(training, grad), x_dtype=dtype_id(x_dtype))
             x = activation((3,), LAYER_SHAPE[1], 5, x_dtype, qdevice).requires_grad_(grad)
-            check_forward(qcheck, packed, layer, x, dtype, f"{dtype_id(x_dtype)} input, {_mode_id(training, grad)}",
-                          grad=grad)
+            check_forward(
+                qcheck, packed, layer, x, dtype, f"{dtype_id(x_dtype)} input, {_mode_id(training, grad)}", grad=grad
+            )
 
 
 @pytest.mark.qconform_operation("layer-forward")
@@ -103,9 +119,18 @@ def test_lora_branch_on_the_layer_backward(qtarget, qbackend, qdevice, qcheck, s
     dy = torch.randn(y.shape, generator=gen).to(dtype).to(qdevice)
     y.backward(dy)
     w = reference_decode(packed, qdevice)
-    grads = lora_gradients(x.detach().double().reshape(-1, k), dy.double().reshape(-1, n), w,
-                           layer_weight_error(packed, w, dtype), a.detach().double(), b.detach().double(), LORA_SCALE,
-                           dtype, dtype, dtype)
+    grads = lora_gradients(
+        x.detach().double().reshape(-1, k),
+        dy.double().reshape(-1, n),
+        w,
+        layer_weight_error(packed, w, dtype),
+        a.detach().double(),
+        b.detach().double(),
+        LORA_SCALE,
+        dtype,
+        dtype,
+        dtype,
+    )
     for name, got in (("dx", x.grad.reshape(-1, k)), ("lora_A", a.grad), ("lora_B", b.grad)):
         exact, bound = grads[name]
         qcheck.within(got, exact, bound, f"d {name} (through the layer and the LoRA branch)")
@@ -137,8 +162,15 @@ def test_forwards_leave_the_quantization_state_unchanged(qtarget, qbackend, qdev
     qcheck.describe(shape=LAYER_SHAPE, seed=53, after="forwards in train/eval, grad/no-grad, every input dtype")
     qcheck.equal(snapshot_differences(before, snapshot(facet, layer)), [], "stored quantization state after forwards")
     layer.train()
-    check_forward(qcheck, facet.packed(layer), layer, activation((3,), LAYER_SHAPE[1], 9, dtype, qdevice), dtype,
-                  "forward after the others (from the state as it is now)", grad=False)
+    check_forward(
+        qcheck,
+        facet.packed(layer),
+        layer,
+        activation((3,), LAYER_SHAPE[1], 9, dtype, qdevice),
+        dtype,
+        "forward after the others (from the state as it is now)",
+        grad=False,
+    )
 
 
 @pytest.mark.qconform_operation("layer-state")

@@ -31,6 +31,7 @@ sequence to the shortest one it finds and prints it as the reproducer (``state.<
 lines); the failure message carries the same sequence. Bugs once found are pinned as
 explicit sequences (``PINNED``), run before the drawn ones.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,16 +44,32 @@ import pytest
 import torch
 from hypothesis import Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
-                                 run_state_machine_as_test)
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from pytest_qconform.backends.base import Backend, QuantSpec
 from pytest_qconform.backends.layers import LayerFacet
 from pytest_qconform.cases.claims import target_device, unclaimed
 
 from ._cases import dtype_id, reference_decode
-from ._layers import (LAYER_SHAPE, activation, bias_of, check_forward, check_requantized, layer_inputs, lora_delta,
-                      require_layer_claim, snapshot, snapshot_differences)
+from ._layers import (
+    LAYER_SHAPE,
+    activation,
+    bias_of,
+    check_forward,
+    check_requantized,
+    layer_inputs,
+    lora_delta,
+    require_layer_claim,
+    snapshot,
+    snapshot_differences,
+)
 
 # The axes of this suite: a drawn sequence costs seconds under the Triton interpreter, so
 # the blocksize (covered at every claimed value by the layer and checkpoint suites) is
@@ -66,9 +83,13 @@ MIN_SEQUENCES = 6  # per instance: sequences of two or more steps need draws (th
 ROWS = (1, 3)
 LORA_RANK, LORA_ALPHA = 4, 8  # scaling alpha / r = 2, a power of two
 CASTS: dict[str, Callable[[torch.nn.Module], torch.nn.Module]] = {
-    "half()": lambda m: m.half(), "float()": lambda m: m.float(), "bfloat16()": lambda m: m.bfloat16(),
-    "to(torch.float16)": lambda m: m.to(torch.float16), "to(torch.bfloat16)": lambda m: m.to(torch.bfloat16),
-    "to(torch.float32)": lambda m: m.to(torch.float32)}
+    "half()": lambda m: m.half(),
+    "float()": lambda m: m.float(),
+    "bfloat16()": lambda m: m.bfloat16(),
+    "to(torch.float16)": lambda m: m.to(torch.float16),
+    "to(torch.bfloat16)": lambda m: m.to(torch.bfloat16),
+    "to(torch.float32)": lambda m: m.to(torch.float32),
+}
 LOADERS = ("library loader", "load_state_dict(strict=True)", "load_state_dict(strict=False)")
 
 # Bugs found by this suite, kept as explicit sequences of (rule, arguments); see known_failures.toml.
@@ -88,8 +109,14 @@ def lifecycle_settings() -> settings:
     database so that a verdict does not depend on earlier runs."""
     base = settings.default
     phases = tuple(phase for phase in Phase if phase in base.phases or phase is Phase.shrink)
-    return settings(base, max_examples=max(MIN_SEQUENCES, base.max_examples), stateful_step_count=STEPS,
-                    phases=phases, derandomize=True, database=None)
+    return settings(
+        base,
+        max_examples=max(MIN_SEQUENCES, base.max_examples),
+        stateful_step_count=STEPS,
+        phases=phases,
+        derandomize=True,
+        database=None,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,13 +220,22 @@ class LayerLife(RuleBasedStateMachine):
     def forward(self, training: bool, grad: bool, rows: int) -> None:
         life = self.life
         backward = grad and life.backward
-        self._step(f"{'train' if training else 'eval'}() forward of {rows} row(s) "
-                   + ("with backward" if backward else "with grad" if grad else "without grad"))
+        self._step(
+            f"{'train' if training else 'eval'}() forward of {rows} row(s) "
+            + ("with backward" if backward else "with grad" if grad else "without grad")
+        )
         self.layer.train(training)
         x = activation((rows,), LAYER_SHAPE[1], len(self.steps), life.dtype, self.location).requires_grad_(backward)
         with torch.set_grad_enabled(grad):
-            check_forward(life.qcheck, life.facet.packed(self.layer), self.layer, x, life.dtype,
-                          f"{self._step_name()} forward", grad=grad)
+            check_forward(
+                life.qcheck,
+                life.facet.packed(self.layer),
+                self.layer,
+                x,
+                life.dtype,
+                f"{self._step_name()} forward",
+                grad=grad,
+            )
 
     @_when("move_with_to")
     @rule(destination=st.sampled_from(("target", "cpu")))
@@ -257,8 +293,11 @@ class LayerLife(RuleBasedStateMachine):
         self.layer = CASTS[cast](self.layer)
         after = bias_of(self.layer)
         if before is not None and after is not None and not torch.equal(after.double(), before.double()):
-            self.life.qcheck.equal(bool(torch.equal(after, before.to(after.dtype))), True,
-                                   f"bias after .{cast}: its values as Tensor.to({after.dtype}) rounds them")
+            self.life.qcheck.equal(
+                bool(torch.equal(after, before.to(after.dtype))),
+                True,
+                f"bias after .{cast}: its values as Tensor.to({after.dtype}) rounds them",
+            )
             self.bias = after.double().cpu()
 
     @_when("save_and_load")
@@ -313,19 +352,38 @@ class LayerLife(RuleBasedStateMachine):
         holder.layer = self.layer
         holder.is_loaded_in_4bit = True  # transformers sets it on 4-bit models; PEFT dispatches bitsandbytes on it
         torch.manual_seed(len(self.steps))
-        config = peft.LoraConfig(r=LORA_RANK, lora_alpha=LORA_ALPHA, target_modules=["layer"], lora_dropout=0.0,
-                                 init_lora_weights=False)
+        config = peft.LoraConfig(
+            r=LORA_RANK, lora_alpha=LORA_ALPHA, target_modules=["layer"], lora_dropout=0.0, init_lora_weights=False
+        )
         lora = peft.inject_adapter_in_model(config, holder).layer
         life.qcheck.equal(hasattr(lora, "lora_A"), True, "PEFT wrapped the layer in a LoRA layer")
         delta, e_delta, adapter_dtype = lora_delta(lora, LORA_ALPHA / LORA_RANK)
         delta, e_delta = delta.to(self.location), e_delta.to(self.location)
         before = life.facet.packed(lora.get_base_layer())
         lora.merge()
-        merged = check_requantized(life.qcheck, life.facet, lora.get_base_layer(), before, delta, e_delta,
-                                   adapter_dtype, 1.0, f"merged weight {self._after()}")
+        merged = check_requantized(
+            life.qcheck,
+            life.facet,
+            lora.get_base_layer(),
+            before,
+            delta,
+            e_delta,
+            adapter_dtype,
+            1.0,
+            f"merged weight {self._after()}",
+        )
         lora.unmerge()
-        check_requantized(life.qcheck, life.facet, lora.get_base_layer(), merged, delta, e_delta, adapter_dtype,
-                          -1.0, f"unmerged weight {self._after()}")
+        check_requantized(
+            life.qcheck,
+            life.facet,
+            lora.get_base_layer(),
+            merged,
+            delta,
+            e_delta,
+            adapter_dtype,
+            -1.0,
+            f"unmerged weight {self._after()}",
+        )
         self.layer = lora.get_base_layer()
         self.expected = snapshot(life.facet, self.layer)  # requantized: the new reference state
 
@@ -340,8 +398,15 @@ class LayerLife(RuleBasedStateMachine):
         weight, bias = layer_inputs(127, dtype)
         other = life.facet.quantize(weight, bias, life.spec, dtype, life.device).train()
         x = activation((ROWS[0],), LAYER_SHAPE[1], len(self.steps), dtype, life.device).requires_grad_(life.backward)
-        check_forward(life.qcheck, life.facet.packed(other), other, x, dtype,
-                      f"the other model's ({dtype_id(dtype)}) forward {self._after()}", grad=life.backward)
+        check_forward(
+            life.qcheck,
+            life.facet.packed(other),
+            other,
+            x,
+            dtype,
+            f"the other model's ({dtype_id(dtype)}) forward {self._after()}",
+            grad=life.backward,
+        )
         self.others.append(other)
 
     def _step_name(self) -> str:
@@ -354,21 +419,38 @@ class LayerLife(RuleBasedStateMachine):
         values; a forward (the layer's mode, no grad) within bound where it is claimed."""
         life, layer = self.life, self.layer
         qcheck = life.qcheck
-        qcheck.equal(snapshot_differences(self.expected, snapshot(life.facet, layer)), [],
-                     f"stored quantization {self._after()}")
+        qcheck.equal(
+            snapshot_differences(self.expected, snapshot(life.facet, layer)), [], f"stored quantization {self._after()}"
+        )
         packed = life.facet.packed(layer)
-        qcheck.equal(bool(torch.isfinite(reference_decode(packed, torch.device("cpu"))).all()), True,
-                     f"stored quantization decodes to finite values {self._after()}")
+        qcheck.equal(
+            bool(torch.isfinite(reference_decode(packed, torch.device("cpu"))).all()),
+            True,
+            f"stored quantization decodes to finite values {self._after()}",
+        )
         bias = bias_of(layer)
-        qcheck.equal("no bias" if bias is None else "a bias", "no bias" if self.bias is None else "a bias",
-                     f"the layer's bias {self._after()}")
+        qcheck.equal(
+            "no bias" if bias is None else "a bias",
+            "no bias" if self.bias is None else "a bias",
+            f"the layer's bias {self._after()}",
+        )
         if bias is not None and self.bias is not None:
-            qcheck.equal(bool(torch.equal(bias.double().cpu(), self.bias)), True,
-                         f"the bias's values {self._after()} (those it was given, as cast since)")
+            qcheck.equal(
+                bool(torch.equal(bias.double().cpu(), self.bias)),
+                True,
+                f"the bias's values {self._after()} (those it was given, as cast since)",
+            )
         if self.location in life.forward_devices:
             x = activation((ROWS[0],), LAYER_SHAPE[1], 1000 + len(self.steps), life.dtype, self.location)
-            check_forward(qcheck, packed, layer, x, life.dtype,
-                          f"{'train' if layer.training else 'eval'}-mode forward {self._after()}", grad=False)
+            check_forward(
+                qcheck,
+                packed,
+                layer,
+                x,
+                life.dtype,
+                f"{'train' if layer.training else 'eval'}-mode forward {self._after()}",
+                grad=False,
+            )
 
 
 def _run_pinned(life: Life) -> None:
@@ -395,11 +477,19 @@ def test_lifecycle_sequences(qtarget, qbackend, qdevice, qcheck, spec, dtype):
     cpu = torch.device("cpu")
     devices = (qdevice,) if qdevice.type == "cpu" else (qdevice, cpu)  # where the layer may go
     cpu_claimed = "cpu" in qbackend.capabilities(cpu).devices
-    life = Life(backend=qbackend, facet=facet, qcheck=qcheck, spec=spec, dtype=dtype, device=qdevice,
-                forward_devices=tuple(d for d in devices if d == qdevice or cpu_claimed),
-                moves=layer_caps.moves, backward=not unclaimed(caps, qtarget, spec, dtype, backward=True),
-                other_dtype=_other_dtype(qbackend, qtarget, spec, dtype),
-                peft=layer_caps.peft and not spec.double_quant and importlib.util.find_spec("peft") is not None,
-                accelerate=importlib.util.find_spec("accelerate") is not None)
+    life = Life(
+        backend=qbackend,
+        facet=facet,
+        qcheck=qcheck,
+        spec=spec,
+        dtype=dtype,
+        device=qdevice,
+        forward_devices=tuple(d for d in devices if d == qdevice or cpu_claimed),
+        moves=layer_caps.moves,
+        backward=not unclaimed(caps, qtarget, spec, dtype, backward=True),
+        other_dtype=_other_dtype(qbackend, qtarget, spec, dtype),
+        peft=layer_caps.peft and not spec.double_quant and importlib.util.find_spec("peft") is not None,
+        accelerate=importlib.util.find_spec("accelerate") is not None,
+    )
     _run_pinned(life)
     run_state_machine_as_test(lambda: LayerLife(life), settings=lifecycle_settings())

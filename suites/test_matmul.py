@@ -6,16 +6,24 @@ judged. Activations: batch 1 (the gemv path), small and larger batches, 2-D and 
 in every claimed dtype; and fp32 activations into a low-precision layer, as PEFT's
 k-bit preparation produces them. A crash is a failed cell with its message.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-
 from pytest_qconform.reference import bounds, linear
-from pytest_qconform.cases.strategies import (ActivationCase, WeightCase, activation_cases, fewer_examples,
-                                        listed_weight, weight_cases, with_examples)
+
+from pytest_qconform.cases.strategies import (
+    ActivationCase,
+    WeightCase,
+    activation_cases,
+    fewer_examples,
+    listed_weight,
+    weight_cases,
+    with_examples,
+)
 
 from ._cases import dtype_id, output_columns, reference_decode, require_claim, shapes_for, weight_error
 
@@ -33,22 +41,39 @@ def check_product(qbackend, qdevice, qcheck, compute_dtype, x_dtype, quantized, 
     qcheck.describe(**act.describe(), bias=with_bias, x_dtype=dtype_id(x_dtype))
     n, k = quantized.shape
     x = act.make(k, x_dtype, qdevice)
-    bias = (torch.randn(n, generator=torch.Generator().manual_seed(act.seed)).to(compute_dtype).to(qdevice)
-            if with_bias else None)
+    bias = (
+        torch.randn(n, generator=torch.Generator().manual_seed(act.seed)).to(compute_dtype).to(qdevice)
+        if with_bias
+        else None
+    )
     y = qbackend.matmul(x, quantized, bias, compute_dtype)
     qcheck.equal(y.dtype, x_dtype, "matmul output dtype (the activation's dtype)")
     packed = qbackend.export_packed(quantized)
     w_exact = reference_decode(packed, qdevice)
     b_exact = bias.double() if bias is not None else None
     y_exact = linear.linear(x.double(), w_exact, b_exact)
-    bound = bounds.matmul_bound(x.double(), w_exact, b_exact, compute_dtype, y.dtype,
-                                w_error=weight_error(packed, w_exact, compute_dtype, rows=x.numel() // k))
+    bound = bounds.matmul_bound(
+        x.double(),
+        w_exact,
+        b_exact,
+        compute_dtype,
+        y.dtype,
+        w_error=weight_error(packed, w_exact, compute_dtype, rows=x.numel() // k),
+    )
     qcheck.within(y, y_exact, bound, "matmul vs float64 x W^T + b", rounding_units=output_columns(y))
 
 
 @pytest.mark.qconform_operation("matmul")
-@pytest.mark.qconform_axes("format", "blocksize", "double_quant", "hqq_axis", "dtype", "x_layout", "distribution",
-                           distribution=MATMUL_DISTRIBUTIONS)
+@pytest.mark.qconform_axes(
+    "format",
+    "blocksize",
+    "double_quant",
+    "hqq_axis",
+    "dtype",
+    "x_layout",
+    "distribution",
+    distribution=MATMUL_DISTRIBUTIONS,
+)
 def test_matmul_matches_reference(qtarget, qbackend, qdevice, qcheck, spec, dtype, x_layout, distribution):
     """The instance's listed weight distribution (with 5 rows and a bias), then
     hypothesis' draws of weights, activation shapes and bias, in the instance's
@@ -58,8 +83,7 @@ def test_matmul_matches_reference(qtarget, qbackend, qdevice, qcheck, spec, dtyp
     listed = listed_weight(shapes, distribution)
 
     @with_examples([{"case": listed, "act": ActivationCase((5,), x_layout, listed.seed), "with_bias": True}])
-    @given(case=weight_cases(shapes, MATMUL_DISTRIBUTIONS), act=activation_cases(x_layout),
-           with_bias=st.booleans())
+    @given(case=weight_cases(shapes, MATMUL_DISTRIBUTIONS), act=activation_cases(x_layout), with_bias=st.booleans())
     def check(case, act, with_bias):
         check_matmul(qbackend, qdevice, qcheck, spec, dtype, dtype, case, act, with_bias)
 
@@ -67,8 +91,9 @@ def test_matmul_matches_reference(qtarget, qbackend, qdevice, qcheck, spec, dtyp
 
 
 @pytest.mark.qconform_operation("matmul-fp32-input")
-@pytest.mark.qconform_axes("format", "blocksize", "double_quant", "hqq_axis", "dtype",
-                           dtype=(torch.bfloat16, torch.float16))
+@pytest.mark.qconform_axes(
+    "format", "blocksize", "double_quant", "hqq_axis", "dtype", dtype=(torch.bfloat16, torch.float16)
+)
 def test_matmul_fp32_activation_into_low_precision_layer(qtarget, qbackend, qdevice, qcheck, spec, dtype):
     """PEFT's prepare_model_for_kbit_training upcasts activations to fp32 ahead of a
     bf16/fp16-compute 4-bit layer; the layer must compute, and return fp32."""
@@ -104,8 +129,9 @@ def test_matmul_every_route(qtarget, qbackend, qdevice, qcheck, spec, dtype, row
     any of them. Contiguous x (what fused kernels take), with bias; fixed seeds."""
     require_claim(qbackend, qtarget, spec, dtype)
     case = WeightCase(SMALL_BATCH_SHAPES.get(qdevice.type, SMALL_BATCH_SHAPES["cpu"]), "normal", seed=17)
-    check_matmul(qbackend, qdevice, qcheck, spec, dtype, dtype, case, ActivationCase((rows,), "contiguous", rows),
-                 with_bias=True)
+    check_matmul(
+        qbackend, qdevice, qcheck, spec, dtype, dtype, case, ActivationCase((rows,), "contiguous", rows), with_bias=True
+    )
 
 
 LM_HEAD_K = 64  # a small K keeps a 151936-wide weight cheap; a block spans rows once the blocksize passes it
@@ -123,5 +149,13 @@ def test_matmul_lm_head_widths(qtarget, qbackend, qdevice, qcheck, spec, dtype, 
     qcheck.describe(**case.describe())
     quantized = qbackend.quantize(case.make(qdevice), spec)
     for rows in LM_HEAD_ROWS:
-        check_product(qbackend, qdevice, qcheck, dtype, dtype, quantized, ActivationCase((rows,), "contiguous", rows),
-                      with_bias=True)
+        check_product(
+            qbackend,
+            qdevice,
+            qcheck,
+            dtype,
+            dtype,
+            quantized,
+            ActivationCase((rows,), "contiguous", rows),
+            with_bias=True,
+        )

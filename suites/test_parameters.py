@@ -8,6 +8,7 @@ whatever the compute dtype; and every orientation of the packed weight the libra
 documents as accepted. Each is a claim (``Capabilities``); a backend without the
 parameter is "not claimed".
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,19 +16,25 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-
-from pytest_qconform.session.outcomes import NOT_CLAIMED_PREFIX
 from pytest_qconform.reference import bnb4, bounds, linear
-from pytest_qconform.cases.strategies import WeightCase
 
-from ._cases import DTYPES, packed_dequantize_bound, dtype_id, reference_decode, require_claim, weight_error
+from pytest_qconform.cases.strategies import WeightCase
+from pytest_qconform.session.outcomes import NOT_CLAIMED_PREFIX
+
+from ._cases import DTYPES, dtype_id, packed_dequantize_bound, reference_decode, require_claim, weight_error
 
 pytestmark = pytest.mark.qconform_operation("parameters")
 
 # Both formats, both default blocksizes, double quantization on and off, in four specs.
 # One buffer, these calls in order: the dtype changes at every step and the shape at most.
-BUFFER_SEQUENCE = (((64, 128), torch.bfloat16), ((33, 47), torch.float16), ((64, 128), torch.float32),
-                   ((1, 64), torch.bfloat16), ((33, 47), torch.float32), ((64, 128), torch.float16))
+BUFFER_SEQUENCE = (
+    ((64, 128), torch.bfloat16),
+    ((33, 47), torch.float16),
+    ((64, 128), torch.float32),
+    ((1, 64), torch.bfloat16),
+    ((33, 47), torch.float32),
+    ((64, 128), torch.float16),
+)
 POISON_BYTE = 0xFF  # every float dtype reads all-ones bytes as NaN: a value never written shows
 
 
@@ -44,8 +51,11 @@ def _views_of_one_buffer(device: torch.device) -> tuple[torch.Tensor, callable]:
 
 
 def _claimed_steps(caps, qtarget) -> list[tuple[tuple[int, ...], torch.dtype]]:
-    return [(shape, dtype) for shape, dtype in BUFFER_SEQUENCE
-            if dtype in caps.dtypes and (dtype is not torch.bfloat16 or qtarget.bf16)]
+    return [
+        (shape, dtype)
+        for shape, dtype in BUFFER_SEQUENCE
+        if dtype in caps.dtypes and (dtype is not torch.bfloat16 or qtarget.bf16)
+    ]
 
 
 @pytest.mark.qconform_axes("format", "double_quant", "hqq_axis")  # staging of dtypes and shapes
@@ -60,8 +70,11 @@ def test_dequantize_into_one_buffer_across_dtypes_and_shapes(qtarget, qbackend, 
         quantized = qbackend.quantize(case.make(qdevice), spec)
         out = view(shape, dtype)
         result = qbackend.dequantize_with(quantized, dtype, out=out)
-        qcheck.equal(result.data_ptr() == out.data_ptr() and result.dtype == dtype, True,
-                     f"step {step}: dequantize returned the out= buffer, in {dtype_id(dtype)}")
+        qcheck.equal(
+            result.data_ptr() == out.data_ptr() and result.dtype == dtype,
+            True,
+            f"step {step}: dequantize returned the out= buffer, in {dtype_id(dtype)}",
+        )
         packed = qbackend.export_packed(quantized)
         exact = reference_decode(packed, qdevice)
         qcheck.within(out, exact, packed_dequantize_bound(packed, exact, dtype), f"step {step}: values written to out=")
@@ -83,12 +96,16 @@ def test_matmul_into_one_buffer_across_dtypes_and_shapes(qtarget, qbackend, qdev
         out = view((rows, shape[0]), dtype)
         with torch.no_grad():
             result = qbackend.matmul_with(x, quantized, bias, dtype, out=out)
-        qcheck.equal(result.data_ptr() == out.data_ptr() and result.dtype == dtype, True,
-                     f"step {step}: matmul returned the out= buffer, in {dtype_id(dtype)}")
+        qcheck.equal(
+            result.data_ptr() == out.data_ptr() and result.dtype == dtype,
+            True,
+            f"step {step}: matmul returned the out= buffer, in {dtype_id(dtype)}",
+        )
         packed = qbackend.export_packed(quantized)
         w = reference_decode(packed, qdevice)
-        bound = bounds.matmul_bound(x.double(), w, bias.double(), dtype, dtype,
-                                    w_error=weight_error(packed, w, dtype, rows=rows))
+        bound = bounds.matmul_bound(
+            x.double(), w, bias.double(), dtype, dtype, w_error=weight_error(packed, w, dtype, rows=rows)
+        )
         qcheck.within(out, linear.linear(x.double(), w, bias.double()), bound, f"step {step}: values written to out=")
 
 
@@ -104,13 +121,23 @@ def test_dequantize_with_explicit_absmax(qtarget, qbackend, qdevice, qcheck, spe
         quantized = qbackend.quantize(case.make(qdevice), spec)
         packed = qbackend.export_packed(quantized)
         absmax = bnb4.decode_absmax(packed, qdevice).float()
-        plain = dataclasses.replace(packed, absmax=absmax.cpu().numpy(), nested_absmax=None, nested_code=None,
-                                    nested_blocksize=None, offset=None)
+        plain = dataclasses.replace(
+            packed,
+            absmax=absmax.cpu().numpy(),
+            nested_absmax=None,
+            nested_code=None,
+            nested_blocksize=None,
+            offset=None,
+        )
         out = torch.empty(shape, dtype=dtype, device=qdevice)
         result = qbackend.dequantize_with(quantized, dtype, out=out, absmax=absmax)
         exact = reference_decode(plain, qdevice)
-        qcheck.within(result, exact, packed_dequantize_bound(plain, exact, dtype),
-                      "dequantize with absmax= (blocksize and format passed by hand)")
+        qcheck.within(
+            result,
+            exact,
+            packed_dequantize_bound(plain, exact, dtype),
+            "dequantize with absmax= (blocksize and format passed by hand)",
+        )
 
 
 @pytest.mark.qconform_axes("format", "double_quant", "hqq_axis", "dtype")  # the bias' dtype
@@ -132,10 +159,12 @@ def test_matmul_bias_of_every_dtype(qtarget, qbackend, qdevice, qcheck, spec, dt
             with torch.no_grad():
                 y = qbackend.matmul(x, quantized, bias, dtype)
             qcheck.equal(y.dtype, dtype, f"matmul output dtype with a {dtype_id(bias_dtype)} bias")
-            bound = bounds.matmul_bound(x.double(), w, bias.double(), dtype, dtype,
-                                        w_error=weight_error(packed, w, dtype, rows=rows))
-            qcheck.within(y, linear.linear(x.double(), w, bias.double()), bound,
-                          f"matmul with a {dtype_id(bias_dtype)} bias")
+            bound = bounds.matmul_bound(
+                x.double(), w, bias.double(), dtype, dtype, w_error=weight_error(packed, w, dtype, rows=rows)
+            )
+            qcheck.within(
+                y, linear.linear(x.double(), w, bias.double()), bound, f"matmul with a {dtype_id(bias_dtype)} bias"
+            )
 
 
 @pytest.mark.qconform_axes("format", "blocksize", "double_quant", "dtype", format=("nf4", "fp4"))
@@ -158,10 +187,17 @@ def test_matmul_every_documented_weight_orientation(qtarget, qbackend, qdevice, 
             bias = torch.randn(64, generator=gen).to(dtype).to(qdevice)
             y = qbackend.matmul_with(x, quantized, bias, dtype, orientation=orientation)
             w_error = weight_error(packed, w, dtype, rows=rows)
-            qcheck.within(y, linear.linear(x.double(), w, bias.double()),
-                          bounds.matmul_bound(x.double(), w, bias.double(), dtype, dtype, w_error=w_error),
-                          f"matmul with the weight {orientation}")
+            qcheck.within(
+                y,
+                linear.linear(x.double(), w, bias.double()),
+                bounds.matmul_bound(x.double(), w, bias.double(), dtype, dtype, w_error=w_error),
+                f"matmul with the weight {orientation}",
+            )
             dy = torch.randn(y.shape, generator=gen).to(dtype).to(qdevice)
             y.backward(dy)
-            qcheck.within(x.grad, dy.double() @ w, bounds.grad_bound(dy.double(), w, dtype, dtype, w_error=w_error),
-                          f"gradient with the weight {orientation}")
+            qcheck.within(
+                x.grad,
+                dy.double() @ w,
+                bounds.grad_bound(dy.double(), w, dtype, dtype, w_error=w_error),
+                f"gradient with the weight {orientation}",
+            )

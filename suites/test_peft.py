@@ -17,16 +17,23 @@ the target quantized to nearest on its own grid (``reference.requantize``), the 
 error being what PEFT's arithmetic allows (the dequantize in the stored dtype, the fp32
 delta, the fp32 sum). Then unmerge (the same, subtracting), then ``merge_and_unload``.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
-
 from pytest_qconform.reference import bounds
 
 from ._cases import dtype_id, reference_decode
-from ._layers import (check_requantized, layer_weight_error, lora_delta, lora_gradients, needs,
-                      quantized_tiny_llama, require_layer_claim)
+from ._layers import (
+    check_requantized,
+    layer_weight_error,
+    lora_delta,
+    lora_gradients,
+    needs,
+    quantized_tiny_llama,
+    require_layer_claim,
+)
 
 # Not double quantization: merging requantizes the base weight, and the reference's
 # requantization bound (reference.requantize) does not model a nested absmax.
@@ -41,14 +48,18 @@ def _peft_model(qcheck, facet, caps, spec, dtype, device, tmp_path):
     model = quantized_tiny_llama(qcheck, facet, caps, spec, dtype, device, tmp_path, seed=101)
     model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     torch.manual_seed(103)
-    config = peft.LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=list(TARGETS), lora_dropout=0.0,
-                             init_lora_weights=False)
+    config = peft.LoraConfig(
+        r=RANK, lora_alpha=ALPHA, target_modules=list(TARGETS), lora_dropout=0.0, init_lora_weights=False
+    )
     return peft.get_peft_model(model, config)
 
 
 def _lora_layers(facet, model) -> dict[str, torch.nn.Module]:
-    return {name: m for name, m in model.named_modules()
-            if hasattr(m, "lora_A") and isinstance(getattr(m, "base_layer", None), facet.layer_types())}
+    return {
+        name: m
+        for name, m in model.named_modules()
+        if hasattr(m, "lora_A") and isinstance(getattr(m, "base_layer", None), facet.layer_types())
+    }
 
 
 @pytest.mark.qconform_operation("lora")
@@ -62,7 +73,8 @@ def test_qlora_training_step(qtarget, qbackend, qdevice, qcheck, tmp_path, spec,
     for name, module in layers.items():
         module.register_forward_hook(lambda m, args, out, n=name: seen[n].update(x=args[0].detach().clone()))
         module.register_full_backward_hook(
-            lambda m, grad_in, grad_out, n=name: seen[n].update(dy=grad_out[0].detach().clone(), dx=grad_in[0]))
+            lambda m, grad_in, grad_out, n=name: seen[n].update(dy=grad_out[0].detach().clone(), dx=grad_in[0])
+        )
     tokens = torch.arange(16, device=qdevice).reshape(2, 8) % 128
     qcheck.describe(model="tiny Llama, 1 layer, hidden 128", lora=f"r={RANK} alpha={ALPHA} on {','.join(TARGETS)}")
     model.train()
@@ -77,9 +89,18 @@ def test_qlora_training_step(qtarget, qbackend, qdevice, qcheck, tmp_path, spec,
         packed = facet.packed(module.base_layer)
         w = reference_decode(packed, qdevice)
         k, n = w.shape[1], w.shape[0]
-        grads = lora_gradients(x.double().reshape(-1, k), dy.double().reshape(-1, n), w,
-                               layer_weight_error(packed, w, dtype), a.detach().double(), b.detach().double(),
-                               ALPHA / RANK, dtype, a.dtype, x.dtype)
+        grads = lora_gradients(
+            x.double().reshape(-1, k),
+            dy.double().reshape(-1, n),
+            w,
+            layer_weight_error(packed, w, dtype),
+            a.detach().double(),
+            b.detach().double(),
+            ALPHA / RANK,
+            dtype,
+            a.dtype,
+            x.dtype,
+        )
         got = {"lora_A": a.grad, "lora_B": b.grad}
         if seen[name].get("dx") is not None:
             got["dx"] = seen[name]["dx"].reshape(-1, k)
@@ -101,12 +122,26 @@ def test_merge_unmerge_and_unload(qtarget, qbackend, qdevice, qcheck, tmp_path, 
     stored = {name: facet.packed(module.get_base_layer()) for name, module in layers.items()}
     model.merge_adapter()
     for name, module in layers.items():
-        stored[name] = check_requantized(qcheck, facet, module.get_base_layer(), stored[name], *deltas[name], 1.0,
-                                         f"{name.split('model.', 1)[-1]}: merged weight")
+        stored[name] = check_requantized(
+            qcheck,
+            facet,
+            module.get_base_layer(),
+            stored[name],
+            *deltas[name],
+            1.0,
+            f"{name.split('model.', 1)[-1]}: merged weight",
+        )
     model.unmerge_adapter()
     for name, module in layers.items():
-        stored[name] = check_requantized(qcheck, facet, module.get_base_layer(), stored[name], *deltas[name], -1.0,
-                                         f"{name.split('model.', 1)[-1]}: unmerged weight")
+        stored[name] = check_requantized(
+            qcheck,
+            facet,
+            module.get_base_layer(),
+            stored[name],
+            *deltas[name],
+            -1.0,
+            f"{name.split('model.', 1)[-1]}: unmerged weight",
+        )
     merged = model.merge_and_unload()
     modules = dict(merged.named_modules())
     for name in layers:

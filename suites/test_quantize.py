@@ -8,6 +8,7 @@ the code gap the element fell into, times its block's absmax. Checked at every c
 blocksize, both formats, with and without double quantization; HQQ at every group size
 and axis, against the nearest levels of its own scale and zero (``_quantizer``).
 """
+
 from __future__ import annotations
 
 import pytest

@@ -16,17 +16,18 @@ adds, on a GPU, the 2^31-element case (the int32 index-overflow class), run in a
 process so that a crash there ends in a verdict; it is skipped with the reason where the
 GPU lacks the memory.
 """
+
 from __future__ import annotations
 
 import math
 
 import pytest
 import torch
+from pytest_qconform.reference import bounds, linear
 
 from pytest_qconform.backends.base import QuantSpec
-from pytest_qconform.session.outcomes import NOT_CLAIMED_PREFIX, OOM_PREFIX
-from pytest_qconform.reference import bounds, linear
 from pytest_qconform.cases.strategies import WeightCase
+from pytest_qconform.session.outcomes import NOT_CLAIMED_PREFIX, OOM_PREFIX
 
 from ._cases import reference_decode, require_claim, weight_error
 from ._isolated import run_isolated
@@ -35,9 +36,10 @@ from ._large import check_in_chunks
 # GPU, ci: the first shape a backend claims (a K of 4104 is no multiple of any blocksize,
 # nor of HQQ's groups, so HQQ takes 4096 x 4096): about 2 s a case on the H100, where the
 # whole list took 15-24 s (the float64 reference of a 32000 x 4096 weight is 1 GiB).
-GPU_SHAPES = {"ci": ((4096, 4104), (4096, 4096)),
-              "thorough": ((4096, 4104), (4096, 4096), (14336, 4096), (4096, 14336), (32000, 4096),
-                           (128256, 4096))}
+GPU_SHAPES = {
+    "ci": ((4096, 4104), (4096, 4096)),
+    "thorough": ((4096, 4104), (4096, 4096), (14336, 4096), (4096, 14336), (32000, 4096), (128256, 4096)),
+}
 # CPU: K a multiple of 256 (the fused rows kernel's) with N not a multiple of its 4-row
 # group and 2 nested groups (18 x 1024, small: the interpreter runs the rows kernel at
 # ~1 s per 10^5 weights); K not a multiple of any blocksize, 9 nested groups, more than
@@ -82,15 +84,21 @@ def test_layer_shapes(qtarget, qbackend, qdevice, qcheck, qprofile, spec, dtype)
             if min(rows, 2) not in w_errors:
                 w_errors[min(rows, 2)] = weight_error(packed, w, dtype, rows=rows)
             w_error = w_errors[min(rows, 2)]
-            qcheck.within(y, linear.linear(x.double(), w, bias.double()),
-                          bounds.matmul_bound(x.double(), w, bias.double(), dtype, dtype, w_error=w_error),
-                          f"matmul {shape} with {rows} rows")
+            qcheck.within(
+                y,
+                linear.linear(x.double(), w, bias.double()),
+                bounds.matmul_bound(x.double(), w, bias.double(), dtype, dtype, w_error=w_error),
+                f"matmul {shape} with {rows} rows",
+            )
             if x.requires_grad:
                 dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(9)).to(dtype).to(qdevice)
                 y.backward(dy)
-                qcheck.within(x.grad, dy.double() @ w,
-                              bounds.grad_bound(dy.double(), w, dtype, dtype, w_error=w_error),
-                              f"backward {shape} with {rows} rows")
+                qcheck.within(
+                    x.grad,
+                    dy.double() @ w,
+                    bounds.grad_bound(dy.double(), w, dtype, dtype, w_error=w_error),
+                    f"backward {shape} with {rows} rows",
+                )
             del x, y
         del w, w_errors
 
@@ -119,5 +127,4 @@ def test_more_than_2_31_elements(qtarget, qbackend, qdevice, qcheck, qprofile, s
     if free < needed:
         pytest.skip(f"{OOM_PREFIX} needs about {needed / 2**30:.1f} GiB of GPU memory, {free / 2**30:.1f} GiB free")
     torch.cuda.empty_cache()
-    run_isolated("pytest_qconform.suites._large:check_large_tensor", qbackend, qcheck, spec, LARGE_SHAPE,
-                 str(qdevice))
+    run_isolated("pytest_qconform.suites._large:check_large_tensor", qbackend, qcheck, spec, LARGE_SHAPE, str(qdevice))

@@ -5,15 +5,16 @@ fp16 load in one process. Here, in one process and one backend instance, weights
 same shape are quantized and used as bf16, then fp16, then bf16 again, then fp32, each
 with forward and backward; every step checks dtype and values against the reference.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
-
 from pytest_qconform.reference import bounds, linear
+
 from pytest_qconform.cases.strategies import WeightCase
 
-from ._cases import packed_dequantize_bound, dtype_id, reference_decode, require_claim, weight_error
+from ._cases import dtype_id, packed_dequantize_bound, reference_decode, require_claim, weight_error
 
 pytestmark = pytest.mark.qconform_operation("sequencing")
 SEQUENCE = (torch.bfloat16, torch.float16, torch.bfloat16, torch.float32)
@@ -39,11 +40,18 @@ def test_bf16_fp16_bf16_fp32_in_one_process(qtarget, qbackend, qdevice, qcheck, 
         y = qbackend.matmul(x, quantized, None, dtype)
         qcheck.equal(y.dtype, dtype, f"step {step}: matmul dtype")
         w_error = weight_error(packed, w, dtype, rows=rows)
-        qcheck.within(y, linear.linear(x.double(), w),
-                      bounds.matmul_bound(x.double(), w, None, dtype, dtype, w_error=w_error),
-                      f"step {step}: matmul values")
+        qcheck.within(
+            y,
+            linear.linear(x.double(), w),
+            bounds.matmul_bound(x.double(), w, None, dtype, dtype, w_error=w_error),
+            f"step {step}: matmul values",
+        )
         dy = torch.ones_like(y)
         y.backward(dy)
         qcheck.equal(x.grad.dtype, dtype, f"step {step}: gradient dtype")
-        qcheck.within(x.grad, dy.double() @ w, bounds.grad_bound(dy.double(), w, dtype, dtype, w_error=w_error),
-                      f"step {step}: gradient values")
+        qcheck.within(
+            x.grad,
+            dy.double() @ w,
+            bounds.grad_bound(dy.double(), w, dtype, dtype, w_error=w_error),
+            f"step {step}: gradient values",
+        )

@@ -7,14 +7,15 @@ produce the very bytes it produces for uint8 storage, and dequantize, matmul and
 checkpoint round trip (``serialize``, safetensors, ``load``) must read them back
 bit-identical, with numbers within bound of the float64 decoding.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
+from pytest_qconform.reference import bounds, linear
 
 from pytest_qconform.backends.base import QuantSpec
-from pytest_qconform.reference import bounds, linear
 from pytest_qconform.cases.strategies import WeightCase
 
 from ._cases import packed_dequantize_bound, reference_decode, require_claim, weight_error
@@ -33,8 +34,13 @@ def _safetensors_round_trip(state: dict[str, torch.Tensor]) -> dict[str, torch.T
     return load(save({key: value.detach().cpu().contiguous() for key, value in state.items()}))
 
 
-@pytest.mark.qconform_axes("format", "double_quant", "quant_storage", format=("nf4", "fp4"),  # a view of the bytes
-                           quant_storage=STORAGES)
+@pytest.mark.qconform_axes(
+    "format",
+    "double_quant",
+    "quant_storage",
+    format=("nf4", "fp4"),  # a view of the bytes
+    quant_storage=STORAGES,
+)
 def test_storage_dtype_keeps_the_bytes(qtarget, qbackend, qdevice, qcheck, spec):
     """quantize -> bytes identical to uint8 storage's; dequantize and matmul (1 and 5 rows)
     within bound, in the storage dtype itself (the FSDP setup: bf16 storage, bf16 compute;
@@ -48,22 +54,33 @@ def test_storage_dtype_keeps_the_bytes(qtarget, qbackend, qdevice, qcheck, spec)
         weight = case.make(qdevice)
         quantized = qbackend.quantize(weight, spec)
         packed = qbackend.export_packed(quantized)
-        as_uint8 = qbackend.export_packed(qbackend.quantize(weight, QuantSpec(spec.format, spec.blocksize,
-                                                                                spec.double_quant)))
-        qcheck.equal(bool(np.array_equal(np.asarray(packed.packed), np.asarray(as_uint8.packed))), True,
-                     f"packed bytes stored as {spec.quant_storage} equal the uint8-stored bytes")
+        as_uint8 = qbackend.export_packed(
+            qbackend.quantize(weight, QuantSpec(spec.format, spec.blocksize, spec.double_quant))
+        )
+        qcheck.equal(
+            bool(np.array_equal(np.asarray(packed.packed), np.asarray(as_uint8.packed))),
+            True,
+            f"packed bytes stored as {spec.quant_storage} equal the uint8-stored bytes",
+        )
         exact = reference_decode(packed, qdevice)
         out = qbackend.dequantize(quantized, dtype)
         qcheck.within(out, exact, packed_dequantize_bound(packed, exact, dtype), "dequantize from the stored bytes")
         for rows in (1, 5):
             x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(rows)).to(dtype).to(qdevice)
             y = qbackend.matmul(x, quantized, None, dtype)
-            bound = bounds.matmul_bound(x.double(), exact, None, dtype, dtype,
-                                        w_error=weight_error(packed, exact, dtype, rows=rows))
+            bound = bounds.matmul_bound(
+                x.double(), exact, None, dtype, dtype, w_error=weight_error(packed, exact, dtype, rows=rows)
+            )
             qcheck.within(y, linear.linear(x.double(), exact), bound, f"matmul with {rows} rows from the stored bytes")
         loaded = qbackend.load(_safetensors_round_trip(qbackend.serialize(quantized)), qdevice)
         reloaded = qbackend.export_packed(loaded)
-        qcheck.equal(bool(np.array_equal(np.asarray(reloaded.packed), np.asarray(packed.packed))), True,
-                     "packed bytes after serialize -> safetensors -> load")
-        qcheck.equal(bool(torch.equal(qbackend.dequantize(loaded, dtype), out)), True,
-                     "dequantize after the checkpoint round trip equals before")
+        qcheck.equal(
+            bool(np.array_equal(np.asarray(reloaded.packed), np.asarray(packed.packed))),
+            True,
+            "packed bytes after serialize -> safetensors -> load",
+        )
+        qcheck.equal(
+            bool(torch.equal(qbackend.dequantize(loaded, dtype), out)),
+            True,
+            "dequantize after the checkpoint round trip equals before",
+        )

@@ -9,11 +9,11 @@ the exact float64 result and every partial sum of magnitudes stay finite in that
 float64 result is finite and representable is then a failure, like any error beyond the
 bound (``reference.bounds`` counts underflow absolutely, rounding relatively).
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
-
 from pytest_qconform.reference import bounds, linear
 
 from ._cases import packed_dequantize_bound, reference_decode, require_claim, weight_error
@@ -27,8 +27,12 @@ ROWS = (1, 5)
 def weight_magnitude(value_range: str, dtype: torch.dtype) -> float:
     """The largest |w| of the weight for ``value_range`` in ``dtype``."""
     info = torch.finfo(dtype)
-    return {"near-max": float(info.max) / 2, "near-smallest-normal": 4 * float(info.tiny),
-            "subnormal": float(info.tiny) / 4, "beyond-fp16": 300.0}[value_range]
+    return {
+        "near-max": float(info.max) / 2,
+        "near-smallest-normal": 4 * float(info.tiny),
+        "subnormal": float(info.tiny) / 4,
+        "beyond-fp16": 300.0,
+    }[value_range]
 
 
 def _scaled(shape: tuple[int, ...], seed: int, magnitude: float, device: torch.device) -> torch.Tensor:
@@ -37,8 +41,14 @@ def _scaled(shape: tuple[int, ...], seed: int, magnitude: float, device: torch.d
     return (values / values.abs().max() * magnitude).to(torch.float32).to(device)
 
 
-def _partner(w_abs_sums: torch.Tensor, value_range: str, dtype: torch.dtype, shape: tuple[int, ...], seed: int,
-             device: torch.device) -> torch.Tensor:
+def _partner(
+    w_abs_sums: torch.Tensor,
+    value_range: str,
+    dtype: torch.dtype,
+    shape: tuple[int, ...],
+    seed: int,
+    device: torch.device,
+) -> torch.Tensor:
     """Activations (or upstream gradients) in ``dtype`` for weights with the given row (or
     column) sums of |W|: magnitude 1 for the small ranges, 300 beyond fp16 (so results
     reach ~1e6), and for near-max as large as keeps ``sum |x| |W|`` <= max / 4."""
@@ -51,8 +61,9 @@ def _partner(w_abs_sums: torch.Tensor, value_range: str, dtype: torch.dtype, sha
 
 
 @pytest.mark.qconform_axes("format", "double_quant", "hqq_axis", "dtype", "value_range")  # magnitudes, not layout
-def test_dequantize_matmul_backward_across_the_dtype_range(qtarget, qbackend, qdevice, qcheck, spec, dtype,
-                                                           value_range):
+def test_dequantize_matmul_backward_across_the_dtype_range(
+    qtarget, qbackend, qdevice, qcheck, spec, dtype, value_range
+):
     """Dequantize into ``dtype``; matmul and its backward computed in ``dtype`` at 1 and 5
     rows. The weight is quantized from fp32 values of the range's magnitude."""
     require_claim(qbackend, qtarget, spec, dtype, backward=True)
@@ -68,10 +79,17 @@ def test_dequantize_matmul_backward_across_the_dtype_range(qtarget, qbackend, qd
         x = _partner(w.abs().sum(dim=1), value_range, dtype, (rows, SHAPE[1]), rows, qdevice).requires_grad_(True)
         y = qbackend.matmul(x, quantized, None, dtype)
         w_error = weight_error(packed, w, dtype, rows=rows)
-        qcheck.within(y, linear.linear(x.double(), w),
-                      bounds.matmul_bound(x.double(), w, None, dtype, dtype, w_error=w_error),
-                      f"matmul, {value_range} weights and activations")
+        qcheck.within(
+            y,
+            linear.linear(x.double(), w),
+            bounds.matmul_bound(x.double(), w, None, dtype, dtype, w_error=w_error),
+            f"matmul, {value_range} weights and activations",
+        )
         dy = _partner(w.abs().sum(dim=0), value_range, dtype, tuple(y.shape), 10 + rows, qdevice)
         y.backward(dy)
-        qcheck.within(x.grad, dy.double() @ w, bounds.grad_bound(dy.double(), w, dtype, dtype, w_error=w_error),
-                      f"backward dx = dy W, {value_range} weights and gradients")
+        qcheck.within(
+            x.grad,
+            dy.double() @ w,
+            bounds.grad_bound(dy.double(), w, dtype, dtype, w_error=w_error),
+            f"backward dx = dy W, {value_range} weights and gradients",
+        )

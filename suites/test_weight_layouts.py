@@ -7,6 +7,7 @@ shard starts at an offset in a larger storage. Adapters hand the view over uncha
 logical values (as the quantize suite checks them) or refuse with an error that names
 the layout. Reading the storage in memory order, silently, fails.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -16,13 +17,14 @@ from hypothesis import given
 from pytest_qconform.cases.axes import WEIGHT_LAYOUTS
 from pytest_qconform.cases.strategies import WeightCase, listed_weight, weight_cases, with_examples
 
-from ._cases import packed_dequantize_bound, dtype_id, reference_decode, require_claim, shapes_for
+from ._cases import dtype_id, packed_dequantize_bound, reference_decode, require_claim, shapes_for
 from ._quantizer import check_codes_and_absmax, check_hqq_nearest_levels
 
 pytestmark = pytest.mark.qconform_operation("quantize-layout")
 
 # Words an error must contain to count as a clear refusal of the layout.
 LAYOUT_WORDS = ("contiguous", "stride", "layout", "transpos")
+
 
 def strided_view(values: torch.Tensor, layout: str) -> torch.Tensor:
     """``values`` (2-D) as a non-contiguous view holding the same logical values."""
@@ -39,9 +41,11 @@ def strided_view(values: torch.Tensor, layout: str) -> torch.Tensor:
         return wide[1:, 3:]
     raise ValueError(f"unknown layout {layout!r}; known: {WEIGHT_LAYOUTS}")
 
+
 @pytest.mark.qconform_axes("format", "blocksize", "double_quant", "hqq_axis", "dtype", "weight_layout")
-def test_strided_weight_quantizes_like_its_contiguous_copy(qtarget, qbackend, qdevice, qcheck, spec, dtype,
-                                                            weight_layout):
+def test_strided_weight_quantizes_like_its_contiguous_copy(
+    qtarget, qbackend, qdevice, qcheck, spec, dtype, weight_layout
+):
     """Each layout: the state quantized from the view passes the quantize suite's checks
     of the logical values (bitsandbytes layout: codes and absmax against the reference
     quantizer; HQQ: codes the nearest levels of its scale and zero; a floating-point
@@ -63,8 +67,10 @@ def test_strided_weight_quantizes_like_its_contiguous_copy(qtarget, qbackend, qd
             quantized = qbackend.unchecked.quantize(view, spec)
         except Exception as exc:  # noqa: BLE001 - a clear refusal passes, anything else is reported
             if not any(word in str(exc).lower() for word in LAYOUT_WORDS):
-                raise AssertionError(f"quantize of a {layout} weight raised an error that does not name the "
-                                     f"layout: {type(exc).__name__}: {exc}; " + qcheck._where()) from exc
+                raise AssertionError(
+                    f"quantize of a {layout} weight raised an error that does not name the "
+                    f"layout: {type(exc).__name__}: {exc}; " + qcheck._where()
+                ) from exc
             qcheck.record_multiple(0.0)
             return
         qcheck.faithful(qbackend.export_packed(quantized), view, f"{qbackend.name}.quantize of a {layout} view")
@@ -74,7 +80,11 @@ def test_strided_weight_quantizes_like_its_contiguous_copy(qtarget, qbackend, qd
             packed = check_codes_and_absmax(qbackend, qcheck, spec, view, quantized=quantized)
         exact = reference_decode(packed, qdevice)
         out = qbackend.dequantize(quantized, dtype)
-        qcheck.within(out, exact, packed_dequantize_bound(packed, exact, dtype),
-                      f"dequantize of the state quantized from a {layout} view")
+        qcheck.within(
+            out,
+            exact,
+            packed_dequantize_bound(packed, exact, dtype),
+            f"dequantize of the state quantized from a {layout} view",
+        )
 
     check()

@@ -1,10 +1,12 @@
 """Shared helpers for the plugin's own tests."""
+
 import os
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 # Imported once, here, before any pytester fixture snapshots sys.modules. The plugin imports
 # neither torch nor the backend contract when off, so otherwise the first in-process run
@@ -12,7 +14,6 @@ import pytest
 # again: torch a second time into one process segfaults ("module functions cannot set
 # METH_CLASS or METH_STATIC"), and a conftest's Availability is no longer the plugin's.
 import pytest_qconform.session.state  # noqa: F401  (torch and backends.base under it)
-import torch
 
 # Likewise triton and our kernels: a second import of triton's language modules leaves the
 # interpreter patching the new ones while the kernels hold the old ("Cannot call
@@ -33,7 +34,7 @@ EXAMPLE_SRC = Path(__file__).resolve().parent.parent / "examples" / "downstream"
 if str(EXAMPLE_SRC) not in sys.path:
     sys.path.insert(0, str(EXAMPLE_SRC))
 
-FAKE_BACKEND_CONFTEST = FAKE_BACKEND + textwrap.dedent('''
+FAKE_BACKEND_CONFTEST = FAKE_BACKEND + textwrap.dedent("""
     class MissingBackend(FakeBackend):
         name = "missing"
 
@@ -42,7 +43,7 @@ FAKE_BACKEND_CONFTEST = FAKE_BACKEND + textwrap.dedent('''
 
     def pytest_qconform_backends(config):
         return {"fake": FakeBackend, "missing": MissingBackend}
-''')
+""")
 
 
 @pytest.fixture

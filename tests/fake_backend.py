@@ -4,6 +4,7 @@
 fp32, CPU; every operation raises) with ``torch``, ``Availability``, ``Backend`` and
 ``Capabilities`` imported: tests subclass it for the behaviour they need.
 """
+
 import textwrap
 
 FAKE_BACKEND = textwrap.dedent('''

@@ -7,13 +7,13 @@ device of each kind (names and memory of the product the arch ships in);
 ``patch_torch(monkeypatch, arch)`` fakes it in this process; ``CONFTEST`` does the same in a
 pytester project's conftest (for a subprocess run).
 """
+
 from __future__ import annotations
 
 import textwrap
 import types
 
 import pytest
-
 from fake_backend import FAKE_BACKEND
 
 HIP_VERSION = "6.4.43482-simulated"
@@ -31,8 +31,9 @@ DEVICES: dict[str, tuple[str, str, int, int]] = {
 
 def properties(arch: str) -> types.SimpleNamespace:
     gcn_arch_name, name, memory, units = DEVICES[arch]
-    return types.SimpleNamespace(name=name, gcnArchName=gcn_arch_name, total_memory=memory,
-                                 multi_processor_count=units, major=0, minor=0)
+    return types.SimpleNamespace(
+        name=name, gcnArchName=gcn_arch_name, total_memory=memory, multi_processor_count=units, major=0, minor=0
+    )
 
 
 def patch_torch(monkeypatch: pytest.MonkeyPatch, arch: str) -> None:
@@ -53,7 +54,7 @@ def conftest(arch: str) -> str:
     """A conftest that fakes a ROCm ``arch`` device for its session and registers ``fake``,
     a backend claiming the GPU and every dtype, so only the arch facts decide what runs."""
     gcn_arch_name, name, memory, units = DEVICES[arch]
-    return FAKE_BACKEND + textwrap.dedent(f'''
+    return FAKE_BACKEND + textwrap.dedent(f"""
         import types
         import torch
 
@@ -74,4 +75,4 @@ def conftest(arch: str) -> str:
 
         def pytest_qconform_backends(config):
             return {{"fake": GpuFake}}
-    ''')
+    """)

@@ -1,5 +1,6 @@
 """Declared axes: covering arrays from a backend's claims, the one cell of a check whose
 backend claims nothing it needs, and the coverage the run report records."""
+
 from __future__ import annotations
 
 import json
@@ -8,14 +9,20 @@ from itertools import combinations, product
 
 import pytest
 import torch
-
 from fake_backend import FAKE_BACKEND
 
-from pytest_qconform.cases import axes
 from pytest_qconform.backends.base import Capabilities
+from pytest_qconform.cases import axes
 
-BNB_AND_HQQ = Capabilities(("nf4", "fp4", "hqq4"), (64, 128, 256), True, (torch.bfloat16, torch.float16),
-                           ("cpu",), axes=(0, 1), quant_storages=(torch.uint8, torch.float16))
+BNB_AND_HQQ = Capabilities(
+    ("nf4", "fp4", "hqq4"),
+    (64, 128, 256),
+    True,
+    (torch.bfloat16, torch.float16),
+    ("cpu",),
+    axes=(0, 1),
+    quant_storages=(torch.uint8, torch.float16),
+)
 
 
 def _pairs(rows, names):
@@ -58,7 +65,7 @@ def test_unknown_axis_is_a_usage_error() -> None:
         axes.CheckAxes.from_marker(pytest.mark.qconform_axes("format", "colour").mark)
 
 
-CONFTEST = FAKE_BACKEND + textwrap.dedent('''
+CONFTEST = FAKE_BACKEND + textwrap.dedent("""
     class Claims(FakeBackend):
         name = "claims"
 
@@ -67,9 +74,9 @@ CONFTEST = FAKE_BACKEND + textwrap.dedent('''
 
     def pytest_qconform_backends(config):
         return {"claims": Claims}
-''')
+""")
 
-SUITE = textwrap.dedent('''
+SUITE = textwrap.dedent("""
     import pytest
 
     @pytest.mark.qconform_operation("toy")
@@ -81,19 +88,24 @@ SUITE = textwrap.dedent('''
     @pytest.mark.qconform_axes("format", "blocksize", format=("hqq4",))
     def test_hqq_only(qtarget, qbackend, spec):
         pass
-''')
+""")
 
 
 def test_instances_come_from_claims_and_the_report_records_coverage(pytester: pytest.Pytester) -> None:
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_toy=SUITE)
-    result = pytester.runpytest("--qconform", "test_toy.py", "--qconform-backend=claims", "--qconform-report-dir=out",
-                                "-rs")
+    result = pytester.runpytest(
+        "--qconform", "test_toy.py", "--qconform-backend=claims", "--qconform-report-dir=out", "-rs"
+    )
     result.stdout.fnmatch_lines(["*claims nothing this check needs: claims claims no value of format in ('hqq4',)*"])
     report = json.loads(next((pytester.path / "out").glob("*.json")).read_text())
     toy = next(e for e in report["coverage"] if e["operation"] == "toy")
-    assert toy["values"] == {"blocksize": ["128", "64"], "double_quant": ["dq", "plain"], "dtype": ["fp16", "fp32"],
-                             "format": ["nf4"]}
+    assert toy["values"] == {
+        "blocksize": ["128", "64"],
+        "double_quant": ["dq", "plain"],
+        "dtype": ["fp16", "fp32"],
+        "format": ["nf4"],
+    }
     assert toy["unchecked"] == {}
     assert ["blocksize", "128", "dtype", "fp16"] in toy["pairs"]
     hqq_cells = [c for c in report["cells"] if c["operation"] == "toy-hqq"]

@@ -5,6 +5,7 @@ quantize / dequantize / matmul / backward / export / serialize / load must agree
 float64 decoding of the bytes it exports (written out here, independent of the adapters).
 bitsandbytes' CPU path torch.compiles per shape and dtype, so few shapes are used.
 """
+
 from __future__ import annotations
 
 import importlib.abc
@@ -20,9 +21,10 @@ import torch
 # interpreter before anything here imports them, as the plugin does on GPU-less machines.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4  # noqa: E402
+
 from pytest_qconform.backends import registry  # noqa: E402
 from pytest_qconform.backends.base import QuantSpec  # noqa: E402
-from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4  # noqa: E402
 
 CPU = torch.device("cpu")
 BNB_SHAPE = (33, 47)  # numel not a multiple of any blocksize, odd: partial block and a padding nibble
@@ -79,7 +81,8 @@ def assert_within(got: torch.Tensor, exact: torch.Tensor, bound: torch.Tensor, w
     worst = int(torch.argmax(err - bound))
     assert bool((err <= bound).all()), (
         f"{what}: |error| {err.reshape(-1)[worst].item():.3g} > bound {bound.reshape(-1)[worst].item():.3g} "
-        f"at flat index {worst}")
+        f"at flat index {worst}"
+    )
 
 
 def matmul_bound(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
@@ -114,8 +117,9 @@ CASES = [
 
 
 # -- unavailability is reported, never raised -------------------------------------------------------
-@pytest.mark.parametrize("backend_name, module", [("bitsandbytes", "bitsandbytes"), ("hqq", "hqq"),
-                                                  ("triton-nf4", "triton")])
+@pytest.mark.parametrize(
+    "backend_name, module", [("bitsandbytes", "bitsandbytes"), ("hqq", "hqq"), ("triton-nf4", "triton")]
+)
 def test_hidden_library_reports_unavailable_with_reason(monkeypatch, backend_name, module):
     monkeypatch.setitem(sys.modules, module, None)
     status = registry.create(backend_name).availability()
@@ -135,10 +139,17 @@ class _FailingFinder(importlib.abc.MetaPathFinder):
         return None
 
 
-@pytest.mark.parametrize("backend_name, module, exc", [
-    ("bitsandbytes", "bitsandbytes", OSError("libbitsandbytes_cpu.so: undefined symbol: cquantize_blockwise\nmore")),
-    ("hqq", "hqq", RuntimeError("HIP error: hipErrorNoBinaryForGpu\nsecond line")),
-])
+@pytest.mark.parametrize(
+    "backend_name, module, exc",
+    [
+        (
+            "bitsandbytes",
+            "bitsandbytes",
+            OSError("libbitsandbytes_cpu.so: undefined symbol: cquantize_blockwise\nmore"),
+        ),
+        ("hqq", "hqq", RuntimeError("HIP error: hipErrorNoBinaryForGpu\nsecond line")),
+    ],
+)
 def test_broken_native_library_reports_first_line_of_error(monkeypatch, backend_name, module, exc):
     for loaded in [m for m in sys.modules if m == module or m.startswith(module + ".")]:
         monkeypatch.delitem(sys.modules, loaded)
@@ -175,8 +186,12 @@ def test_dequantize_matches_float64_decoding_of_exported_bytes(backend_name, spe
     # Within a quarter of max|w| of the weight (every format's half code gap is below that):
     # a layout misread by the decoder would not be.
     original = weight(shape).double()
-    assert_within(exact, original, torch.full_like(exact, 0.25 * original.abs().max().item()),
-                  f"{backend_name} decode vs original weight")
+    assert_within(
+        exact,
+        original,
+        torch.full_like(exact, 0.25 * original.abs().max().item()),
+        f"{backend_name} decode vs original weight",
+    )
 
 
 @pytest.mark.parametrize("rows", [3, 40], ids=["gemv", "batch40"])
@@ -197,8 +212,12 @@ def test_matmul_and_gradients_match_float64(backend_name, spec, shape, rows):
     dy = torch.randn(rows, n, generator=gen)
     y.backward(dy)
     assert_within(x.grad, dy.double() @ w, matmul_bound(dy, w.T, None, dtype), f"{backend_name} d x")
-    assert_within(bias.grad, dy.double().sum(0), matmul_bound(torch.ones(1, rows), dy.double().T, None, dtype)[0],
-                  f"{backend_name} d bias")
+    assert_within(
+        bias.grad,
+        dy.double().sum(0),
+        matmul_bound(torch.ones(1, rows), dy.double().T, None, dtype)[0],
+        f"{backend_name} d bias",
+    )
 
 
 @pytest.mark.parametrize("backend_name, spec, shape", CASES)
@@ -209,7 +228,10 @@ def test_serialize_then_load_decodes_identically(backend_name, spec, shape):
     assert all(isinstance(value, torch.Tensor) for value in state.values())
     loaded = backend.load(state, CPU)
     assert (loaded.spec.format, loaded.spec.blocksize, loaded.spec.double_quant) == (
-        spec.format, spec.blocksize, spec.double_quant)
+        spec.format,
+        spec.blocksize,
+        spec.double_quant,
+    )
     assert loaded.shape == shape
     assert torch.equal(backend.dequantize(loaded, torch.float32), backend.dequantize(quantized, torch.float32))
     before, after = backend.export_packed(quantized), backend.export_packed(loaded)

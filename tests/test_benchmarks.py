@@ -1,5 +1,6 @@
 """The benchmark suite: gated out of conformance runs, timed into the report, plotted,
 and its report entries read strictly."""
+
 from __future__ import annotations
 
 import json
@@ -10,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from pytest_qconform.benchmark import harness as bench, plot as benchplot
+from pytest_qconform.benchmark import harness as bench
+from pytest_qconform.benchmark import plot as benchplot
 from pytest_qconform.matrix.cli import merge
-from pytest_qconform.session.plugin import suites_dir
 from pytest_qconform.report.benchmarks import Benchmark, with_bitsandbytes_ratios
 from pytest_qconform.report.run_report import Cell, ReportError, RunReport, read_report, write_report
+from pytest_qconform.session.plugin import suites_dir
 
 pytest.importorskip("pytest_benchmark")
 # Imported before any pytester run: pytester drops modules a run imported, and bitsandbytes
@@ -43,8 +45,16 @@ def _not_an_xdist_worker(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def run_suite(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return pytester.runpytest(SUITE, "--qconform", "--qconform-report-dir=out", "-p", "no:cacheprovider",
-                              "--qconform-backend=bitsandbytes", "-rs", *args)
+    return pytester.runpytest(
+        SUITE,
+        "--qconform",
+        "--qconform-report-dir=out",
+        "-p",
+        "no:cacheprovider",
+        "--qconform-backend=bitsandbytes",
+        "-rs",
+        *args,
+    )
 
 
 def only_report(pytester: pytest.Pytester) -> RunReport:
@@ -74,9 +84,17 @@ def test_full_shapes_skip_on_the_cpu_and_name_the_option(pytester: pytest.Pytest
 def test_small_shapes_run_on_the_cpu_into_report_and_extra_info(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(twin_plugin=TWIN_PLUGIN)
     pytester.syspathinsert()
-    result = run_suite(pytester, "--benchmark-only", "--qconform-bench-shapes=small", "-p", "twin_plugin",
-                       "--qconform-backend=bnb-twin", "--benchmark-json=bench.json",
-                       "-k", "128x128 and not dq and not M4 and not M16 and not M128 and not test_benchmark_quantize")
+    result = run_suite(
+        pytester,
+        "--benchmark-only",
+        "--qconform-bench-shapes=small",
+        "-p",
+        "twin_plugin",
+        "--qconform-backend=bnb-twin",
+        "--benchmark-json=bench.json",
+        "-k",
+        "128x128 and not dq and not M4 and not M16 and not M128 and not test_benchmark_quantize",
+    )
     assert result.parseoutcomes().get("passed") == 4
     result.stdout.fnmatch_lines(["*benchmarks (copy bandwidth*", "*% floor*vs bnb*"])
     report = only_report(pytester)
@@ -108,34 +126,65 @@ def test_small_shapes_run_on_the_cpu_into_report_and_extra_info(pytester: pytest
 
 
 def entry(**overrides) -> Benchmark:
-    fields = dict(backend="bitsandbytes", operation="matmul", format="nf4-b64", dtype="bf16", target="sm90",
-                  shape=(8192, 8192), batch=1, median_s=20e-6, timing="cuda-events", samples=200, copies=3,
-                  rotated_bytes=3 * 35_700_000, weight_bytes=35_700_000, activation_bytes=16_384,
-                  output_bytes=16_384, copy_bandwidth_bytes_per_s=2.9e12, host_median_s=40e-6, launch_hidden=True)
+    fields = dict(
+        backend="bitsandbytes",
+        operation="matmul",
+        format="nf4-b64",
+        dtype="bf16",
+        target="sm90",
+        shape=(8192, 8192),
+        batch=1,
+        median_s=20e-6,
+        timing="cuda-events",
+        samples=200,
+        copies=3,
+        rotated_bytes=3 * 35_700_000,
+        weight_bytes=35_700_000,
+        activation_bytes=16_384,
+        output_bytes=16_384,
+        copy_bandwidth_bytes_per_s=2.9e12,
+        host_median_s=40e-6,
+        launch_hidden=True,
+    )
     fields.update(overrides)
     return Benchmark(**fields)
 
 
 def bench_report(*entries: Benchmark) -> RunReport:
-    probe = {"device_kind": "cuda", "arch": "sm90", "device_name": "NVIDIA H100", "host": "runner-1",
-             "torch": "2.13.0", "cuda": "12.8", "hip": None, "simulated": False,
-             "backends": {"bitsandbytes": {"available": True, "version": "0.50.2", "reason": ""}}}
+    probe = {
+        "device_kind": "cuda",
+        "arch": "sm90",
+        "device_name": "NVIDIA H100",
+        "host": "runner-1",
+        "torch": "2.13.0",
+        "cuda": "12.8",
+        "hip": None,
+        "simulated": False,
+        "backends": {"bitsandbytes": {"available": True, "version": "0.50.2", "reason": ""}},
+    }
     return RunReport(probe, (), "2025-01-31T12:00:00Z", benchmarks=with_bitsandbytes_ratios(entries))
 
 
 def test_ratio_is_time_over_bitsandbytes_for_the_same_case_only() -> None:
     bnb, ours = entry(), entry(backend="triton-nf4", median_s=10e-6)
     other_shape = entry(backend="triton-nf4", shape=(4096, 4096))
-    ratios = {(e.backend, e.shape): e.time_ratio_to_bitsandbytes for e in with_bitsandbytes_ratios([ours, bnb,
-                                                                                                      other_shape])}
-    assert ratios == {("triton-nf4", (8192, 8192)): 0.5, ("bitsandbytes", (8192, 8192)): 1.0,
-                      ("triton-nf4", (4096, 4096)): None}
+    ratios = {
+        (e.backend, e.shape): e.time_ratio_to_bitsandbytes for e in with_bitsandbytes_ratios([ours, bnb, other_shape])
+    }
+    assert ratios == {
+        ("triton-nf4", (8192, 8192)): 0.5,
+        ("bitsandbytes", (8192, 8192)): 1.0,
+        ("triton-nf4", (4096, 4096)): None,
+    }
     assert ours.percent_of_floor == pytest.approx(100 * (35_700_000 + 2 * 16_384) / 2.9e12 / 10e-6)
 
 
 def test_report_with_benchmarks_round_trips(tmp_path: Path) -> None:
-    report = bench_report(entry(), entry(backend="hqq", format="hqq4-b64", launch_hidden=False),
-                          entry(operation="dequantize", batch=None, activation_bytes=0, output_bytes=134_217_728))
+    report = bench_report(
+        entry(),
+        entry(backend="hqq", format="hqq4-b64", launch_hidden=False),
+        entry(operation="dequantize", batch=None, activation_bytes=0, output_bytes=134_217_728),
+    )
     back = read_report(write_report(report, tmp_path))
     assert back == report and back.benchmarks[1].time_ratio_to_bitsandbytes is None
 
@@ -158,16 +207,19 @@ def good_entry_dict() -> dict:
     return entry().to_dict()
 
 
-@pytest.mark.parametrize("break_it, message", [
-    (lambda d: d.pop("median_s"), r"benchmarks\[0\]: missing field 'median_s'"),
-    (lambda d: d.update(median_s=-1.0), r"benchmarks\[0\]\.median_s: expected a positive number, got float -1\.0"),
-    (lambda d: d.update(median_s="fast"), r"benchmarks\[0\]\.median_s: expected a positive number, got str"),
-    (lambda d: d.update(operation="gemm"), r"benchmarks\[0\]\.operation: unknown operation 'gemm'"),
-    (lambda d: d.update(shape=[8192]), r"benchmarks\[0\]\.shape: expected \[N, K\]"),
-    (lambda d: d.update(batch=None), r"benchmarks\[0\]\.batch: matmul needs the activation rows"),
-    (lambda d: d.update(percent_of_floor=99.0), r"benchmarks\[0\]\.percent_of_floor: 99\.0 disagrees"),
-    (lambda d: d.update(launch_hidden="yes"), r"benchmarks\[0\]\.launch_hidden: expected true, false or null"),
-])
+@pytest.mark.parametrize(
+    "break_it, message",
+    [
+        (lambda d: d.pop("median_s"), r"benchmarks\[0\]: missing field 'median_s'"),
+        (lambda d: d.update(median_s=-1.0), r"benchmarks\[0\]\.median_s: expected a positive number, got float -1\.0"),
+        (lambda d: d.update(median_s="fast"), r"benchmarks\[0\]\.median_s: expected a positive number, got str"),
+        (lambda d: d.update(operation="gemm"), r"benchmarks\[0\]\.operation: unknown operation 'gemm'"),
+        (lambda d: d.update(shape=[8192]), r"benchmarks\[0\]\.shape: expected \[N, K\]"),
+        (lambda d: d.update(batch=None), r"benchmarks\[0\]\.batch: matmul needs the activation rows"),
+        (lambda d: d.update(percent_of_floor=99.0), r"benchmarks\[0\]\.percent_of_floor: 99\.0 disagrees"),
+        (lambda d: d.update(launch_hidden="yes"), r"benchmarks\[0\]\.launch_hidden: expected true, false or null"),
+    ],
+)
 def test_malformed_benchmark_entry_is_a_clear_error(tmp_path: Path, break_it, message: str) -> None:
     data = bench_report(entry()).to_dict()
     break_it(data["benchmarks"][0])
@@ -188,9 +240,12 @@ def test_benchmarks_in_a_version_1_report_are_refused(tmp_path: Path) -> None:
 
 def test_benchplot_cli_writes_png_beside_the_report(tmp_path: Path, capsys) -> None:
     pytest.importorskip("matplotlib")
-    report = bench_report(entry(), entry(backend="triton-nf4", median_s=12e-6), entry(batch=16),
-                          entry(operation="dequantize", batch=None, activation_bytes=0, output_bytes=134_217_728,
-                                median_s=80e-6))
+    report = bench_report(
+        entry(),
+        entry(backend="triton-nf4", median_s=12e-6),
+        entry(batch=16),
+        entry(operation="dequantize", batch=None, activation_bytes=0, output_bytes=134_217_728, median_s=80e-6),
+    )
     path = write_report(report, tmp_path)
     assert benchplot.main([str(path)]) == 0
     png = path.with_name(f"{path.stem}-bench.png")
@@ -220,8 +275,9 @@ def test_benchplot_cli_refuses_bad_reports_in_one_line(tmp_path: Path, capsys) -
 
 
 def test_matrix_ignores_reports_without_cells_so_they_supersede_nothing() -> None:
-    conformance = RunReport(bench_report().probe, (Cell("bitsandbytes", "matmul", "nf4-b64", "bf16", "pass"),),
-                            "2025-01-31T12:00:00Z")
+    conformance = RunReport(
+        bench_report().probe, (Cell("bitsandbytes", "matmul", "nf4-b64", "bf16", "pass"),), "2025-01-31T12:00:00Z"
+    )
     later_bench = replace(bench_report(entry()), created="2025-02-01T12:00:00Z")
     timed_nothing = replace(bench_report(), created="2025-02-02T12:00:00Z")  # --benchmark-only, all skipped
     matrix = merge([conformance, later_bench, timed_nothing])

@@ -1,5 +1,6 @@
 """The self-hosted CI recipe (examples/ci/qconform-self-hosted.yml) lints clean with a real
 workflow linter, has the shape the docs promise, and its merge-job commands work."""
+
 from __future__ import annotations
 
 import shlex
@@ -53,8 +54,14 @@ def test_one_job_per_runner_label_running_the_suites_in_a_worker() -> None:
     assert any({"rocm", "gfx1200"} <= set(row) for row in labels) and any("cuda" in row for row in labels)
     assert job["runs-on"] == "${{ matrix.runner.labels }}" and job["strategy"]["fail-fast"] is False
     command = steps_running(job)
-    for option in ("--qconform", "-n 1", "--max-worker-restart=", "--timeout=", "--timeout-method=thread",
-                   '--qconform-report-dir "$REPORT_DIR"'):
+    for option in (
+        "--qconform",
+        "-n 1",
+        "--max-worker-restart=",
+        "--timeout=",
+        "--timeout-method=thread",
+        '--qconform-report-dir "$REPORT_DIR"',
+    ):
         assert option in command
     upload = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact"))
     assert upload["if"] == "always()" and upload["with"]["if-no-files-found"] == "error"
@@ -63,9 +70,11 @@ def test_one_job_per_runner_label_running_the_suites_in_a_worker() -> None:
 def test_the_example_database_is_restored_before_and_saved_after_every_run() -> None:
     steps = workflow()["jobs"]["conformance"]["steps"]
     uses = [step.get("uses", "").split("@")[0] for step in steps]
-    restore, run, save = (uses.index("actions/cache/restore"),
-                          next(i for i, s in enumerate(steps) if "--qconform-hypothesis-db" in s.get("run", "")),
-                          uses.index("actions/cache/save"))
+    restore, run, save = (
+        uses.index("actions/cache/restore"),
+        next(i for i, s in enumerate(steps) if "--qconform-hypothesis-db" in s.get("run", "")),
+        uses.index("actions/cache/save"),
+    )
     assert restore < run < save
     assert steps[save]["if"] == "always()"  # the failing run is the one that found the counterexample
     folder = steps[run]["run"].split("--qconform-hypothesis-db")[1].split()[0]
@@ -82,24 +91,40 @@ def test_the_merge_job_makes_the_matrix_and_applies_the_gate() -> None:
 
 
 def gate_command() -> str:
-    return next(line for line in steps_running(workflow()["jobs"]["matrix"]).splitlines()
-                if "pytest_qconform check" in line)
+    return next(
+        line for line in steps_running(workflow()["jobs"]["matrix"]).splitlines() if "pytest_qconform check" in line
+    )
 
 
-PROBE = {"device_kind": "cuda", "arch": "sm90", "device_name": "H100", "host": "runner", "torch": "2.11.0",
-         "cuda": "13.0", "hip": None, "simulated": False, "backends": {}}
+PROBE = {
+    "device_kind": "cuda",
+    "arch": "sm90",
+    "device_name": "H100",
+    "host": "runner",
+    "torch": "2.11.0",
+    "cuda": "13.0",
+    "hip": None,
+    "simulated": False,
+    "backends": {},
+}
 
 
 @pytest.mark.parametrize("verdict, status", [("pass", 0), ("fail", 1)])
-def test_the_recipes_gate_command_passes_or_fails_downloaded_reports(tmp_path: Path, verdict: str,
-                                                                     status: int) -> None:
+def test_the_recipes_gate_command_passes_or_fails_downloaded_reports(tmp_path: Path, verdict: str, status: int) -> None:
     """The artifact layout download-artifact makes: one folder per runner, one report in each."""
     for name, arch in (("gfx1200", "gfx1200"), ("cuda", "sm90")):
-        cell = Cell("bitsandbytes", "matmul", "nf4-b64", "bf16", verdict if arch == "sm90" else "pass",
-                    first_failure={"message": "m", "repro": "r"} if verdict == "fail" and arch == "sm90" else None)
+        cell = Cell(
+            "bitsandbytes",
+            "matmul",
+            "nf4-b64",
+            "bf16",
+            verdict if arch == "sm90" else "pass",
+            first_failure={"message": "m", "repro": "r"} if verdict == "fail" and arch == "sm90" else None,
+        )
         probe = {**PROBE, "arch": arch, "device_kind": "rocm" if arch.startswith("gfx") else "cuda"}
-        write_report(RunReport(probe, (cell,), "2026-11-24T00:00:00Z"), tmp_path / "ci-reports" /
-                     f"qconform-report-{name}")
+        write_report(
+            RunReport(probe, (cell,), "2026-11-24T00:00:00Z"), tmp_path / "ci-reports" / f"qconform-report-{name}"
+        )
     command = gate_command().replace("python", shlex.quote(sys.executable), 1)
     done = subprocess.run(command, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == status, done.stdout + done.stderr

@@ -1,6 +1,7 @@
 """bench/compile_census.py, the census of Triton kernel variants, run here under the
 interpreter: it keys launches the way Triton would on a GPU, so it shows that lengths and
 batch sizes (``do_not_specialize``) make no new variant while dtypes do."""
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ pytest.importorskip("bitsandbytes")
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
-LAUNCHES = '''
+LAUNCHES = """
 import torch
 import bitsandbytes.functional as F
 from pytest_qconform.triton_nf4 import kernels
@@ -38,14 +39,16 @@ def test_lengths_and_batches():
             data, absmax, kw = packed((N, K))
             for rows in (1, 2):
                 kernels.gemv_4bit(torch.randn(rows, K), data, absmax, shape=(N, K), **kw)
-'''
+"""
 
 
 def test_census_merges_lengths_and_batches_and_splits_dtypes(pytester: pytest.Pytester, monkeypatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(BENCH), os.environ.get("PYTHONPATH")) if p))
     pytester.makepyfile(test_launches=LAUNCHES)
-    result = pytester.runpytest_subprocess("-p", "compile_census", "--census-out", "census.json", "-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess(
+        "-p", "compile_census", "--census-out", "census.json", "-p", "no:cacheprovider"
+    )
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*compile census*", "_dequantize_4bit_kernel: 2 distinct keys launched"])
     census = json.loads((pytester.path / "census.json").read_text())
@@ -53,5 +56,7 @@ def test_census_merges_lengths_and_batches_and_splits_dtypes(pytester: pytest.Py
     assert census["launches"] == 6 + 8
     # Two output dtypes: two dequantize variants; every length, batch and width: one each.
     assert census["launch_keys"] == {
-        "_dequantize_4bit_kernel": 2, "_gemv_4bit_kernel": 1, "_gemv_4bit_words_kernel": 1,
+        "_dequantize_4bit_kernel": 2,
+        "_gemv_4bit_kernel": 1,
+        "_gemv_4bit_words_kernel": 1,
     }

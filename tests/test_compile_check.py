@@ -1,6 +1,7 @@
 """The compile check (pytest_qconform/compile/check.py): every Triton kernel we ship compiles
 for every listed arch, on this CPU; a kernel that does not compile fails with the arch and
 the compiler's message; the committed results, docs and matrix rows match a fresh check."""
+
 from __future__ import annotations
 
 import json
@@ -19,9 +20,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
-from pytest_qconform.hardware import archs  # noqa: E402
 from pytest_qconform.compile import check as compile_check
-from pytest_qconform.triton_nf4 import kernel_calls
 from pytest_qconform.compile.bf16_rounding import truncating_instructions  # noqa: E402
 from pytest_qconform.compile.report import (  # noqa: E402
     ArchResult,
@@ -34,7 +33,9 @@ from pytest_qconform.compile.report import (  # noqa: E402
     write_results,
 )
 from pytest_qconform.compile.resources import Resources, amd_resources, nvidia_occupancy  # noqa: E402
+from pytest_qconform.hardware import archs  # noqa: E402
 from pytest_qconform.session.unsupported_targets import unsupported_targets  # noqa: E402
+from pytest_qconform.triton_nf4 import kernel_calls
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "reports" / "compiled" / "compile-check.json"
@@ -51,8 +52,13 @@ def _without_interpreter() -> dict[str, str]:
 def fresh(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, CompileCheck | None]:
     """One run of the whole check, as CI makes it: every listed arch, the packaged log."""
     out = tmp_path_factory.mktemp("compile-check") / "compile-check.json"
-    result = subprocess.run([sys.executable, "-m", "pytest_qconform.compile.check", "--json", str(out)],
-                            capture_output=True, text=True, env=_without_interpreter(), cwd=ROOT)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest_qconform.compile.check", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        env=_without_interpreter(),
+        cwd=ROOT,
+    )
     return result, read_results(out) if out.exists() else None
 
 
@@ -73,12 +79,13 @@ def test_committed_results_and_doc_match_a_fresh_check(fresh) -> None:
     assert check is not None
     committed = read_results(COMMITTED)
     assert committed.fingerprint == check.fingerprint, (
-        f"{COMMITTED.relative_to(ROOT)} is from other kernel sources, calls or Triton than this checkout: {REGENERATE}")
+        f"{COMMITTED.relative_to(ROOT)} is from other kernel sources, calls or Triton than this checkout: {REGENERATE}"
+    )
     assert committed.to_dict() == check.to_dict(), f"the committed compile-check results differ: {REGENERATE}"
     assert DOC.read_text(encoding="utf-8") == doc_markdown(committed), f"{DOC.relative_to(ROOT)} is stale: {REGENERATE}"
 
 
-PLANTED = textwrap.dedent('''
+PLANTED = textwrap.dedent("""
     import json, sys
     from pytest_qconform.compile import check as compile_check
     from pytest_qconform.triton_nf4 import kernel_calls
@@ -94,18 +101,23 @@ PLANTED = textwrap.dedent('''
     result = compile_check.check_arch(arch, calls)
     check = compile_check.CompileCheck("test", "test", len(calls), (result,))
     print(json.dumps(compile_check.failures(check)))
-''')
+""")
 
 
-@pytest.mark.parametrize("bug, arch, kernel, message", [
-    ("ptx", "gfx1100", "_gemv_4bit_words_kernel", "shfl.sync.idx.b32"),
-    ("mma", "gfx942", "_gemm_4bit_mma_kernel", "mma.sync"),
-])
+@pytest.mark.parametrize(
+    "bug, arch, kernel, message",
+    [
+        ("ptx", "gfx1100", "_gemv_4bit_words_kernel", "shfl.sync.idx.b32"),
+        ("mma", "gfx942", "_gemm_4bit_mma_kernel", "mma.sync"),
+    ],
+)
 def test_a_kernel_that_does_not_compile_fails_with_the_arch_and_the_compiler_message(
-        bug: str, arch: str, kernel: str, message: str) -> None:
+    bug: str, arch: str, kernel: str, message: str
+) -> None:
     """Planted bugs of the class the check exists for: NVIDIA-only code on the ROCm path."""
-    result = subprocess.run([sys.executable, "-c", PLANTED, bug], capture_output=True, text=True,
-                            env=_without_interpreter(), cwd=ROOT)
+    result = subprocess.run(
+        [sys.executable, "-c", PLANTED, bug], capture_output=True, text=True, env=_without_interpreter(), cwd=ROOT
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     failures = json.loads(result.stdout.strip().splitlines()[-1])
     assert failures, "the planted bug compiled"
@@ -115,8 +127,7 @@ def test_a_kernel_that_does_not_compile_fails_with_the_arch_and_the_compiler_mes
 
 def _arch_result(arch: str = "gfx1200", errors: tuple[str | None, ...] = (None,), **kwargs) -> ArchResult:
     resources = Resources(registers=40, spills=0, shared=0, occupancy=16)
-    variants = [Variant("nf4_gemv._k", {"BLOCK": str(i)}, 4, None if e else resources, e)
-                for i, e in enumerate(errors)]
+    variants = [Variant("nf4_gemv._k", {"BLOCK": str(i)}, 4, None if e else resources, e) for i, e in enumerate(errors)]
     facts = archs.KNOWN_ARCHS[arch]
     return ArchResult.of(arch, facts.kind, facts.family, facts.wave_size, variants, **kwargs)
 
@@ -124,11 +135,19 @@ def _arch_result(arch: str = "gfx1200", errors: tuple[str | None, ...] = (None,)
 def test_compiler_messages_name_sources_relative_to_the_checkout() -> None:
     """The committed results are compared with a fresh check in CI's checkout, elsewhere."""
     source = compile_check.KERNELS_DIR / "nf4_dequant.py"
-    message = compile_check._compiler_message(RuntimeError(f"{source}:118:1: PassManager::run failed"),
-                                              f"{source}:118:1: error: unsupported target: 'gfx1030'\ndef k(\n")
+    message = compile_check._compiler_message(
+        RuntimeError(f"{source}:118:1: PassManager::run failed"),
+        f"{source}:118:1: error: unsupported target: 'gfx1030'\ndef k(\n",
+    )
     assert str(compile_check.KERNELS_DIR) not in message
-    assert message.splitlines()[0] == "pytest_qconform/triton_nf4/kernels/nf4_dequant.py:118:1: error: unsupported target: 'gfx1030'"
-    assert message.splitlines()[-1] == "RuntimeError: pytest_qconform/triton_nf4/kernels/nf4_dequant.py:118:1: PassManager::run failed"
+    assert (
+        message.splitlines()[0]
+        == "pytest_qconform/triton_nf4/kernels/nf4_dequant.py:118:1: error: unsupported target: 'gfx1030'"
+    )
+    assert (
+        message.splitlines()[-1]
+        == "RuntimeError: pytest_qconform/triton_nf4/kernels/nf4_dequant.py:118:1: PassManager::run failed"
+    )
 
 
 def test_failures_name_an_uncovered_kernel_and_a_stale_unsupported_entry() -> None:
@@ -136,8 +155,10 @@ def test_failures_name_an_uncovered_kernel_and_a_stale_unsupported_entry() -> No
     check = CompileCheck("3.9.0", "f", 1, (stale,), uncovered=("nf4_gemv._new_kernel",))
     messages = compile_check.failures(check)
     assert any("gfx1030" in m and "remove the entry" in m for m in messages)
-    assert any(m.startswith("nf4_gemv._new_kernel: launched in pytest_qconform/triton_nf4/kernels but reached by no")
-               for m in messages)
+    assert any(
+        m.startswith("nf4_gemv._new_kernel: launched in pytest_qconform/triton_nf4/kernels but reached by no")
+        for m in messages
+    )
     assert not check.ok
 
 
@@ -161,8 +182,13 @@ def test_unsupported_targets_file_is_read_and_a_bad_entry_named(tmp_path: Path) 
 def test_unknown_arch_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="unknown arch 'gfx9999'; known archs: gfx906"):
         compile_check.gpu_targets(["gfx9999"])
-    result = subprocess.run([sys.executable, "-m", "pytest_qconform.compile.check", "--arch", "gfx9999"],
-                            capture_output=True, text=True, env=_without_interpreter(), cwd=ROOT)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest_qconform.compile.check", "--arch", "gfx9999"],
+        capture_output=True,
+        text=True,
+        env=_without_interpreter(),
+        cwd=ROOT,
+    )
     assert result.returncode == 2 and "unknown arch 'gfx9999'" in result.stderr
 
 
@@ -194,22 +220,27 @@ def test_amd_resources_come_from_the_amdgcn_metadata() -> None:
         amd_resources("; Occupancy: 1", 0)
 
 
-@pytest.mark.parametrize("capability, registers, warps, expected", [
-    (90, 56, 4, (36, 64)),  # 56 x 32 = 1792 registers a warp: 9 programs of 4 warps in 64 K
-    (90, 32, 4, (64, 64)),  # the register file allows 128 warps: capped at the SM's 64
-    (75, 32, 4, (32, 32)),  # Turing: 32 warps per SM
-    (86, 255, 8, (8, 48)),  # 255 -> 8192 registers a warp: 8 warps
-    (90, 16, 1, (32, 64)),  # one-warp programs: capped by 32 blocks per SM
-])
+@pytest.mark.parametrize(
+    "capability, registers, warps, expected",
+    [
+        (90, 56, 4, (36, 64)),  # 56 x 32 = 1792 registers a warp: 9 programs of 4 warps in 64 K
+        (90, 32, 4, (64, 64)),  # the register file allows 128 warps: capped at the SM's 64
+        (75, 32, 4, (32, 32)),  # Turing: 32 warps per SM
+        (86, 255, 8, (8, 48)),  # 255 -> 8192 registers a warp: 8 warps
+        (90, 16, 1, (32, 64)),  # one-warp programs: capped by 32 blocks per SM
+    ],
+)
 def test_nvidia_occupancy_follows_the_register_file_and_the_sm_limits(capability, registers, warps, expected):
     assert nvidia_occupancy(capability, registers, warps) == expected
 
 
 def test_matrix_rows_say_compiled_not_run_only_for_archs_without_a_run() -> None:
-    rejected = _arch_result("gfx1030", ("unsupported target: 'gfx1030'",), unsupported="RDNA2",
-                            unsupported_message="unsupported target")
-    check = CompileCheck("3.9.0", "f", 1, (_arch_result("gfx1200"), _arch_result("gfx942", ("boom",)),
-                                            rejected, _arch_result("sm90")))
+    rejected = _arch_result(
+        "gfx1030", ("unsupported target: 'gfx1030'",), unsupported="RDNA2", unsupported_message="unsupported target"
+    )
+    check = CompileCheck(
+        "3.9.0", "f", 1, (_arch_result("gfx1200"), _arch_result("gfx942", ("boom",)), rejected, _arch_result("sm90"))
+    )
     text = "\n".join(matrix_lines(check, run_archs=["sm90", "x86_64"]))
     assert "| gfx1200 | rdna4 | 32 | 🛠 compiled, not run (1 variants of 1 kernels) | · not run |" in text
     assert "| gfx942 | cdna3 | 64 | · not run (the compile check failed: 1 of 1 variants) | · not run |" in text
@@ -223,7 +254,7 @@ def test_the_call_log_replays_as_each_platform_would() -> None:
     """ROCm takes the code-table loads and no tensor-core kernel, NVIDIA (sm_80+) the PTX
     shuffle and the tensor-core kernel's PTX, from the same calls."""
     calls = [c for c in kernel_calls.load(kernel_calls.DEFAULT_RUN_CALLS) if c["fn"] == "gemv_4bit"][:3]
-    script = textwrap.dedent('''
+    script = textwrap.dedent("""
         import json, sys
         from pytest_qconform.compile import check as compile_check
         calls = json.loads(sys.argv[1]) + compile_check.extra_calls()[:1]
@@ -234,12 +265,19 @@ def test_the_call_log_replays_as_each_platform_would() -> None:
             out[kind] = {key: sorted({str(l.kwargs[key]) for l in launches if key in l.kwargs})
                          for key in ("SHUFFLE", "PTX")}
         print(json.dumps(out))
-    ''')
-    result = subprocess.run([sys.executable, "-c", script, json.dumps(calls)], capture_output=True, text=True,
-                            env=_without_interpreter(), cwd=ROOT)
+    """)
+    result = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(calls)],
+        capture_output=True,
+        text=True,
+        env=_without_interpreter(),
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads(result.stdout) == {"rocm": {"SHUFFLE": ["False"], "PTX": []},
-                                         "cuda": {"SHUFFLE": ["True"], "PTX": ["True"]}}
+    assert json.loads(result.stdout) == {
+        "rocm": {"SHUFFLE": ["False"], "PTX": []},
+        "cuda": {"SHUFFLE": ["True"], "PTX": ["True"]},
+    }
 
 
 def test_the_matrix_cli_reads_the_compile_results_beside_the_run_reports(tmp_path: Path) -> None:
@@ -268,7 +306,7 @@ TRUNCATING_AMDGCN = """
 """
 
 # The planted bug of the class the scan exists for: a kernel that multiplies in bf16.
-TRUNCATING_BF16_PROBE = textwrap.dedent('''
+TRUNCATING_BF16_PROBE = textwrap.dedent("""
     import json
     import triton
     import triton.language as tl
@@ -284,7 +322,7 @@ TRUNCATING_BF16_PROBE = textwrap.dedent('''
                                        signature={"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "BLOCK": "constexpr"})
     compiled = triton.compile(source, target=GPUTarget("hip", "gfx1200", 32))
     print(json.dumps(truncating_instructions(compiled.asm["amdgcn"])))
-''')
+""")
 
 
 def test_truncating_bf16_instructions_are_found_in_amd_machine_code() -> None:
@@ -299,8 +337,9 @@ def test_this_triton_compiles_a_bf16_multiply_as_the_scan_expects(tmp_path: Path
     compiler, whichever this is)."""
     probe = tmp_path / "bf16_probe.py"  # Triton reads a kernel's source from its file
     probe.write_text(TRUNCATING_BF16_PROBE, encoding="utf-8")
-    result = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True,
-                            env=_without_interpreter(), cwd=ROOT)
+    result = subprocess.run(
+        [sys.executable, str(probe)], capture_output=True, text=True, env=_without_interpreter(), cwd=ROOT
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     found = json.loads(result.stdout.strip().splitlines()[-1])
     from importlib.metadata import version
@@ -316,8 +355,11 @@ def test_a_truncating_arch_is_named_in_the_results_doc_and_matrix(tmp_path: Path
     write_results(check, path)
     assert read_results(path).archs[0].truncating_bf16 == (("nf4_gemv._k", "v_dot2_bf16_bf16"),)
     note = truncating.truncation_note()
-    assert note is not None and note.startswith("gfx1200: `_k` execute `v_dot2_bf16_bf16` writes its bf16 result "
-                                                "truncated") and "expected to fail the rounding check" in note
+    assert (
+        note is not None
+        and note.startswith("gfx1200: `_k` execute `v_dot2_bf16_bf16` writes its bf16 result truncated")
+        and "expected to fail the rounding check" in note
+    )
     assert f"- {note}" in doc_markdown(check)
     assert f"- {note}" in matrix_lines(check, run_archs=["gfx1200", "gfx942"])
     assert _arch_result("gfx942").truncation_note() is None

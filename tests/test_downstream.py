@@ -6,6 +6,7 @@ into ``importlib.metadata.EntryPoint`` objects and handed to the registry as if 
 packages were installed; the planted bug of the broken twin is checked to be the one
 it claims; and the report check the session relies on is checked to tell pass from fail.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from pytest_qconform.reference import bnb4
 
 from pytest_qconform.backends import registry
 from pytest_qconform.backends.base import Backend, QuantSpec
-from pytest_qconform.reference import bnb4
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "downstream"
 BROKEN = EXAMPLE / "broken"
@@ -51,9 +52,11 @@ def installed_examples(monkeypatch: pytest.MonkeyPatch) -> list[importlib.metada
 
 def test_examples_declare_one_backend_each() -> None:
     assert [(p.name, p.value) for p in declared_entry_points(EXAMPLE)] == [
-        ("torch-nf4", "qconform_example_nf4.backend:TorchNF4Backend")]
+        ("torch-nf4", "qconform_example_nf4.backend:TorchNF4Backend")
+    ]
     assert [(p.name, p.value) for p in declared_entry_points(BROKEN)] == [
-        ("torch-nf4-broken", "qconform_example_nf4_broken.backend:SwappedNibblesNF4Backend")]
+        ("torch-nf4-broken", "qconform_example_nf4_broken.backend:SwappedNibblesNF4Backend")
+    ]
 
 
 def test_registry_builds_the_example_backends_from_entry_points(installed_examples) -> None:
@@ -61,24 +64,34 @@ def test_registry_builds_the_example_backends_from_entry_points(installed_exampl
     assert set(registry.BUILTIN_BACKENDS) | {"torch-nf4", "torch-nf4-broken"} <= set(factories)
     for point in installed_examples:
         backend = factories[point.name]()
-        assert isinstance(backend, Backend) and not isinstance(backend, registry.UnavailableBackend), \
+        assert isinstance(backend, Backend) and not isinstance(backend, registry.UnavailableBackend), (
             backend.availability().reason
+        )
         # The backend's own name is the one it registers under: it is what Quantized records carry.
         assert backend.name == point.name
         assert backend.availability().available
 
 
-def test_example_backend_runs_under_pytest_through_its_entry_point(installed_examples,
-                                                                   pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_suite="""
+def test_example_backend_runs_under_pytest_through_its_entry_point(
+    installed_examples, pytester: pytest.Pytester
+) -> None:
+    pytester.makepyfile(
+        test_suite="""
         import pytest
 
         @pytest.mark.qconform_operation("dequantize")
         def test_registered(qtarget, qbackend):
             assert type(qbackend.unchecked).__module__ == "qconform_example_nf4.backend"
-    """)
-    result = pytester.runpytest(str(pytester.path), "--qconform", "--qconform-backend=torch-nf4",
-                                "--qconform-no-report", "-p", "no:cacheprovider")
+    """
+    )
+    result = pytester.runpytest(
+        str(pytester.path),
+        "--qconform",
+        "--qconform-backend=torch-nf4",
+        "--qconform-no-report",
+        "-p",
+        "no:cacheprovider",
+    )
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*backend torch-nf4: 0.1.0*"])
 
@@ -118,7 +131,8 @@ def pytest_qconform_backends(config):
 
 
 def test_a_backend_tested_alone_reads_bitsandbytes_bytes_without_bitsandbytes_cells(
-        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """bitsandbytes, installed but not selected, is the byte source of the interop check:
     the downstream backend gets its interop cells, bitsandbytes gets none."""
     pytest.importorskip("bitsandbytes.functional")  # before pytester: it cannot be imported twice in a process
@@ -126,8 +140,15 @@ def test_a_backend_tested_alone_reads_bitsandbytes_bytes_without_bitsandbytes_ce
 
     monkeypatch.syspath_prepend(str(EXAMPLE / "src"))
     pytester.makeconftest(MINE_ONLY_CONFTEST)
-    result = pytester.runpytest("--qconform", "--qconform-backend=mine", "--qconform-report-dir=out",
-                                "-k", "test_bitsandbytes_bytes_decode_identically", "-p", "no:cacheprovider")
+    result = pytester.runpytest(
+        "--qconform",
+        "--qconform-backend=mine",
+        "--qconform-report-dir=out",
+        "-k",
+        "test_bitsandbytes_bytes_decode_identically",
+        "-p",
+        "no:cacheprovider",
+    )
     outcomes = result.parseoutcomes()
     assert outcomes.get("passed", 0) >= 2 and not outcomes.get("failed"), outcomes
     (path,) = (pytester.path / "out").glob("*.json")
@@ -140,7 +161,7 @@ def documented_skeleton() -> str:
     text = (EXAMPLE.parent.parent / "docs" / "downstream.md").read_text(encoding="utf-8")
     block = text.split("<!-- skeleton:start -->", 1)[1].split("<!-- skeleton:end -->", 1)[0].strip()
     assert block.startswith("```python\n") and block.endswith("\n```"), "the skeleton is one python code block"
-    return block[len("```python\n"):-len("\n```")]
+    return block[len("```python\n") : -len("\n```")]
 
 
 def test_the_documented_adapter_skeleton_passes_the_suites(pytester: pytest.Pytester) -> None:
@@ -149,8 +170,9 @@ def test_the_documented_adapter_skeleton_passes_the_suites(pytester: pytest.Pyte
     from pytest_qconform.report.run_report import read_report
 
     pytester.makeconftest(documented_skeleton())
-    result = pytester.runpytest_subprocess("--qconform", "--qconform-backend=my-nf4", "--qconform-report-dir=out",
-                                           "-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess(
+        "--qconform", "--qconform-backend=my-nf4", "--qconform-report-dir=out", "-p", "no:cacheprovider"
+    )
     outcomes = result.parseoutcomes()
     assert result.ret == pytest.ExitCode.OK and "failed" not in outcomes and outcomes["passed"] >= 7, outcomes
     (path,) = (pytester.path / "out").glob("*.json")

@@ -1,5 +1,6 @@
 """The hypothesis example database: a failing example found in one run is replayed first
 in the next (what CI gets by keeping the folder between runs), through pytester."""
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,15 @@ def drawn(pytester: pytest.Pytester) -> list[int]:
 
 def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     # A subprocess per run: each is a fresh process, as on a CI runner, with only the folder shared.
-    return pytester.runpytest_subprocess(str(pytester.path / "test_suite.py"), "--qconform", "--qconform-no-report",
-                              "--qconform-backend=fake", "-p", "no:cacheprovider", *args)
+    return pytester.runpytest_subprocess(
+        str(pytester.path / "test_suite.py"),
+        "--qconform",
+        "--qconform-no-report",
+        "--qconform-backend=fake",
+        "-p",
+        "no:cacheprovider",
+        *args,
+    )
 
 
 def test_a_failing_example_is_saved_and_replayed_first_by_the_next_run(fake_backend_project) -> None:

@@ -4,6 +4,7 @@ complete report, and the other backends' tests are unaffected.
 Crashes and hangs run in a subprocess under pytest-xdist (a dead worker is replaced)
 with pytest-timeout; everything else runs in-process.
 """
+
 import json
 import re
 import textwrap
@@ -148,18 +149,23 @@ def matmul_cells(pytester: pytest.Pytester) -> dict[str, dict]:
 
 
 def run_in_process(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return pytester.runpytest(str(pytester.path / "test_suite.py"), "--qconform", "--qconform-report-dir=out",
-                              "-p", "no:cacheprovider", *args)
+    return pytester.runpytest(
+        str(pytester.path / "test_suite.py"), "--qconform", "--qconform-report-dir=out", "-p", "no:cacheprovider", *args
+    )
 
 
 def test_broken_backends_end_in_their_verdicts_and_the_good_one_passes(broken_project: pytest.Pytester) -> None:
-    result = run_in_process(broken_project, *backends("good", "nobinary", "badinit", "noimport", "nan", "oom"),
-                            "-rs")
+    result = run_in_process(broken_project, *backends("good", "nobinary", "badinit", "noimport", "nan", "oom"), "-rs")
     result.assert_outcomes(passed=1, failed=1, skipped=4)
     cells = matmul_cells(broken_project)
     assert {name: cell["verdict"] for name, cell in cells.items()} == {
-        "good": "pass", "nobinary": "unavailable", "badinit": "unavailable", "noimport": "unavailable",
-        "nan": "fail", "oom": "skipped"}
+        "good": "pass",
+        "nobinary": "unavailable",
+        "badinit": "unavailable",
+        "noimport": "unavailable",
+        "nan": "fail",
+        "oom": "skipped",
+    }
     # Availability reports the HIP error; a raising constructor or import becomes the reason.
     assert "hipErrorNoBinaryForGpu" in cells["nobinary"]["reason"]
     assert "RuntimeError: libbroken.so: cannot open shared object file" in cells["badinit"]["reason"]
@@ -189,25 +195,40 @@ def test_killed_workers_are_crashed_and_timeout_and_the_run_completes(broken_pro
     # a known failure marked on a worker reaches it too.
     broken_project.makefile(".toml", known=NAN_KNOWN_FAILURE)
     result = broken_project.runpytest_subprocess(
-        str(broken_project.path / "test_suite.py"), "--qconform", "--qconform-report-dir=out",
-        "-p", "no:cacheprovider", *backends("abort", "good", "hang", "nan", "oom", "segfault"),
+        str(broken_project.path / "test_suite.py"),
+        "--qconform",
+        "--qconform-report-dir=out",
+        "-p",
+        "no:cacheprovider",
+        *backends("abort", "good", "hang", "nan", "oom", "segfault"),
         "--qconform-known-failures=known.toml",
-        "-n", "1", "--max-worker-restart=5", "--timeout=2", "--timeout-method=thread")
+        "-n",
+        "1",
+        "--max-worker-restart=5",
+        "--timeout=2",
+        "--timeout-method=thread",
+    )
     result.assert_outcomes(passed=1, failed=3, skipped=1, xfailed=1)
     result.stdout.fnmatch_lines(["*worker 'gw0' crashed while running*abort*"])
     cells = matmul_cells(broken_project)
     assert {name: cell["verdict"] for name, cell in cells.items()} == {
-        "abort": "crashed", "segfault": "crashed", "hang": "timeout", "good": "pass", "oom": "skipped",
-        "nan": "known-failure"}
+        "abort": "crashed",
+        "segfault": "crashed",
+        "hang": "timeout",
+        "good": "pass",
+        "oom": "skipped",
+        "nan": "known-failure",
+    }
     for name in ("abort", "segfault", "hang"):
         failure = cells[name]["first_failure"]
-        assert f"test_matmul_matches_reference[{name}]" in failure["message"] and f"backend={name}" in failure["message"]
+        assert (
+            f"test_matmul_matches_reference[{name}]" in failure["message"] and f"backend={name}" in failure["message"]
+        )
         assert f"test_matmul_matches_reference[{name}]" in failure["repro"]
     assert "the test process died" in cells["abort"]["first_failure"]["message"]
     assert "the test process died" in cells["segfault"]["first_failure"]["message"]
     assert "pytest-timeout killed the worker" in cells["hang"]["first_failure"]["message"]
     result.stdout.fnmatch_lines(["*qconform report: *.json"])
-
 
 
 SHORT_CIRCUIT_SUITE = """
@@ -234,13 +255,18 @@ def all_cells(pytester: pytest.Pytester) -> dict[tuple[str, str], dict]:
 
 
 def test_after_a_timeout_the_backends_other_cases_of_that_operation_end_at_once(
-        broken_project: pytest.Pytester) -> None:
+    broken_project: pytest.Pytester,
+) -> None:
     broken_project.makepyfile(test_suite=SHORT_CIRCUIT_SUITE)
     result = run_in_process(broken_project, *backends("good", "hang"), "--timeout=2", "--timeout-method=signal")
     result.assert_outcomes(passed=5, failed=3)
-    result.stdout.fnmatch_lines(["*timeout after an earlier timeout in "
-                                 "test_suite.py::test_matmul?hang-0?: not run: hang's remaining matmul tests end at "
-                                 "once (--qconform-after-crash=operation; 'continue' runs them)"])
+    result.stdout.fnmatch_lines(
+        [
+            "*timeout after an earlier timeout in "
+            "test_suite.py::test_matmul?hang-0?: not run: hang's remaining matmul tests end at "
+            "once (--qconform-after-crash=operation; 'continue' runs them)"
+        ]
+    )
     cells = all_cells(broken_project)
     assert cells["hang", "matmul"]["verdict"] == "timeout" and cells["hang", "matmul"]["cases"] == 3
     assert "Timeout (>2.0s) from pytest-timeout" in cells["hang", "matmul"]["first_failure"]["message"]
@@ -248,25 +274,43 @@ def test_after_a_timeout_the_backends_other_cases_of_that_operation_end_at_once(
     assert cells["good", "matmul"]["verdict"] == "pass"
 
 
-@pytest.mark.parametrize("rule, crashes, verdicts", [
-    ("operation", 1, {"matmul": "crashed", "dequantize": "pass"}),
-    ("backend", 1, {"matmul": "crashed", "dequantize": "crashed"}),
-    ("continue", 3, {"matmul": "crashed", "dequantize": "pass"}),
-])
-def test_after_a_crash_under_xdist_the_rule_decides_what_still_runs(broken_project: pytest.Pytester, rule: str,
-                                                                    crashes: int, verdicts: dict) -> None:
+@pytest.mark.parametrize(
+    "rule, crashes, verdicts",
+    [
+        ("operation", 1, {"matmul": "crashed", "dequantize": "pass"}),
+        ("backend", 1, {"matmul": "crashed", "dequantize": "crashed"}),
+        ("continue", 3, {"matmul": "crashed", "dequantize": "pass"}),
+    ],
+)
+def test_after_a_crash_under_xdist_the_rule_decides_what_still_runs(
+    broken_project: pytest.Pytester, rule: str, crashes: int, verdicts: dict
+) -> None:
     broken_project.makepyfile(test_suite=SHORT_CIRCUIT_SUITE)
     result = broken_project.runpytest_subprocess(
-        str(broken_project.path / "test_suite.py"), "--qconform", "--qconform-report-dir=out", "-p",
-        "no:cacheprovider", *backends("abort", "good"), f"--qconform-after-crash={rule}",
-        "-n", "1", "--max-worker-restart=5", "--timeout=60", "--timeout-method=thread")
+        str(broken_project.path / "test_suite.py"),
+        "--qconform",
+        "--qconform-report-dir=out",
+        "-p",
+        "no:cacheprovider",
+        *backends("abort", "good"),
+        f"--qconform-after-crash={rule}",
+        "-n",
+        "1",
+        "--max-worker-restart=5",
+        "--timeout=60",
+        "--timeout-method=thread",
+    )
     assert len(set(re.findall(r"worker '(gw\d+)' crashed while running", result.stdout.str()))) == crashes
     cells = all_cells(broken_project)
     assert {op: cells["abort", op]["verdict"] for op in verdicts} == verdicts
     assert cells["good", "matmul"]["verdict"] == "pass" and cells["good", "dequantize"]["verdict"] == "pass"
     if rule != "continue":
-        result.stdout.fnmatch_lines([f"*crashed after an earlier crash in test_suite.py::test_matmul?abort-0?: not "
-                                     f"run*--qconform-after-crash={rule}*"])
+        result.stdout.fnmatch_lines(
+            [
+                f"*crashed after an earlier crash in test_suite.py::test_matmul?abort-0?: not "
+                f"run*--qconform-after-crash={rule}*"
+            ]
+        )
 
 
 def test_tests_that_xdist_never_ran_are_named_and_fail_the_run(broken_project: pytest.Pytester) -> None:
@@ -274,16 +318,31 @@ def test_tests_that_xdist_never_ran_are_named_and_fail_the_run(broken_project: p
     the run says how many, and fails even when everything that ran passed."""
     broken_project.makepyfile(test_suite=SHORT_CIRCUIT_SUITE)
     result = broken_project.runpytest_subprocess(
-        str(broken_project.path / "test_suite.py"), "--qconform", "--qconform-report-dir=out", "-p",
-        "no:cacheprovider", *backends("abort", "good"), "--qconform-after-crash=continue",
-        "-n", "1", "--max-worker-restart=0", "--timeout=60", "--timeout-method=thread")
+        str(broken_project.path / "test_suite.py"),
+        "--qconform",
+        "--qconform-report-dir=out",
+        "-p",
+        "no:cacheprovider",
+        *backends("abort", "good"),
+        "--qconform-after-crash=continue",
+        "-n",
+        "1",
+        "--max-worker-restart=0",
+        "--timeout=60",
+        "--timeout-method=thread",
+    )
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    result.stdout.fnmatch_lines(["qconform: * of 8 collected tests never ran, so they have no verdict and this run "
-                                 "fails: pytest-xdist stopped (after --max-worker-restart worker crashes*"])
+    result.stdout.fnmatch_lines(
+        [
+            "qconform: * of 8 collected tests never ran, so they have no verdict and this run "
+            "fails: pytest-xdist stopped (after --max-worker-restart worker crashes*"
+        ]
+    )
 
 
 def test_a_test_that_leaves_its_device_unusable_is_a_crash_and_later_tests_end_at_once(
-        broken_project: pytest.Pytester) -> None:
+    broken_project: pytest.Pytester,
+) -> None:
     """In one process, a sticky device error is charged to the test that caused it, not to
     every later test: those end at once, naming it and the remedy."""
     broken_project.makepyfile(test_suite=SHORT_CIRCUIT_SUITE)
@@ -292,10 +351,15 @@ def test_a_test_that_leaves_its_device_unusable_is_a_crash_and_later_tests_end_a
     assert cells["good", "matmul"]["verdict"] == "pass"
     assert cells["poison", "matmul"]["verdict"] == "crashed"
     assert cells["poison", "matmul"]["first_failure"]["message"].startswith(
-        "device lost: cpu became unusable in test_suite.py::test_matmul[poison-0] (CUDA error: misaligned address)")
+        "device lost: cpu became unusable in test_suite.py::test_matmul[poison-0] (CUDA error: misaligned address)"
+    )
     assert cells["survivor", "matmul"]["verdict"] == "crashed"
-    result.stdout.fnmatch_lines(["*crashed after an earlier crash in test_suite.py::test_matmul?poison-0?: not run: "
-                                 "cpu is unusable in this process*run with -n 1*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*crashed after an earlier crash in test_suite.py::test_matmul?poison-0?: not run: "
+            "cpu is unusable in this process*run with -n 1*"
+        ]
+    )
 
 
 def test_under_xdist_a_lost_device_costs_one_worker(broken_project: pytest.Pytester) -> None:
@@ -303,10 +367,22 @@ def test_under_xdist_a_lost_device_costs_one_worker(broken_project: pytest.Pytes
     worker (a fresh device context) runs the rest, and only that backend's operation ends."""
     broken_project.makepyfile(test_suite=SHORT_CIRCUIT_SUITE)
     broken_project.runpytest_subprocess(
-        str(broken_project.path / "test_suite.py"), "--qconform", "--qconform-report-dir=out", "-p",
-        "no:cacheprovider", *backends("good", "poison", "survivor"), "-n", "1", "--max-worker-restart=5")
+        str(broken_project.path / "test_suite.py"),
+        "--qconform",
+        "--qconform-report-dir=out",
+        "-p",
+        "no:cacheprovider",
+        *backends("good", "poison", "survivor"),
+        "-n",
+        "1",
+        "--max-worker-restart=5",
+    )
     cells = all_cells(broken_project)
     assert cells["poison", "matmul"]["verdict"] == "crashed" and cells["poison", "matmul"]["cases"] == 3
     assert {key: cell["verdict"] for key, cell in cells.items() if key != ("poison", "matmul")} == {
-        ("good", "matmul"): "pass", ("good", "dequantize"): "pass", ("poison", "dequantize"): "pass",
-        ("survivor", "matmul"): "pass", ("survivor", "dequantize"): "pass"}
+        ("good", "matmul"): "pass",
+        ("good", "dequantize"): "pass",
+        ("poison", "dequantize"): "pass",
+        ("survivor", "matmul"): "pass",
+        ("survivor", "dequantize"): "pass",
+    }

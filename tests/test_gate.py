@@ -1,4 +1,5 @@
 """The report gate (``python -m pytest_qconform check``): what a CI job requires of a run."""
+
 from __future__ import annotations
 
 import subprocess
@@ -11,8 +12,17 @@ from pytest_qconform.report import gate
 from pytest_qconform.report.gate import CellPattern, GateUsageError, problems
 from pytest_qconform.report.run_report import Cell, RunReport, write_report
 
-PROBE = {"device_kind": "cpu", "arch": "x86_64", "device_name": "x86_64", "host": "h", "torch": "2.13.0",
-         "cuda": None, "hip": None, "simulated": False, "backends": {}}
+PROBE = {
+    "device_kind": "cpu",
+    "arch": "x86_64",
+    "device_name": "x86_64",
+    "host": "h",
+    "torch": "2.13.0",
+    "cuda": None,
+    "hip": None,
+    "simulated": False,
+    "backends": {},
+}
 FAILURE = {"message": "dequantize vs reference: error is 7 x its bound", "repro": "pytest --qconform -k x"}
 CELLS = (
     Cell("torch-nf4", "dequantize", "nf4-b64", "fp32", "pass", worst_error_multiple=0.5),
@@ -39,8 +49,10 @@ def test_a_passing_backend_meets_both_requirements() -> None:
 
 def test_failing_cells_fail_the_gate_each_named_with_its_message() -> None:
     found = problems(report(*CELLS), ["torch-nf4-broken"])
-    assert found == ["torch-nf4-broken/dequantize/nf4-b64/fp32: fail (dequantize vs reference: error is 7 x its bound)",
-                     "torch-nf4-broken/dequantize/nf4-b64/bf16: fail (dequantize vs reference: error is 7 x its bound)"]
+    assert found == [
+        "torch-nf4-broken/dequantize/nf4-b64/fp32: fail (dequantize vs reference: error is 7 x its bound)",
+        "torch-nf4-broken/dequantize/nf4-b64/bf16: fail (dequantize vs reference: error is 7 x its bound)",
+    ]
 
 
 @pytest.mark.parametrize("verdict", ["crashed", "timeout"])
@@ -54,38 +66,47 @@ def test_expected_failures_must_exist_and_fail_and_are_exempt() -> None:
     assert problems(report(*CELLS), broken, "pass", expect("torch-nf4-broken/dequantize")) == []
     assert problems(report(*CELLS), broken, "no-fail", expect("*-broken/dequantize/nf4-*/*")) == []
     assert problems(report(*CELLS), ["torch-nf4"], "no-fail", expect("torch-nf4/dequantize")) == [
-        "torch-nf4/dequantize/nf4-b64/fp32: pass, expected fail (--expect-fail torch-nf4/dequantize)"]
+        "torch-nf4/dequantize/nf4-b64/fp32: pass, expected fail (--expect-fail torch-nf4/dequantize)"
+    ]
     assert problems(report(*CELLS), broken, "no-fail", expect("torch-nf4-broken/matmul")) == [
         "--expect-fail torch-nf4-broken/matmul: no cell matches",
         "torch-nf4-broken/dequantize/nf4-b64/fp32: fail (dequantize vs reference: error is 7 x its bound)",
-        "torch-nf4-broken/dequantize/nf4-b64/bf16: fail (dequantize vs reference: error is 7 x its bound)"]
+        "torch-nf4-broken/dequantize/nf4-b64/bf16: fail (dequantize vs reference: error is 7 x its bound)",
+    ]
     # --require any: a broken backend's failures in other operations are not judged, its expectations are.
     spread = Cell("torch-nf4-broken", "matmul", "nf4-b64", "fp32", "fail", first_failure=FAILURE)
     assert problems(report(*CELLS, spread), broken, "any", expect("torch-nf4-broken/dequantize")) == []
     assert problems(report(*CELLS, spread), broken, "any", expect("torch-nf4-broken/quantize")) == [
-        "torch-nf4-broken/quantize/nf4-b64/-: pass, expected fail (--expect-fail torch-nf4-broken/quantize)"]
+        "torch-nf4-broken/quantize/nf4-b64/-: pass, expected fail (--expect-fail torch-nf4-broken/quantize)"
+    ]
 
 
 def test_require_pass_also_refuses_unavailable_and_skipped_cells() -> None:
     assert problems(report(*CELLS), ["gone", "torch-nf4"], "no-fail")[0].startswith(
-        "nothing was checked for backend 'gone'")
+        "nothing was checked for backend 'gone'"
+    )
     skipped = Cell("torch-nf4", "backward", "nf4-b64", "fp32", "skipped", reason="out of memory: 64 GiB")
     assert problems(report(*CELLS, skipped), ["torch-nf4"], "no-fail") == []
     assert problems(report(*CELLS, skipped), ["torch-nf4"], "pass") == [
-        "torch-nf4/backward/nf4-b64/fp32: skipped (out of memory: 64 GiB)"]
+        "torch-nf4/backward/nf4-b64/fp32: skipped (out of memory: 64 GiB)"
+    ]
 
 
 def test_a_run_that_checked_nothing_fails_the_gate() -> None:
     """The cases that let a CI go green by accident: no cells, only unavailable ones, a
     backend that was not selected, a simulated probe."""
-    assert problems(report()) == ["nothing was checked for any backend: no computed cell (the report has no cell "
-                                  "for it: was it registered and selected with --qconform-backend?)"]
+    assert problems(report()) == [
+        "nothing was checked for any backend: no computed cell (the report has no cell "
+        "for it: was it registered and selected with --qconform-backend?)"
+    ]
     only_unavailable = problems(report(CELLS[-1]))
-    assert only_unavailable == ["nothing was checked for any backend: no computed cell (1 unavailable; e.g. "
-                                "unavailable: gone: import failed)"]
+    assert only_unavailable == [
+        "nothing was checked for any backend: no computed cell (1 unavailable; e.g. unavailable: gone: import failed)"
+    ]
     assert "backend 'mine'" in problems(report(*CELLS), ["mine"])[0]
     assert problems(report(*CELLS[:2], simulated=True), ["torch-nf4"]) == [
-        "the run was simulated (x86_64): nothing was computed on any device"]
+        "the run was simulated (x86_64): nothing was computed on any device"
+    ]
 
 
 @pytest.mark.parametrize("text", ["torch-nf4", "a/b/c/d/e", "a//b", ""])
@@ -120,7 +141,11 @@ def test_cli_exit_codes_and_messages(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 def test_installed_command_runs(tmp_path: Path) -> None:
     path = write_report(report(*CELLS), tmp_path)
-    done = subprocess.run([sys.executable, "-m", "pytest_qconform", "check", str(path), "--backend", "torch-nf4"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest_qconform", "check", str(path), "--backend", "torch-nf4"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("qconform check: ")

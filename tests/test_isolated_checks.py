@@ -1,5 +1,6 @@
 """The helpers behind the large-tensor checks: the sliced reference decoding, and the
 child process that turns a crash into a failure (suites/_isolated.py, suites/_large.py)."""
+
 from __future__ import annotations
 
 import os
@@ -8,12 +9,12 @@ import types
 import numpy as np
 import pytest
 import torch
-
-from pytest_qconform.backends.base import QuantSpec
-from pytest_qconform.session.fixtures import Checker
 from pytest_qconform.reference import bnb4
 from pytest_qconform.suites._isolated import run_isolated
 from pytest_qconform.suites._large import random_state, slice_blocks
+
+from pytest_qconform.backends.base import QuantSpec
+from pytest_qconform.session.fixtures import Checker
 
 
 @pytest.mark.parametrize("spec", (QuantSpec("nf4", 64), QuantSpec("fp4", 128, True)), ids=QuantSpec.label)
@@ -23,7 +24,7 @@ def test_slices_decode_like_the_whole(spec):
     step = spec.blocksize * 256
     for start in range(0, packed.numel, step):
         part = slice_blocks(packed, start, step)
-        assert torch.equal(bnb4.decode(part), whole[start:start + part.numel])
+        assert torch.equal(bnb4.decode(part), whole[start : start + part.numel])
     with pytest.raises(ValueError, match="does not start a group"):
         slice_blocks(packed, spec.blocksize + 2, step)  # mid-block
 

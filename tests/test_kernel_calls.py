@@ -2,6 +2,7 @@
 reach the same kernel launches as the logged one (same shapes, strides, dtypes and
 alignment), a broken log must be refused with its file named, and a failing call must not
 stop a replay. Runs under Triton's interpreter here (no GPU)."""
+
 from __future__ import annotations
 
 import json
@@ -17,9 +18,11 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 bnb_functional = pytest.importorskip("bitsandbytes.functional")
 
-from pytest_qconform.triton_nf4 import kernels  # noqa: E402  (after TRITON_INTERPRET)
-from pytest_qconform.triton_nf4 import kernel_calls  # noqa: E402
 from pytest_qconform.backends import _torch_util  # noqa: E402
+from pytest_qconform.triton_nf4 import (
+    kernel_calls,  # noqa: E402
+    kernels,  # noqa: E402  (after TRITON_INTERPRET)
+)
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -29,13 +32,17 @@ def _meta(t: torch.Tensor) -> tuple:
     return tuple(t.shape), t.stride(), t.dtype, t.data_ptr() % 16
 
 
-@pytest.mark.parametrize("make", [
-    lambda: torch.zeros(40, dtype=torch.uint8)[3:],  # odd byte offset
-    lambda: torch.zeros(3, 64, dtype=torch.bfloat16)[:, 4:12],  # row stride 64, 8-byte offset
-    lambda: torch.zeros(8, 6, dtype=torch.float32).t(),  # transposed
-    lambda: torch.zeros(0, 5, dtype=torch.float16),  # empty
-    lambda: torch.zeros((), dtype=torch.float32),  # 0-dim (an offset given as a tensor)
-], ids=["uint8-offset-3", "bf16-strided-rows", "fp32-transposed", "empty", "0-dim"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.zeros(40, dtype=torch.uint8)[3:],  # odd byte offset
+        lambda: torch.zeros(3, 64, dtype=torch.bfloat16)[:, 4:12],  # row stride 64, 8-byte offset
+        lambda: torch.zeros(8, 6, dtype=torch.float32).t(),  # transposed
+        lambda: torch.zeros(0, 5, dtype=torch.float16),  # empty
+        lambda: torch.zeros((), dtype=torch.float32),  # 0-dim (an offset given as a tensor)
+    ],
+    ids=["uint8-offset-3", "bf16-strided-rows", "fp32-transposed", "empty", "0-dim"],
+)
 def test_tensor_round_trips_with_shape_strides_dtype_and_alignment(make) -> None:
     tensor = make()
     rebuilt = kernel_calls.decode(json.loads(json.dumps(kernel_calls.encode(tensor))), torch.device("cpu"))
@@ -59,8 +66,11 @@ def _packed(shape: tuple[int, int], double_quant: bool = False):
     data, state = bnb_functional.quantize_4bit(weight, blocksize=64, quant_type="nf4", compress_statistics=double_quant)
     kwargs = dict(blocksize=64, shape=shape, code=state.code.to(DEVICE))
     if double_quant:
-        kwargs.update(nested_absmax=state.state2.absmax.to(DEVICE), nested_code=state.state2.code.to(DEVICE),
-                      offset=float(state.offset))
+        kwargs.update(
+            nested_absmax=state.state2.absmax.to(DEVICE),
+            nested_code=state.state2.code.to(DEVICE),
+            offset=float(state.offset),
+        )
     return data.to(DEVICE), state.absmax.to(DEVICE), kwargs
 
 
@@ -90,7 +100,11 @@ def test_written_log_loads_and_replays(tmp_path: Path) -> None:
     recorder.write(path)
     assert kernel_calls.load(path) == recorder.calls
     assert kernel_calls.replay(kernel_calls.load(path), DEVICE) | {"seconds": 0} == {
-        "calls": 2, "failed": 0, "first_error": None, "seconds": 0}
+        "calls": 2,
+        "failed": 0,
+        "first_error": None,
+        "seconds": 0,
+    }
 
 
 def test_a_failing_call_is_counted_and_the_replay_goes_on() -> None:
@@ -102,12 +116,15 @@ def test_a_failing_call_is_counted_and_the_replay_goes_on() -> None:
     assert result["first_error"].startswith("dequantize_4bit: ValueError: kernels.dequantize_4bit: out_dtype")
 
 
-@pytest.mark.parametrize("text, problem", [
-    ("{", "cannot read the call log"),
-    ('{"calls": 3}', "expected an object with a 'calls' list"),
-    ('{"calls": [{"fn": "os.system", "args": [], "kwargs": {}}]}', "call 0 is not"),
-    ('{"calls": [{"fn": "gemv_4bit", "args": {}, "kwargs": {}}]}', "call 0 is not"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("{", "cannot read the call log"),
+        ('{"calls": 3}', "expected an object with a 'calls' list"),
+        ('{"calls": [{"fn": "os.system", "args": [], "kwargs": {}}]}', "call 0 is not"),
+        ('{"calls": [{"fn": "gemv_4bit", "args": {}, "kwargs": {}}]}', "call 0 is not"),
+    ],
+)
 def test_a_broken_log_is_refused_with_its_file_named(tmp_path: Path, text: str, problem: str) -> None:
     path = tmp_path / "broken.json"
     path.write_text(text)
@@ -135,8 +152,10 @@ def test_the_packaged_log_loads_and_every_call_rebuilds() -> None:
 def test_command_line_replays_one_shard(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     data, absmax, kw = _packed((4, 64))
     recorder = kernel_calls.Recorder()
-    recorder.calls = [kernel_calls.record("dequantize_4bit", (data, absmax), dict(kw, out_dtype=dtype))
-                      for dtype in (torch.float32, torch.float16, torch.bfloat16)]
+    recorder.calls = [
+        kernel_calls.record("dequantize_4bit", (data, absmax), dict(kw, out_dtype=dtype))
+        for dtype in (torch.float32, torch.float16, torch.bfloat16)
+    ]
     recorder.write(tmp_path / "calls.json")
     device = ["--device", DEVICE.type]
     assert kernel_calls.main(["replay", str(tmp_path / "calls.json"), "--shard", "1", "--shards", "2", *device]) == 0
@@ -156,8 +175,9 @@ def test_a_quantize_call_round_trips_through_the_log() -> None:
 
     boundaries = code_boundaries(_torch_util.code_table("fp4"))
     weight = torch.randn(3, 128, dtype=torch.bfloat16)
-    entry = json.loads(json.dumps(kernel_calls.record("quantize_4bit", (weight,),
-                                                      {"blocksize": 64, "boundaries": boundaries})))
+    entry = json.loads(
+        json.dumps(kernel_calls.record("quantize_4bit", (weight,), {"blocksize": 64, "boundaries": boundaries}))
+    )
     rebuilt = kernel_calls.decode(entry["kwargs"]["boundaries"], DEVICE)
     assert torch.equal(rebuilt.midpoints.cpu(), torch.zeros_like(boundaries.midpoints))  # values are not logged
     assert (rebuilt.zero_rank, rebuilt.negative_zero_code) == (boundaries.zero_rank, boundaries.negative_zero_code)

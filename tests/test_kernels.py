@@ -13,6 +13,7 @@ Findings these tests pin:
   blocksize 64), so the bitsandbytes comparison uses shapes outside that class and the
   straddling shapes are checked against the float64 decode only.
 """
+
 from __future__ import annotations
 
 import math
@@ -72,7 +73,9 @@ def decode_float64(packed: torch.Tensor, absmax: torch.Tensor, numel: int, **kw)
     block = torch.arange(numel) // kw["blocksize"]
     if "nested_absmax" in kw:
         nested_block = torch.arange(absmax.numel()) // kw["nested_blocksize"]
-        nested = kw["nested_code"].cpu().double()[absmax.cpu().long()] * kw["nested_absmax"].cpu().double()[nested_block]
+        nested = (
+            kw["nested_code"].cpu().double()[absmax.cpu().long()] * kw["nested_absmax"].cpu().double()[nested_block]
+        )
         block_absmax = nested + kw["offset"]
         absmax_error = FP32_UNIT_ROUNDOFF * (nested.abs() + 2 * block_absmax.abs())
     else:
@@ -131,8 +134,13 @@ def test_dequantize_any_bytes_partial_block_and_out():
     exact, error = decode_float64(packed, absmax, 205, blocksize=blocksize, code=code)
     out = torch.full(shape, float("nan"), device=DEVICE)
     got = kernels.dequantize_4bit(
-        packed.to(DEVICE), absmax.to(DEVICE), blocksize=blocksize, shape=shape, code=code.to(DEVICE),
-        out_dtype=torch.float32, out=out,
+        packed.to(DEVICE),
+        absmax.to(DEVICE),
+        blocksize=blocksize,
+        shape=shape,
+        code=code.to(DEVICE),
+        out_dtype=torch.float32,
+        out=out,
     )
     assert got is out
     # A float64 product of two fp32 numbers is exact, so rounding it to fp32 is the fp32 product.
@@ -147,7 +155,11 @@ def test_dequantize_rounds_ties_to_even(out_dtype):
     code = torch.tensor(ties + [0.0] * (16 - len(ties)), dtype=torch.float32)
     packed = torch.tensor([0x01, 0x23, 0x45], dtype=torch.uint8)
     got = kernels.dequantize_4bit(
-        packed.to(DEVICE), torch.ones(1, device=DEVICE), blocksize=64, shape=(6,), code=code.to(DEVICE),
+        packed.to(DEVICE),
+        torch.ones(1, device=DEVICE),
+        blocksize=64,
+        shape=(6,),
+        code=code.to(DEVICE),
         out_dtype=out_dtype,
     )
     assert torch.equal(got.cpu(), code[:6].to(out_dtype)), "torch's fp32 -> half casts round to nearest even"
@@ -190,8 +202,12 @@ def check_gemv(weight_shape, x_shape, with_bias, double_quant, x_dtype, gen, blo
         w_error = rounding_bound(exact_w, w_error, x_dtype)
     bias = torch.randn(N, generator=gen) if with_bias else None
     got = kernels.gemv_4bit(
-        x if x.device == DEVICE else x.to(DEVICE), packed.to(DEVICE), state.absmax.to(DEVICE), shape=(N, K),
-        bias=None if bias is None else bias.to(DEVICE), **kw,
+        x if x.device == DEVICE else x.to(DEVICE),
+        packed.to(DEVICE),
+        state.absmax.to(DEVICE),
+        shape=(N, K),
+        bias=None if bias is None else bias.to(DEVICE),
+        **kw,
     )
     assert got.shape == (*x_shape[:-1], N) and got.dtype == x_dtype
     x64 = x.cpu().double().reshape(-1, K)
@@ -216,7 +232,9 @@ def spy_on(monkeypatch, module, name):
     """Replace kernel ``name`` of ``module`` by a wrapper that records each launch's grid."""
     launched = []
     kernel = getattr(module, name)
-    monkeypatch.setattr(module, name, type("Spy", (), {"__getitem__": lambda _, grid: launched.append(grid) or kernel[grid]})())
+    monkeypatch.setattr(
+        module, name, type("Spy", (), {"__getitem__": lambda _, grid: launched.append(grid) or kernel[grid]})()
+    )
     return launched
 
 
@@ -231,6 +249,7 @@ def compiled_variants(monkeypatch, module, name):
             compiled = kernel[grid](*args, **kwargs)
             variants.add(id(compiled))
             return compiled
+
         return launch
 
     monkeypatch.setattr(module, name, type("Collect", (), {"__getitem__": lambda _, grid: launcher(grid)})())
@@ -251,8 +270,7 @@ def test_kernels_compile_one_variant_for_every_length(monkeypatch):
     # classes (numel, blocks) are (multiple of 16, 1), (other, other), (multiple, multiple).
     for shape in ((1, 64), (3, 43), (2, 1024)):
         packed, state, kw = quantize(shape, "nf4", 64, False, seed=1)
-        kernels.dequantize_4bit(packed.to(DEVICE), state.absmax.to(DEVICE), shape=shape,
-                                out_dtype=torch.float32, **kw)
+        kernels.dequantize_4bit(packed.to(DEVICE), state.absmax.to(DEVICE), shape=shape, out_dtype=torch.float32, **kw)
     # Batches of 1 and 2 against 1 and 17 features: K = 45 (not whole blocks) takes the
     # elementwise kernel, K = 512 with fp32 x the word kernel.
     gen = torch.Generator().manual_seed(15)
@@ -339,10 +357,14 @@ def test_gemv_rows_kernel_only_where_it_can_read_x(monkeypatch, per_row_kernels)
     packed, state, kw = quantize((8, 512), "nf4", 64, False, seed=4)
     args = (packed.to(DEVICE), state.absmax.to(DEVICE))
     wide = torch.randn(2, 1024, generator=gen).bfloat16().to(DEVICE)
-    offset_rows = torch.randn(2 * 516, generator=gen).bfloat16().to(DEVICE)[4:].view(2, 514)[:, :512]  # rows at 8-byte offsets
+    offset_rows = (
+        torch.randn(2 * 516, generator=gen).bfloat16().to(DEVICE)[4:].view(2, 514)[:, :512]
+    )  # rows at 8-byte offsets
     for x in (wide[:, ::2], offset_rows):
-        assert torch.equal(kernels.gemv_4bit(x, *args, shape=(8, 512), **kw),
-                           kernels.gemv_4bit(x.contiguous(), *args, shape=(8, 512), **kw))
+        assert torch.equal(
+            kernels.gemv_4bit(x, *args, shape=(8, 512), **kw),
+            kernels.gemv_4bit(x.contiguous(), *args, shape=(8, 512), **kw),
+        )
     assert len(launched) == 2, "only the two contiguous copies may take the rows kernel"
 
 
@@ -358,14 +380,19 @@ def test_gemv_tensor_core_kernel_configurations(monkeypatch, config):
     from pytest_qconform.triton_nf4.kernels import nf4_mma
 
     if config is not None:
-        monkeypatch.setattr(nf4_mma, "_GPU_CONFIG" if DEVICE.type == "cuda" else "_INTERPRETER_CONFIG",
-                            {1: config, 2: config})
+        monkeypatch.setattr(
+            nf4_mma, "_GPU_CONFIG" if DEVICE.type == "cuda" else "_INTERPRETER_CONFIG", {1: config, 2: config}
+        )
     launched = spy_on(monkeypatch, nf4_mma, "_gemm_4bit_mma_kernel")
     sums = spy_on(monkeypatch, nf4_mma, "_sum_splits_kernel")
     gen = torch.Generator().manual_seed(16)
     cases = 0
-    for blocksize, double_quant, x_dtype in ((64, False, torch.bfloat16), (32, True, torch.float16),
-                                             (128, True, torch.bfloat16), (256, False, torch.float16)):
+    for blocksize, double_quant, x_dtype in (
+        (64, False, torch.bfloat16),
+        (32, True, torch.float16),
+        (128, True, torch.bfloat16),
+        (256, False, torch.float16),
+    ):
         check_gemv((42, 320), (5, 320), True, double_quant, x_dtype, gen, blocksize)
         check_gemv((42, 320), (11, 320), False, double_quant, x_dtype, gen, blocksize)
         cases += 2
@@ -374,12 +401,21 @@ def test_gemv_tensor_core_kernel_configurations(monkeypatch, config):
         assert launched[0][1] == 2 and len(sums) == cases, "two splits, added by the second kernel"
 
 
-@pytest.mark.parametrize("n, k, multiprocessors, warps_per_sm, splits", [
-    (8192, 8192, 132, 32, 2),  # 512 programs of 4 warps: 2 splits give 31 warps per SM (was 32 splits: 1 chunk each)
-    (14336, 4096, 132, 32, 1),  # 896 programs already give 27 warps per SM
-    (4096, 4096, 132, 32, 4),  # 256 programs: 4 splits, 8 chunks per warp
-    (256, 8192, 132, 64, 32),  # a narrow weight: capped where each warp keeps one chunk (128 chunks / 4 warps)
-])
+@pytest.mark.parametrize(
+    "n, k, multiprocessors, warps_per_sm, splits",
+    [
+        (
+            8192,
+            8192,
+            132,
+            32,
+            2,
+        ),  # 512 programs of 4 warps: 2 splits give 31 warps per SM (was 32 splits: 1 chunk each)
+        (14336, 4096, 132, 32, 1),  # 896 programs already give 27 warps per SM
+        (4096, 4096, 132, 32, 4),  # 256 programs: 4 splits, 8 chunks per warp
+        (256, 8192, 132, 64, 32),  # a narrow weight: capped where each warp keeps one chunk (128 chunks / 4 warps)
+    ],
+)
 def test_tensor_core_splits_fill_the_gpu_once(n, k, multiprocessors, warps_per_sm, splits):
     """K is split only as far as the grid needs to give each multiprocessor about
     ``warps_per_sm`` warps: the tiles along N count (a split count taken from the warps
@@ -489,14 +525,20 @@ def test_weight_buffer_reuses_storage_and_overwrites_previous_result():
     packed_a, state_a, kw = quantize((4, 128), "nf4", 64, False, seed=7)
     packed_b, state_b, _ = quantize((2, 64), "nf4", 64, False, seed=8)
     buffer = kernels.WeightBuffer()
-    first = buffer.dequantize(packed_a.to(DEVICE), state_a.absmax.to(DEVICE), shape=(4, 128), out_dtype=torch.float16, **kw)
+    first = buffer.dequantize(
+        packed_a.to(DEVICE), state_a.absmax.to(DEVICE), shape=(4, 128), out_dtype=torch.float16, **kw
+    )
     first_values = first.clone()
     storage = buffer.storage
-    second = buffer.dequantize(packed_b.to(DEVICE), state_b.absmax.to(DEVICE), shape=(2, 64), out_dtype=torch.float16, **kw)
+    second = buffer.dequantize(
+        packed_b.to(DEVICE), state_b.absmax.to(DEVICE), shape=(2, 64), out_dtype=torch.float16, **kw
+    )
     assert buffer.storage is storage, "a smaller request of the same dtype must reuse the storage"
     assert second.shape == (2, 64)
     assert not torch.equal(first, first_values), "the previous result is overwritten, as documented"
-    bigger = buffer.dequantize(packed_a.to(DEVICE), state_a.absmax.to(DEVICE), shape=(4, 128), out_dtype=torch.float16, **kw)
+    bigger = buffer.dequantize(
+        packed_a.to(DEVICE), state_a.absmax.to(DEVICE), shape=(4, 128), out_dtype=torch.float16, **kw
+    )
     assert torch.equal(bigger, first_values)
 
 

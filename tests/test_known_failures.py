@@ -1,4 +1,5 @@
 """The known-failure registry: parsing (errors name file and line) and strict xfail in runs."""
+
 import json
 
 import pytest
@@ -45,9 +46,15 @@ def entry(**changes: str) -> str:
 def run_with(pytester: pytest.Pytester, toml_text: str, *args: str) -> tuple[pytest.RunResult, dict]:
     pytester.makefile(".toml", runner_failures=toml_text)
     pytester.makepyfile(test_suite=SUITE)
-    result = pytester.runpytest(str(pytester.path / "test_suite.py"), "--qconform", *BACKENDS,
-                                "--qconform-known-failures", "runner_failures.toml", "--qconform-report-dir=out",
-                                *args)
+    result = pytester.runpytest(
+        str(pytester.path / "test_suite.py"),
+        "--qconform",
+        *BACKENDS,
+        "--qconform-known-failures",
+        "runner_failures.toml",
+        "--qconform-report-dir=out",
+        *args,
+    )
     reports = list((pytester.path / "out").glob("*.json"))
     assert len(reports) == 1, reports
     data = json.loads(reports[0].read_text())
@@ -60,7 +67,12 @@ def run_with(pytester: pytest.Pytester, toml_text: str, *args: str) -> tuple[pyt
 def test_a_complete_entry_parses_with_its_line() -> None:
     (failure,) = parse("# comment\n" + ENTRY, "mine.toml")
     assert (failure.backend, failure.arch, failure.check, failure.format, failure.dtype) == (
-        "fake", "cpu", "dequantize", "*", "*")
+        "fake",
+        "cpu",
+        "dequantize",
+        "*",
+        "*",
+    )
     assert failure.source == "mine.toml:3"  # the [[failure]] header, after the comment and blank line
     assert "1.5" in failure.versions and "2.0" not in failure.versions
 
@@ -74,14 +86,17 @@ def test_an_unknown_backend_name_is_allowed() -> None:
     assert failure.backend == "some-backend-this-runner-lacks"
 
 
-@pytest.mark.parametrize("changes, line, words", [
-    ({"versions": '"bogus range"'}, 8, "versions 'bogus range' is not a PEP 440 range"),
-    ({"color": '"red"'}, 9, "unknown key 'color'"),
-    ({"reason": '""'}, 8, "reason must be a non-empty string"),
-    ({"check": "3"}, 8, "check must be a non-empty string"),
-    ({"arch": '"gfx9999"'}, 8, "arch 'gfx9999' is not a known arch"),
-    ({"repro": None}, 1, "missing repro"),
-])
+@pytest.mark.parametrize(
+    "changes, line, words",
+    [
+        ({"versions": '"bogus range"'}, 8, "versions 'bogus range' is not a PEP 440 range"),
+        ({"color": '"red"'}, 9, "unknown key 'color'"),
+        ({"reason": '""'}, 8, "reason must be a non-empty string"),
+        ({"check": "3"}, 8, "check must be a non-empty string"),
+        ({"arch": '"gfx9999"'}, 8, "arch 'gfx9999' is not a known arch"),
+        ({"repro": None}, 1, "missing repro"),
+    ],
+)
 def test_a_malformed_entry_names_file_and_line(changes: dict, line: int, words: str) -> None:
     # entry() moves a changed key to the end (line 8) and appends a new one (line 9).
     with pytest.raises(KnownFailuresError, match=f"^f.toml:{line}: .*{words}"):
@@ -96,7 +111,7 @@ def test_the_second_entry_is_blamed_not_the_first() -> None:
     with pytest.raises(KnownFailuresError) as caught:
         parse(text, "f.toml")
     blamed = int(str(caught.value).split(":")[1])
-    assert lines[blamed - 1].startswith("versions = \"~~1\"")
+    assert lines[blamed - 1].startswith('versions = "~~1"')
 
 
 def test_invalid_toml_names_the_line() -> None:
@@ -150,17 +165,24 @@ def test_matches_are_known_failures_and_an_unexpected_pass_is_a_fail(fake_backen
     assert cells[("missing", "dequantize")]["verdict"] == "unavailable"
 
 
-def test_a_known_failure_is_formatted_natively_and_a_new_failure_in_full(
-        fake_backend_project: pytest.Pytester) -> None:
+def test_a_known_failure_is_formatted_natively_and_a_new_failure_in_full(fake_backend_project: pytest.Pytester) -> None:
     """pytest's default traceback parses every frame's source file (costly through torch or
     transformers); a known failure's traceback is read by no one, a new failure's is."""
     fake_backend_project.makepyfile(test_suite=SUITE.replace("    pass", "    assert False, 'new failure'"))
     fake_backend_project.makefile(".toml", runner_failures=ENTRY)
     recorder = fake_backend_project.inline_run(
-        str(fake_backend_project.path / "test_suite.py"), "--qconform", *BACKENDS, "--qconform-no-report",
-        "--qconform-known-failures", "runner_failures.toml")
-    calls = {r.nodeid.split("::")[-1].split("[")[0]: r for r in recorder.getreports("pytest_runtest_logreport")
-             if r.when == "call" and "fake" in r.nodeid}
+        str(fake_backend_project.path / "test_suite.py"),
+        "--qconform",
+        *BACKENDS,
+        "--qconform-no-report",
+        "--qconform-known-failures",
+        "runner_failures.toml",
+    )
+    calls = {
+        r.nodeid.split("::")[-1].split("[")[0]: r
+        for r in recorder.getreports("pytest_runtest_logreport")
+        if r.when == "call" and "fake" in r.nodeid
+    }
     known, new = str(calls["test_dequantize"].longrepr), str(calls["test_quantize"].longrepr)
     assert hasattr(calls["test_dequantize"], "wasxfail")
     assert "Traceback (most recent call last)" in known and "AssertionError: wrong numbers" in known
@@ -169,8 +191,14 @@ def test_a_known_failure_is_formatted_natively_and_a_new_failure_in_full(
 
 def test_entries_that_do_not_match_hide_nothing(fake_backend_project: pytest.Pytester) -> None:
     # Each entry differs from the failing test in one field only.
-    near_misses = [entry(versions='"<1.0"'), entry(arch='"gfx1200"'), entry(backend='"other"'),
-                   entry(format='"fp4*"'), entry(test='"test_other*"'), entry(dtype='"bf16"')]
+    near_misses = [
+        entry(versions='"<1.0"'),
+        entry(arch='"gfx1200"'),
+        entry(backend='"other"'),
+        entry(format='"fp4*"'),
+        entry(test='"test_other*"'),
+        entry(dtype='"bf16"'),
+    ]
     result, cells = run_with(fake_backend_project, "\n".join(near_misses))
     result.assert_outcomes(passed=1, failed=1, skipped=2)
     assert cells[("fake", "dequantize")]["verdict"] == "fail"
@@ -181,8 +209,14 @@ def test_entries_that_do_not_match_hide_nothing(fake_backend_project: pytest.Pyt
 def test_a_malformed_runner_file_stops_the_run_at_start_up(fake_backend_project: pytest.Pytester) -> None:
     fake_backend_project.makefile(".toml", runner_failures="# mine\n" + entry(versions='"bogus"'))
     fake_backend_project.makepyfile(test_suite=SUITE)
-    result = fake_backend_project.runpytest(str(fake_backend_project.path), "--qconform", "--qconform-no-report",
-                                           *BACKENDS, "--qconform-known-failures", "runner_failures.toml")
+    result = fake_backend_project.runpytest(
+        str(fake_backend_project.path),
+        "--qconform",
+        "--qconform-no-report",
+        *BACKENDS,
+        "--qconform-known-failures",
+        "runner_failures.toml",
+    )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*runner_failures.toml:9: versions 'bogus' is not a PEP 440 range*"])
     assert "collected" not in result.stdout.str()
@@ -190,7 +224,13 @@ def test_a_malformed_runner_file_stops_the_run_at_start_up(fake_backend_project:
 
 def test_a_missing_runner_file_is_an_error(fake_backend_project: pytest.Pytester) -> None:
     fake_backend_project.makepyfile(test_suite=SUITE)
-    result = fake_backend_project.runpytest(str(fake_backend_project.path), "--qconform", "--qconform-no-report",
-                                           *BACKENDS, "--qconform-known-failures", "nope.toml")
+    result = fake_backend_project.runpytest(
+        str(fake_backend_project.path),
+        "--qconform",
+        "--qconform-no-report",
+        *BACKENDS,
+        "--qconform-known-failures",
+        "nope.toml",
+    )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--qconform-known-failures: no such file: nope.toml*"])

@@ -1,26 +1,28 @@
 """The layer facet: FunctionalLinear's two rules, the requantization reference, and the
 layer suites' skips (no facet: not claimed; no optional dependency: skipped, naming it)."""
+
 import json
 import textwrap
 
 import pytest
 import torch
+from fake_backend import FAKE_BACKEND
+from pytest_qconform.reference import bnb4, hqq4, requantize
+from pytest_qconform.reference.packed import PackedHqq4
 from qconform_example_nf4.backend import TorchNF4Backend
 
 from conftest import EXAMPLE_SRC
-from fake_backend import FAKE_BACKEND
 from pytest_qconform.backends.base import QuantSpec
 from pytest_qconform.backends.functional_layer import FunctionalLayers
-from pytest_qconform.reference import bnb4, hqq4, requantize
-from pytest_qconform.reference.packed import PackedHqq4
 
 SPEC = QuantSpec("nf4", 64)
 
 
 def _layer(spec: QuantSpec = SPEC, seed: int = 0):
     weight = torch.randn(16, 128, generator=torch.Generator().manual_seed(seed))
-    return FunctionalLayers(TorchNF4Backend()).quantize(weight, torch.randn(16), spec, torch.bfloat16,
-                                                        torch.device("cpu"))
+    return FunctionalLayers(TorchNF4Backend()).quantize(
+        weight, torch.randn(16), spec, torch.bfloat16, torch.device("cpu")
+    )
 
 
 def test_dtype_casts_leave_the_quantization_state_alone() -> None:
@@ -64,7 +66,7 @@ def test_requantize_bound_holds_for_nearest_rounding_and_catches_stale_scales() 
     fresh = bnb4.encode(target.float(), "nf4", 64)
     zero = torch.zeros_like(target)
     decoded = bnb4.decode(fresh)
-    assert bool((( decoded - target).abs() <= requantize.requantize_bound(fresh, target, zero)).all())
+    assert bool(((decoded - target).abs() <= requantize.requantize_bound(fresh, target, zero)).all())
     # The merged codes decoded with the old weight's scales (absmax of another tensor):
     stale = bnb4.encode((target * 0.5).float(), "nf4", 64)
     mixed = type(fresh)(**{**vars(fresh), "absmax": stale.absmax})
@@ -72,9 +74,16 @@ def test_requantize_bound_holds_for_nearest_rounding_and_catches_stale_scales() 
 
 
 def test_requantize_grid_of_hqq_is_q_minus_zero_times_scale() -> None:
-    packed = PackedHqq4(shape=(2, 64), group_size=64, axis=1, packed=(torch.arange(64, dtype=torch.uint8) % 16)
-                        .reshape(1, 64).numpy().repeat(1, 0), scale=torch.tensor([0.5, 0.25]).numpy(),
-                        zero=torch.tensor([7.5, 8.0]).numpy(), packing="4bit_u8", meta={})
+    packed = PackedHqq4(
+        shape=(2, 64),
+        group_size=64,
+        axis=1,
+        packed=(torch.arange(64, dtype=torch.uint8) % 16).reshape(1, 64).numpy().repeat(1, 0),
+        scale=torch.tensor([0.5, 0.25]).numpy(),
+        zero=torch.tensor([7.5, 8.0]).numpy(),
+        packing="4bit_u8",
+        meta={},
+    )
     grid = requantize.grid_values(packed)
     assert grid.shape == (2, 64, 16)
     assert torch.equal(grid[0, 0], (torch.arange(16, dtype=torch.float64) - 7.5) * 0.5)
@@ -91,9 +100,16 @@ def test_a_backend_without_the_layer_facet_gets_no_layer_cells(pytester: pytest.
     from pytest_qconform.session.plugin import suites_dir
 
     suites = suites_dir()
-    result = pytester.runpytest("-p", "fakelayers", str(suites / "test_layers.py"), str(suites / "test_checkpoint.py"),
-                                *LAYER_SUITE_ARGS, "--qconform-backend=fake", f"--qconform-report-dir={pytester.path}",
-                                "-rs")
+    result = pytester.runpytest(
+        "-p",
+        "fakelayers",
+        str(suites / "test_layers.py"),
+        str(suites / "test_checkpoint.py"),
+        *LAYER_SUITE_ARGS,
+        "--qconform-backend=fake",
+        f"--qconform-report-dir={pytester.path}",
+        "-rs",
+    )
     result.stdout.fnmatch_lines(["*not claimed: fake offers no layer (Backend.layers() is None)*"])
     report = json.loads(next(pytester.path.glob("*.json")).read_text())
     # Only the one cell of a check whose axes it claims no value of (bf16/fp16 models).
@@ -102,7 +118,8 @@ def test_a_backend_without_the_layer_facet_gets_no_layer_cells(pytester: pytest.
 
 def test_layer_suites_without_the_layers_extra_skip_naming_it(pytester: pytest.Pytester) -> None:
     """transformers, PEFT and safetensors hidden: their cases skip, saying what to install."""
-    pytester.makepyfile(hiddenextra=textwrap.dedent(f"""
+    pytester.makepyfile(
+        hiddenextra=textwrap.dedent(f"""
         import sys
         for name in ("transformers", "peft", "safetensors", "safetensors.torch"):
             sys.modules[name] = None
@@ -111,13 +128,22 @@ def test_layer_suites_without_the_layers_extra_skip_naming_it(pytester: pytest.P
 
         def pytest_qconform_backends(config):
             return {{"torch-nf4": TorchNF4Backend}}
-    """))
+    """)
+    )
     pytester.syspathinsert()
     from pytest_qconform.session.plugin import suites_dir
 
-    result = pytester.runpytest_subprocess("-p", "hiddenextra", str(suites_dir() / "test_checkpoint.py"),
-                                           *LAYER_SUITE_ARGS, "-rs",
-                                "--qconform-backend=torch-nf4", "--qconform-no-report", "-k", "fresh_layer")
+    result = pytester.runpytest_subprocess(
+        "-p",
+        "hiddenextra",
+        str(suites_dir() / "test_checkpoint.py"),
+        *LAYER_SUITE_ARGS,
+        "-rs",
+        "--qconform-backend=torch-nf4",
+        "--qconform-no-report",
+        "-k",
+        "fresh_layer",
+    )
     # "?" for the brackets, which fnmatch reads as a character class
     result.stdout.fnmatch_lines(["*needs safetensors, which is not installed: pip install 'pytest-qconform?layers?'*"])
     assert result.ret == 0, result.stdout.str()[-2000:]

@@ -1,4 +1,5 @@
 """The merged matrix: supersede, disagreement, simulated exclusion, determinism, outputs, CLI."""
+
 from __future__ import annotations
 
 import hashlib
@@ -12,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from pytest_qconform.matrix import model as matrix_mod
-from pytest_qconform.matrix.heatmap import render_heatmap
 from pytest_qconform.matrix.cli import MatrixError, main, merge
+from pytest_qconform.matrix.heatmap import render_heatmap
 from pytest_qconform.matrix.markdown import MARKER_END, MARKER_START, readme_markdown, to_markdown, update_readme
 from pytest_qconform.matrix.summary import summarize
 from pytest_qconform.report.run_report import RunReport, read_report, write_report
@@ -22,28 +23,52 @@ ROW = ("bitsandbytes", "matmul", "nf4-b64-dq", "bf16")
 OTHER_ROW = ("hqq", "dequantize", "hqq4-g64", "fp16")
 
 
-def probe(arch: str = "sm90", host: str = "h100-a", torch: str = "2.13.0", simulated: bool = False,
-          bnb: str = "0.50.2") -> dict:
+def probe(
+    arch: str = "sm90", host: str = "h100-a", torch: str = "2.13.0", simulated: bool = False, bnb: str = "0.50.2"
+) -> dict:
     rocm = arch.startswith("gfx")
-    return {"device_kind": "rocm" if rocm else "cuda", "arch": arch, "device_name": f"device {arch}", "host": host,
-            "torch": torch, "cuda": None if rocm else "12.8", "hip": "6.4" if rocm else None, "simulated": simulated,
-            "backends": {"bitsandbytes": {"available": True, "version": bnb, "reason": ""},
-                         "hqq": {"available": True, "version": "0.2.8", "reason": ""}}}
+    return {
+        "device_kind": "rocm" if rocm else "cuda",
+        "arch": arch,
+        "device_name": f"device {arch}",
+        "host": host,
+        "torch": torch,
+        "cuda": None if rocm else "12.8",
+        "hip": "6.4" if rocm else None,
+        "simulated": simulated,
+        "backends": {
+            "bitsandbytes": {"available": True, "version": bnb, "reason": ""},
+            "hqq": {"available": True, "version": "0.2.8", "reason": ""},
+        },
+    }
 
 
 def cell(row: tuple[str, str, str, str] = ROW, verdict: str = "pass", multiple: float | None = 0.31) -> dict:
     backend, operation, fmt, dtype = row
     failing = verdict in ("fail", "crashed", "timeout")
-    return {"backend": backend, "operation": operation, "format": fmt, "dtype": dtype, "verdict": verdict,
-            "cases": 3, "worst_error_multiple": multiple,
-            "first_failure": {"message": "out of bound", "repro": "pytest -k x"} if failing else None,
-            "reason": "" if verdict == "pass" or failing else "because"}
+    return {
+        "backend": backend,
+        "operation": operation,
+        "format": fmt,
+        "dtype": dtype,
+        "verdict": verdict,
+        "cases": 3,
+        "worst_error_multiple": multiple,
+        "first_failure": {"message": "out of bound", "repro": "pytest -k x"} if failing else None,
+        "reason": "" if verdict == "pass" or failing else "because",
+    }
 
 
-def report(created: str = "2025-01-31T12:00:00Z", cells: list[dict] | None = None, source: str = "",
-           **probe_args) -> RunReport:
-    data = {"schema": "pytest-qconform/report", "schema_version": 1, "created": created,
-            "probe": probe(**probe_args), "cells": cells if cells is not None else [cell()]}
+def report(
+    created: str = "2025-01-31T12:00:00Z", cells: list[dict] | None = None, source: str = "", **probe_args
+) -> RunReport:
+    data = {
+        "schema": "pytest-qconform/report",
+        "schema_version": 1,
+        "created": created,
+        "probe": probe(**probe_args),
+        "cells": cells if cells is not None else [cell()],
+    }
     return RunReport.from_dict(data, source=source)
 
 
@@ -55,9 +80,13 @@ def save(folder: Path, rep: RunReport) -> Path:
 
 
 def test_merge_makes_sorted_rows_and_arch_columns():
-    m = merge([report(arch="sm90", cells=[cell(OTHER_ROW), cell(ROW)]),
-               report(arch="gfx942", host="mi300", cells=[cell(ROW, "fail", 4.2)]),
-               report(arch="sm100", host="b200")])
+    m = merge(
+        [
+            report(arch="sm90", cells=[cell(OTHER_ROW), cell(ROW)]),
+            report(arch="gfx942", host="mi300", cells=[cell(ROW, "fail", 4.2)]),
+            report(arch="sm100", host="b200"),
+        ]
+    )
     assert m.rows == (ROW, OTHER_ROW)
     assert m.columns == ("gfx942", "sm90", "sm100")  # natural order: sm90 before sm100
     assert m.entry(ROW, "gfx942").verdicts == ("fail",)
@@ -69,7 +98,9 @@ def test_merge_makes_sorted_rows_and_arch_columns():
 
 def test_versions_table_shows_each_columns_versions():
     text = to_markdown(merge([report(arch="gfx942", host="mi300", torch="2.12.0"), report()]))
-    assert "| arch | host | device | torch | triton | cuda/hip | bitsandbytes | hqq | suite | created | report |" in text
+    assert (
+        "| arch | host | device | torch | triton | cuda/hip | bitsandbytes | hqq | suite | created | report |" in text
+    )
     assert "| gfx942 | mi300 | device gfx942 | 2.12.0 | - | hip 6.4 | 0.50.2 | 0.2.8 | - |" in text
     assert "| sm90 | h100-a | device sm90 | 2.13.0 | - | cuda 12.8 | 0.50.2 | 0.2.8 | - |" in text
 
@@ -107,8 +138,13 @@ def test_agreeing_runs_show_one_verdict_and_the_worst_multiple():
 
 
 def test_simulated_reports_are_excluded_with_a_note():
-    sim = report(arch="gfx1200", host="simulated", simulated=True, source="gfx1200-sim.json",
-                 cells=[cell(verdict="skipped", multiple=None)])
+    sim = report(
+        arch="gfx1200",
+        host="simulated",
+        simulated=True,
+        source="gfx1200-sim.json",
+        cells=[cell(verdict="skipped", multiple=None)],
+    )
     m = merge([report(), sim])
     assert m.columns == ("sm90",) and m.simulated == (sim,)
     text = to_markdown(m)
@@ -148,12 +184,21 @@ def many_reports() -> list[RunReport]:
         report("2025-01-01T00:00:00Z", [cell(), cell(OTHER_ROW, "known-failure", 1.5)], source="r/1.json"),
         report("2025-01-02T00:00:00Z", [cell(verdict="crashed", multiple=None)], source="r/2.json"),
         report("2025-01-03T00:00:00Z", [cell(verdict="timeout", multiple=None)], source="r/3.json", host="h100-b"),
-        report("2025-01-01T00:00:00Z", [cell(ROW, "unavailable", None), cell(OTHER_ROW, "skipped", None)],
-               source="r/4.json", arch="gfx1100", host="navi"),
+        report(
+            "2025-01-01T00:00:00Z",
+            [cell(ROW, "unavailable", None), cell(OTHER_ROW, "skipped", None)],
+            source="r/4.json",
+            arch="gfx1100",
+            host="navi",
+        ),
         report("2025-01-01T00:00:00Z", [cell()], source="r/5.json", arch="gfx1200", simulated=True),
-        report("2025-01-01T00:00:00Z", [cell(verdict="fail", multiple=float("inf")),
-                                        cell(OTHER_ROW, "known-failure", 1.5)], source="r/6.json",
-               arch="gfx942", host="mi300"),
+        report(
+            "2025-01-01T00:00:00Z",
+            [cell(verdict="fail", multiple=float("inf")), cell(OTHER_ROW, "known-failure", 1.5)],
+            source="r/6.json",
+            arch="gfx942",
+            host="mi300",
+        ),
     ]
 
 
@@ -201,12 +246,15 @@ def test_update_readme_replaces_only_between_markers(tmp_path):
     assert readme.read_bytes() == before
 
 
-@pytest.mark.parametrize("text, problem", [
-    ("# no markers\n", "found 0 and 0"),
-    (f"{MARKER_START}\nonly start\n", "found 1 and 0"),
-    (f"{MARKER_START}\n{MARKER_END}\n{MARKER_START}\n{MARKER_END}\n", "found 2 and 2"),
-    (f"{MARKER_END}\n{MARKER_START}\n", "comes before"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("# no markers\n", "found 0 and 0"),
+        (f"{MARKER_START}\nonly start\n", "found 1 and 0"),
+        (f"{MARKER_START}\n{MARKER_END}\n{MARKER_START}\n{MARKER_END}\n", "found 2 and 2"),
+        (f"{MARKER_END}\n{MARKER_START}\n", "comes before"),
+    ],
+)
 def test_update_readme_names_the_file_when_markers_are_wrong(tmp_path, text, problem):
     readme = tmp_path / "README.md"
     readme.write_text(text, encoding="utf-8")
@@ -227,8 +275,14 @@ def test_cli_writes_all_outputs_and_is_idempotent(tmp_path, monkeypatch):
     readme.write_text(README, encoding="utf-8")
     summary = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
-    args = [str(tmp_path / "reports"), "--readme", str(readme), "--out", str(tmp_path / "out" / "MATRIX.md"),
-            "--step-summary"]
+    args = [
+        str(tmp_path / "reports"),
+        "--readme",
+        str(readme),
+        "--out",
+        str(tmp_path / "out" / "MATRIX.md"),
+        "--step-summary",
+    ]
     assert main(args) == 0
     markdown = (tmp_path / "out" / "MATRIX.md").read_text(encoding="utf-8")
     assert "**Summary**" in markdown and "**Verdicts** (every cell)" in markdown
@@ -236,7 +290,9 @@ def test_cli_writes_all_outputs_and_is_idempotent(tmp_path, monkeypatch):
     assert "**Summary**" in in_readme and "**Verdicts**" not in in_readme  # the README gets the summary only
     assert "[reports/MATRIX.md](reports/MATRIX.md)" in in_readme
     step = summary.read_text(encoding="utf-8")
-    assert step.startswith("## qconform compatibility matrix\n") and "**Summary**" in step and "**Verdicts**" not in step
+    assert (
+        step.startswith("## qconform compatibility matrix\n") and "**Summary**" in step and "**Verdicts**" not in step
+    )
     readme_bytes = readme.read_bytes()
     assert main(args) == 0
     assert readme.read_bytes() == readme_bytes
@@ -262,11 +318,14 @@ def test_cli_ignore_invalid_skips_with_a_warning(tmp_path, capsys):
     assert "| ✅ 0.31 |" in captured.out  # no outputs named: the markdown goes to stdout
 
 
-@pytest.mark.parametrize("args, problem", [
-    (["{missing}"], "no such file or folder"),
-    (["{dir}", "--step-summary"], "GITHUB_STEP_SUMMARY is not set"),
-    (["{dir}", "--readme", "{dir}/NOREADME.md"], "NOREADME.md: cannot read"),
-])
+@pytest.mark.parametrize(
+    "args, problem",
+    [
+        (["{missing}"], "no such file or folder"),
+        (["{dir}", "--step-summary"], "GITHUB_STEP_SUMMARY is not set"),
+        (["{dir}", "--readme", "{dir}/NOREADME.md"], "NOREADME.md: cannot read"),
+    ],
+)
 def test_cli_usage_errors_exit_2(tmp_path, monkeypatch, capsys, args, problem):
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     save(tmp_path, report())
@@ -277,15 +336,20 @@ def test_cli_usage_errors_exit_2(tmp_path, monkeypatch, capsys, args, problem):
 
 def test_python_dash_m_runs_the_cli(tmp_path):
     path = save(tmp_path, report())
-    done = subprocess.run([sys.executable, "-m", "pytest_qconform.matrix.cli", str(path), "--png", str(tmp_path / "m.png")],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest_qconform.matrix.cli", str(path), "--png", str(tmp_path / "m.png")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "m.png").read_bytes().startswith(b"\x89PNG")
     assert "merged 1 report(s) from 1 file(s)" in done.stderr
     bad = tmp_path / "bad.json"
     bad.write_text("[]", encoding="utf-8")
-    done = subprocess.run([sys.executable, "-m", "pytest_qconform.matrix.cli", str(tmp_path)],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest_qconform.matrix.cli", str(tmp_path)], capture_output=True, text=True, check=False
+    )
     assert done.returncode == 2 and f"{bad}: top level: expected a JSON object" in done.stderr
 
 
@@ -303,16 +367,19 @@ def test_supersede_ties_are_decided_by_content_not_input_order():
 
 # ---------------------------------------------------------------- summary
 
-KNOWN_REASON = ("known failure (https://example.invalid/bnb/ops.py (dequantize_4bit, cpu kernel)): the CPU kernel "
-                "reads absmax per row, so blocks that start mid-row get a neighbour's absmax [pytest-qconform]")
+KNOWN_REASON = (
+    "known failure (https://example.invalid/bnb/ops.py (dequantize_4bit, cpu kernel)): the CPU kernel "
+    "reads absmax per row, so blocks that start mid-row get a neighbour's absmax [pytest-qconform]"
+)
 
 
 def test_summary_counts_verdicts_per_backend_operation_and_arch():
     rows = [("bnb", "dequantize", f"nf4-b{b}", d) for b in (64, 128) for d in ("bf16", "fp32")]
     known = {**cell(rows[3], "known-failure", 6.7e6), "reason": KNOWN_REASON}
-    reports = [report(cells=[cell(rows[0], multiple=0.5), cell(rows[1], multiple=0.9), cell(rows[2], "fail", 3.0),
-                             known]),
-               report(arch="x86_64", host="cpu", cells=[known, cell(rows[0], multiple=0.25)])]
+    reports = [
+        report(cells=[cell(rows[0], multiple=0.5), cell(rows[1], multiple=0.9), cell(rows[2], "fail", 3.0), known]),
+        report(arch="x86_64", host="cpu", cells=[known, cell(rows[0], multiple=0.25)]),
+    ]
     summary = summarize(merge(reports))
     assert summary.rows == (("bnb", "dequantize"),) and summary.columns == ("sm90", "x86_64")
     entry = summary.entry(("bnb", "dequantize"), "sm90")
@@ -323,14 +390,20 @@ def test_summary_counts_verdicts_per_backend_operation_and_arch():
     assert "| operation | bnb · sm90 | bnb · x86_64 |" in text  # a row per operation, a column per backend and arch
     assert "| dequantize | ❌ 1 ⚠️ 1 ✅ 2 · 3 | ⚠️ 1 ✅ 1 · 0.25 |" in text
     # One known failure on two archs with the same cells is one line, cut at its first clause, with its source.
-    assert ("- bnb · dequantize on sm90, x86_64 (1 cells: nf4-b128/fp32): the CPU kernel reads absmax per row "
-            "([source](https://example.invalid/bnb/ops.py))") in text
+    assert (
+        "- bnb · dequantize on sm90, x86_64 (1 cells: nf4-b128/fp32): the CPU kernel reads absmax per row "
+        "([source](https://example.invalid/bnb/ops.py))"
+    ) in text
 
 
 def test_summary_counts_disagreements_and_unknown_statuses_by_name():
     """A new status (another engineer's "compiled, not run", say) is counted, not dropped."""
-    m = merge([report(cells=[cell(verdict="pass")], source="a.json"),
-               report(host="h100-b", cells=[cell(verdict="fail", multiple=2.0)], source="b.json")])
+    m = merge(
+        [
+            report(cells=[cell(verdict="pass")], source="a.json"),
+            report(host="h100-b", cells=[cell(verdict="fail", multiple=2.0)], source="b.json"),
+        ]
+    )
     entry = summarize(m).entry(ROW[:2], "sm90")
     assert entry.counts == (("disagree", 1),) and entry.worst == "disagree"
     from pytest_qconform.matrix.cli import Entry, Matrix
@@ -348,8 +421,16 @@ def test_readme_section_fits_a_screen_however_many_cells(tmp_path):
     pytest.importorskip("matplotlib")
     pairs = [(b, op) for b in ("bitsandbytes", "hqq") for op in ("dequantize", "matmul")]
     small = [report(cells=[cell((b, op, "nf4-b64", "bf16")) for b, op in pairs])]
-    many = [report(cells=[cell((b, op, f"nf4-b{2 ** k}", d)) for b, op in pairs for k in range(5, 25)
-                          for d in ("bf16", "fp16", "fp32")])]
+    many = [
+        report(
+            cells=[
+                cell((b, op, f"nf4-b{2**k}", d))
+                for b, op in pairs
+                for k in range(5, 25)
+                for d in ("bf16", "fp16", "fp32")
+            ]
+        )
+    ]
     assert len(readme_markdown(merge(many)).splitlines()) <= len(readme_markdown(merge(small)).splitlines()) + 2
     sizes = []
     for name, reports in (("small", small), ("many", many)):

@@ -1,5 +1,6 @@
 """Versions in the matrix: newest verdict, floors, regressions, contract revisions, stale
 and empty reports, and the gate's --min-version, on synthetic reports."""
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -8,41 +9,57 @@ from pathlib import Path
 
 import pytest
 
-from pytest_qconform.report import gate
-from pytest_qconform.report.contract import CONTRACT_REVISION, Suite, current_suite
-from pytest_qconform.matrix.heatmap import box_label, versions_label
+from pytest_qconform.hardware.probe import gpu_driver_version
 from pytest_qconform.matrix.cli import main, merge
+from pytest_qconform.matrix.heatmap import box_label, versions_label
 from pytest_qconform.matrix.markdown import format_entry, to_markdown
 from pytest_qconform.matrix.summary import summarize
 from pytest_qconform.matrix.versions import ranges
-from pytest_qconform.hardware.probe import gpu_driver_version
+from pytest_qconform.report import gate
+from pytest_qconform.report.contract import CONTRACT_REVISION, Suite, current_suite
 from pytest_qconform.report.run_report import Cell, RunReport, read_report, write_report
-from pytest_qconform.report.schema import SchemaError
 from pytest_qconform.report.versions import MinVersion, at_least, cell_versions
 
 ROWS = [("bitsandbytes", "matmul", f"nf4-b{b}", "fp16") for b in (64, 128)] + [
-    ("bitsandbytes", "dequantize", "nf4-b64", "fp16")]
+    ("bitsandbytes", "dequantize", "nf4-b64", "fp16")
+]
 
 
 def probe(bnb: str, arch: str = "gfx1100", host: str = "rdna3", torch: str = "2.13.0", **extra) -> dict:
-    return {"device_kind": "rocm", "arch": arch, "device_name": "Radeon", "host": host, "torch": torch,
-            "cuda": None, "hip": "6.4", "simulated": False, "triton": "3.6.0", **extra,
-            "backends": {"bitsandbytes": {"available": True, "version": bnb, "reason": ""}}}
+    return {
+        "device_kind": "rocm",
+        "arch": arch,
+        "device_name": "Radeon",
+        "host": host,
+        "torch": torch,
+        "cuda": None,
+        "hip": "6.4",
+        "simulated": False,
+        "triton": "3.6.0",
+        **extra,
+        "backends": {"bitsandbytes": {"available": True, "version": bnb, "reason": ""}},
+    }
 
 
-def run(bnb: str, verdicts: list[str], created: str = "2026-11-20T00:00:00Z", revision: int | None = 1,
-        **probe_args) -> RunReport:
+def run(
+    bnb: str, verdicts: list[str], created: str = "2026-11-20T00:00:00Z", revision: int | None = 1, **probe_args
+) -> RunReport:
     cells = tuple(Cell(*row, verdict=v) for row, v in zip(ROWS, verdicts))
     suite = Suite("pytest-qconform", "0.1.0", revision) if revision else None
     return RunReport(probe(bnb, **probe_args), cells, created, source=f"bnb-{bnb}-{created[:10]}.json", suite=suite)
 
 
-NOW = _dt.datetime(2026, 11, 25, tzinfo=_dt.timezone.utc)
+NOW = _dt.datetime(2026, 11, 25, tzinfo=_dt.UTC)
 
 
 def test_the_newest_backend_version_gives_the_verdict_and_older_ones_stay_visible() -> None:
-    m = merge([run("0.50.0", ["pass", "pass", "pass"], "2026-11-01T00:00:00Z"),
-               run("0.49.2", ["fail", "pass", "pass"], "2026-11-20T00:00:00Z")], now=NOW)
+    m = merge(
+        [
+            run("0.50.0", ["pass", "pass", "pass"], "2026-11-01T00:00:00Z"),
+            run("0.49.2", ["fail", "pass", "pass"], "2026-11-20T00:00:00Z"),
+        ],
+        now=NOW,
+    )
     entry = m.entry(ROWS[0], "gfx1100")
     assert entry.verdicts == ("pass",) and entry.agreed  # the newer version, though the older report is newer
     assert [(v, verdict) for v, verdict, _ in entry.history] == [("0.49.2", "fail"), ("0.50.0", "pass")]
@@ -51,36 +68,56 @@ def test_the_newest_backend_version_gives_the_verdict_and_older_ones_stay_visibl
 
 
 def test_a_floor_is_read_where_older_versions_fail() -> None:
-    m = merge([run("0.49.2", ["fail", "crashed", "pass"]), run("0.50.0", ["pass", "pass", "pass"]),
-               run("0.48.3", ["fail", "fail", "pass"])], now=NOW)
+    m = merge(
+        [
+            run("0.49.2", ["fail", "crashed", "pass"]),
+            run("0.50.0", ["pass", "pass", "pass"]),
+            run("0.48.3", ["fail", "fail", "pass"]),
+        ],
+        now=NOW,
+    )
     (found,) = ranges(m)
     assert found.versions == ("0.48.3", "0.49.2", "0.50.0")
     assert found.floor == "0.50.0" and found.floor_text() == "bitsandbytes >= 0.50.0"
     assert found.failing_below == 2 and found.regressions == ()
     text = to_markdown(m)
-    assert "| gfx1100 | bitsandbytes | 0.48.3, 0.49.2, 0.50.0 | bitsandbytes >= 0.50.0 (2 cells fail below) | none |" in text
+    assert (
+        "| gfx1100 | bitsandbytes | 0.48.3, 0.49.2, 0.50.0 | bitsandbytes >= 0.50.0 (2 cells fail below) | none |"
+        in text
+    )
     per_operation = {r.operation: r for r in ranges(m, by_operation=True)}
     assert versions_label(per_operation["matmul"]) == "≥ 0.50.0"
     assert versions_label(per_operation["dequantize"]) == "same in all versions"
 
 
 def test_versions_that_agree_give_no_floor_and_say_so() -> None:
-    m = merge([run("0.49.2", ["pass", "known-failure", "pass"]), run("0.50.0", ["pass", "known-failure", "pass"])],
-              now=NOW)
+    m = merge(
+        [run("0.49.2", ["pass", "known-failure", "pass"]), run("0.50.0", ["pass", "known-failure", "pass"])], now=NOW
+    )
     (found,) = ranges(m)
     assert found.floor is None and found.floor_text().startswith("none:")
     assert found.failing_newest == found.known_newest == 1
 
 
 def test_a_regression_names_the_last_good_and_the_first_bad_version() -> None:
-    m = merge([run("0.48.3", ["pass", "pass", "pass"]), run("0.49.2", ["pass", "pass", "pass"]),
-               run("0.50.0", ["fail", "pass", "known-failure"])], now=NOW)
+    m = merge(
+        [
+            run("0.48.3", ["pass", "pass", "pass"]),
+            run("0.49.2", ["pass", "pass", "pass"]),
+            run("0.50.0", ["fail", "pass", "known-failure"]),
+        ],
+        now=NOW,
+    )
     (found,) = ranges(m)
     assert [(r.row, r.good, r.bad, r.verdict) for r in found.regressions] == [
-        (ROWS[2], "0.49.2", "0.50.0", "known-failure"), (ROWS[0], "0.49.2", "0.50.0", "fail")]
+        (ROWS[2], "0.49.2", "0.50.0", "known-failure"),
+        (ROWS[0], "0.49.2", "0.50.0", "fail"),
+    ]
     assert found.regressions_text() == "2 cells passed in 0.49.2, fail in 0.50.0"
-    assert "0.49.2 ✓ → 0.50.0 ✗" in box_label(summarize(m).entry(("bitsandbytes", "matmul"), "gfx1100"),
-                                               next(r for r in ranges(m, True) if r.operation == "matmul"))
+    assert "0.49.2 ✓ → 0.50.0 ✗" in box_label(
+        summarize(m).entry(("bitsandbytes", "matmul"), "gfx1100"),
+        next(r for r in ranges(m, True) if r.operation == "matmul"),
+    )
 
 
 def test_skipped_cells_say_nothing_about_a_version() -> None:
@@ -90,8 +127,13 @@ def test_skipped_cells_say_nothing_about_a_version() -> None:
 
 
 def test_other_versions_that_differ_are_named_beside_the_floor() -> None:
-    m = merge([run("0.49.2", ["fail", "pass", "pass"], torch="2.12.0", revision=None),
-               run("0.50.0", ["pass", "pass", "pass"])], now=NOW)
+    m = merge(
+        [
+            run("0.49.2", ["fail", "pass", "pass"], torch="2.12.0", revision=None),
+            run("0.50.0", ["pass", "pass", "pass"]),
+        ],
+        now=NOW,
+    )
     text = to_markdown(m)
     assert "torch 2.12.0 / 2.13.0; contract revision none / 1 |" in text
     assert "**Different contract revisions**" in text
@@ -138,13 +180,18 @@ def test_a_report_says_which_suite_and_contract_judged_it(tmp_path: Path) -> Non
     assert current_suite().contract_revision == CONTRACT_REVISION
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"suite": None}, "report.suite: expected a JSON object"),
-    ({"suite": {"name": "pytest-qconform", "version": "0.1.0", "contract_revision": "1"}},
-     "report.suite.contract_revision: expected an integer >= 1, got str '1'"),
-    ({"schema_version": 2}, "report.suite: not part of schema_version 2"),
-    ({"suite": "drop"}, "missing field 'suite' (required since schema_version 3"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"suite": None}, "report.suite: expected a JSON object"),
+        (
+            {"suite": {"name": "pytest-qconform", "version": "0.1.0", "contract_revision": "1"}},
+            "report.suite.contract_revision: expected an integer >= 1, got str '1'",
+        ),
+        ({"schema_version": 2}, "report.suite: not part of schema_version 2"),
+        ({"suite": "drop"}, "missing field 'suite' (required since schema_version 3"),
+    ],
+)
 def test_a_malformed_suite_is_an_error_naming_the_field(tmp_path: Path, change: dict, message: str) -> None:
     data = run("0.50.0", ["pass"]).to_dict()
     data.update(change)
@@ -158,8 +205,14 @@ def test_a_malformed_suite_is_an_error_naming_the_field(tmp_path: Path, change: 
 
 def test_cells_refer_to_their_reports_versions() -> None:
     report = run("0.50.0", ["pass"], driver="580.1")
-    assert cell_versions(report, "bitsandbytes") == {"bitsandbytes": "0.50.0", "torch": "2.13.0", "triton": "3.6.0",
-                                                     "cuda": None, "hip": "6.4", "driver": "580.1"}
+    assert cell_versions(report, "bitsandbytes") == {
+        "bitsandbytes": "0.50.0",
+        "torch": "2.13.0",
+        "triton": "3.6.0",
+        "cuda": None,
+        "hip": "6.4",
+        "driver": "580.1",
+    }
 
 
 def test_the_driver_version_is_read_from_the_file_the_driver_publishes(tmp_path: Path) -> None:
@@ -173,9 +226,17 @@ def test_the_driver_version_is_read_from_the_file_the_driver_publishes(tmp_path:
     assert gpu_driver_version("rocm", {"rocm": str(tmp_path / "absent")}) is None
 
 
-@pytest.mark.parametrize("found, minimum, expected", [("0.50.0", "0.50.0", True), ("0.50.2", "0.50.0", True),
-                                                      ("0.49.2", "0.50.0", False), (None, "0.1", False),
-                                                      ("weird-build", "0.1", False), ("2.13.0+cpu", "2.13", True)])
+@pytest.mark.parametrize(
+    "found, minimum, expected",
+    [
+        ("0.50.0", "0.50.0", True),
+        ("0.50.2", "0.50.0", True),
+        ("0.49.2", "0.50.0", False),
+        (None, "0.1", False),
+        ("weird-build", "0.1", False),
+        ("2.13.0+cpu", "2.13", True),
+    ],
+)
 def test_at_least_compares_pep440_versions(found, minimum, expected) -> None:
     assert at_least(found, minimum) is expected
 

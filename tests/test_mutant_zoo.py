@@ -12,6 +12,7 @@ class, and the correct backend must pass all of every run. A mutant whose class 
 GPU (``needs_gpu``: CUDA graphs) is left out of a run without one, and its test skips
 saying so.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,6 @@ import textwrap
 
 import pytest
 import torch
-
 from zoo import KERNEL_MUTANTS, KERNEL_SUITES, LAYER_SUITES, LIFECYCLE_SUITES, MUTANTS, PATH_SUITES, USER_INPUT_SUITES
 
 GPU = torch.cuda.is_available()
@@ -45,11 +45,26 @@ def _run_zoo(root, names: list[str], keyword: str) -> dict:
     tests_dir = Path(__file__).parent
     example = tests_dir.parent / "examples" / "downstream" / "src"
     out = root / "out"
-    args = [sys.executable, "-m", "pytest", "--qconform", "-p", "no:cacheprovider", "-q", "--tb=no",
-            f"--qconform-report-dir={out}", "-o", "addopts=", *[f"--qconform-backend={n}" for n in names],
-            "-k", keyword]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(tests_dir), str(example),
-                                                                    os.environ.get("PYTHONPATH"))))}
+    args = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--qconform",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "--tb=no",
+        f"--qconform-report-dir={out}",
+        "-o",
+        "addopts=",
+        *[f"--qconform-backend={n}" for n in names],
+        "-k",
+        keyword,
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, (str(tests_dir), str(example), os.environ.get("PYTHONPATH")))),
+    }
     proc = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True, timeout=1500)
     reports = list(out.glob("*.json"))
     assert len(reports) == 1, f"no report written:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
@@ -60,12 +75,18 @@ def _run_zoo(root, names: list[str], keyword: str) -> dict:
 def zoo_report(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Run the suites against the zoo (module scope: the runs are the expensive part),
     the five runs' cells in one report."""
-    groups = {"user-input": USER_INPUT_SUITES, "layers": LAYER_SUITES, "paths": PATH_SUITES,
-              "lifecycle": LIFECYCLE_SUITES}
+    groups = {
+        "user-input": USER_INPUT_SUITES,
+        "layers": LAYER_SUITES,
+        "paths": PATH_SUITES,
+        "lifecycle": LIFECYCLE_SUITES,
+    }
     newer = " or ".join(name for suites in groups.values() for name in suites)
     runs = [("original", [m.name for m in RUN_MUTANTS if getattr(m, "suites", None) is None], f"not ({newer})")]
-    runs += [(label, [m.name for m in RUN_MUTANTS if getattr(m, "suites", None) == suites], " or ".join(suites))
-             for label, suites in groups.items()]
+    runs += [
+        (label, [m.name for m in RUN_MUTANTS if getattr(m, "suites", None) == suites], " or ".join(suites))
+        for label, suites in groups.items()
+    ]
     cells, coverage = [], []
     for label, names, keyword in runs:
         root = tmp_path_factory.mktemp(f"zoo-{label}")
@@ -89,8 +110,9 @@ def _merged_by_operation(new: list[dict], earlier: list[dict]) -> list[dict]:
         for key in ("values", "claimed"):
             for axis, found in entry[key].items():
                 old[key][axis] = sorted(set(old[key].get(axis, [])) | set(found))
-        old["unchecked"] = {axis: [v for v in found if v not in old["values"].get(axis, [])]
-                            for axis, found in old["claimed"].items()}
+        old["unchecked"] = {
+            axis: [v for v in found if v not in old["values"].get(axis, [])] for axis, found in old["claimed"].items()
+        }
         old["unchecked"] = {axis: found for axis, found in old["unchecked"].items() if found}
     return added
 
@@ -108,10 +130,28 @@ def test_correct_backend_passes_every_check(zoo_report: dict) -> None:
     assert verdicts, "the correct backend produced no cells"
     failing = {op: v for op, v in verdicts.items() if v - {"pass", "not-claimed"}}
     assert not failing, f"the correct backend did not pass: {failing}"
-    expected = {"quantize", "dequantize", "matmul", "matmul-fp32-input", "backward", "sequencing", "interop",
-                "quantize-layout", "storage", "parameters", "value-range", "real-shapes",
-                "layer-quantize", "layer-forward", "layer-state", "checkpoint", "device-move", "layer-sequencing",
-                "compiled", "lifecycle"} | ({"captured"} if GPU else set())
+    expected = {
+        "quantize",
+        "dequantize",
+        "matmul",
+        "matmul-fp32-input",
+        "backward",
+        "sequencing",
+        "interop",
+        "quantize-layout",
+        "storage",
+        "parameters",
+        "value-range",
+        "real-shapes",
+        "layer-quantize",
+        "layer-forward",
+        "layer-state",
+        "checkpoint",
+        "device-move",
+        "layer-sequencing",
+        "compiled",
+        "lifecycle",
+    } | ({"captured"} if GPU else set())
     assert expected <= set(verdicts)
 
 
@@ -132,12 +172,13 @@ def test_mutant_is_caught_by_its_check(zoo_report: dict, mutant) -> None:
     verdicts = _verdicts(zoo_report, mutant.name)
     assert "fail" in verdicts.get(mutant.catches, set()), (
         f"{mutant.name} ({mutant.__doc__.strip().splitlines()[0]}) was not caught by the "
-        f"{mutant.catches} suite: {verdicts}")
+        f"{mutant.catches} suite: {verdicts}"
+    )
 
 
 # Measured by bench/sensitivity.py (bench/results/sensitivity-cpu.json, docs/sensitivity.md):
 # the smallest systematic relative matmul error the ci profile catches, per dtype.
-SMALLEST_CAUGHT_EPS = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -10, "fp32": 2.0 ** -18}
+SMALLEST_CAUGHT_EPS = {"bf16": 2.0**-8, "fp16": 2.0**-10, "fp32": 2.0**-18}
 
 
 def test_matmul_suite_catches_systematic_error_at_the_documented_threshold(tmp_path) -> None:
@@ -152,13 +193,38 @@ def test_matmul_suite_catches_systematic_error_at_the_documented_threshold(tmp_p
     (tmp_path / "conftest.py").write_text(
         "from zoo import ScaledMatmul\n"
         "def pytest_qconform_backends(config):\n"
-        "    return {ScaledMatmul.name: ScaledMatmul}\n")
-    env = {**os.environ, "QCONFORM_MUTANT_EPS": json.dumps(SMALLEST_CAUGHT_EPS),
-           "PYTHONPATH": os.pathsep.join(filter(None, (str(tests_dir), str(tests_dir.parent / "examples" / "downstream"
-                                                                            / "src"), os.environ.get("PYTHONPATH"))))}
-    args = [sys.executable, "-m", "pytest", "--qconform", "-q", "--tb=no", "-p", "no:cacheprovider",
-            "-o", "addopts=", f"--qconform-report-dir={tmp_path / 'out'}",
-            "--qconform-backend=mutant-scaled-matmul", "-k", "test_matmul_matches_reference and nf4"]
+        "    return {ScaledMatmul.name: ScaledMatmul}\n"
+    )
+    env = {
+        **os.environ,
+        "QCONFORM_MUTANT_EPS": json.dumps(SMALLEST_CAUGHT_EPS),
+        "PYTHONPATH": os.pathsep.join(
+            filter(
+                None,
+                (
+                    str(tests_dir),
+                    str(tests_dir.parent / "examples" / "downstream" / "src"),
+                    os.environ.get("PYTHONPATH"),
+                ),
+            )
+        ),
+    }
+    args = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--qconform",
+        "-q",
+        "--tb=no",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "addopts=",
+        f"--qconform-report-dir={tmp_path / 'out'}",
+        "--qconform-backend=mutant-scaled-matmul",
+        "-k",
+        "test_matmul_matches_reference and nf4",
+    ]
     proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     report = json.loads(next((tmp_path / "out").glob("*.json")).read_text())
     verdicts: dict[str, set[str]] = {}
@@ -196,4 +262,5 @@ def test_kernel_mutant_is_caught_by_its_check(kernel_zoo_report: dict, mutant) -
     verdicts = _verdicts(kernel_zoo_report, mutant.name)
     assert "fail" in verdicts.get(mutant.catches, set()), (
         f"{mutant.name} ({mutant.__doc__.strip().splitlines()[0]}) was not caught by the "
-        f"{mutant.catches} suite: {verdicts}")
+        f"{mutant.catches} suite: {verdicts}"
+    )

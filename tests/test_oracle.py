@@ -1,5 +1,6 @@
 """The oracle never trusts the stored state: the stored state against the input it was
 quantized from, a non-finite reference, and errors that all point one way."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -7,7 +8,6 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-
 from pytest_qconform.reference import bnb4, bounds, faithful, hqq4
 from pytest_qconform.reference.packed import PackedHqq4
 
@@ -50,7 +50,7 @@ def test_hqq_state_decoding_outside_the_group_range_is_not_faithful() -> None:
     scale = ((hi - lo) / 15).numpy()
     zero = (-lo / torch.from_numpy(scale)).numpy()
     q = torch.clamp(torch.round(grouped / torch.from_numpy(scale) + torch.from_numpy(zero)), 0, 15).to(torch.uint8)
-    packed_bytes = ((q[: rows // 2] << 4) | q[rows // 2:]).numpy()
+    packed_bytes = ((q[: rows // 2] << 4) | q[rows // 2 :]).numpy()
     good = PackedHqq4((16, 64), 64, 1, packed_bytes, scale.astype(np.float32), zero.astype(np.float32))
     assert bool(((hqq4.decode(good) - w.double()).abs() <= faithful.faithful_bound(good, w)).all())
     bad = dataclasses.replace(good, scale=good.scale * np.float32(3))

@@ -5,14 +5,16 @@ record sits in the wrong module, and it makes import order matter. A package's
 ``__init__`` counts as a module: ``reference/__init__.py`` imports ``bounds`` for the
 public API, so ``bounds`` imports its siblings by their own names, not through the package.
 """
+
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-import pytest_qconform
 import pytest_qconform.reference
 import pytest_qconform.suites
+
+import pytest_qconform
 
 # Each package root with its dotted name: reference/ and suites/ sit at the top of the
 # checkout but are installed as pytest_qconform.reference and pytest_qconform.suites.
@@ -41,8 +43,7 @@ def _imported(path: Path, modules: set[str]) -> set[str]:
 
 
 def import_graph() -> dict[str, set[str]]:
-    paths = {_module_name(package, root, path): path
-             for package, root in ROOTS.items() for path in root.rglob("*.py")}
+    paths = {_module_name(package, root, path): path for package, root in ROOTS.items() for path in root.rglob("*.py")}
     modules = set(paths)
     return {name: _imported(path, modules) - {name} for name, path in paths.items()}
 
@@ -54,7 +55,7 @@ def find_circle(graph: dict[str, set[str]]) -> list[str] | None:
     def visit(node: str, path: list[str]) -> list[str] | None:
         for nxt in sorted(graph[node]):
             if nxt in path:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in done:
                 found = visit(nxt, path + [nxt])
                 if found:

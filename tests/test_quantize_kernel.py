@@ -5,6 +5,7 @@ lower value, an all-zero block stores absmax 0 and the code of 0, FP4 keeps the 
 negative value rounding to zero, and subnormal or near-fp32-max blocks stay exact. On a
 machine without CUDA it runs in Triton's interpreter (set before triton is imported).
 """
+
 from __future__ import annotations
 
 import ast
@@ -46,8 +47,10 @@ def assert_matches_reference(weight: torch.Tensor, quant_type: str, blocksize: i
         numel = weight.numel()
         got, want = bnb4.unpack_codes(packed, numel), bnb4.unpack_codes(ref.packed, numel)
         i = int(np.flatnonzero(got != want)[0])
-        raise AssertionError(f"{quant_type} b{blocksize}: code of element {i} (w={weight.reshape(-1)[i].item()!r}) "
-                             f"is {got[i]}, the reference's {want[i]}")
+        raise AssertionError(
+            f"{quant_type} b{blocksize}: code of element {i} (w={weight.reshape(-1)[i].item()!r}) "
+            f"is {got[i]}, the reference's {want[i]}"
+        )
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -78,7 +81,7 @@ def test_ties_go_to_the_lower_value(quant_type):
     assert len(values) >= 3, "no exactly representable midpoint to test"
     block = torch.zeros(64)
     block[0] = 1.0
-    block[1:1 + len(values)] = torch.stack(values)
+    block[1 : 1 + len(values)] = torch.stack(values)
     assert_matches_reference(block, quant_type, 64)
 
 
@@ -132,8 +135,13 @@ def test_strided_weight_is_read_in_logical_order():
 @settings(max_examples=25, deadline=None)
 # Triton's interpreter flushed bf16 subnormals when converting them to fp32 (absmax 0).
 @example(quant_type="nf4", dtype=torch.bfloat16, numel=1, scale=1e-40, seed=0)
-@given(quant_type=st.sampled_from(FORMATS), dtype=st.sampled_from(DTYPES),
-       numel=st.integers(1, 700), scale=st.sampled_from([1e-40, 1e-3, 1.0, 1e30]), seed=st.integers(0, 2**16))
+@given(
+    quant_type=st.sampled_from(FORMATS),
+    dtype=st.sampled_from(DTYPES),
+    numel=st.integers(1, 700),
+    scale=st.sampled_from([1e-40, 1e-3, 1.0, 1e30]),
+    seed=st.integers(0, 2**16),
+)
 def test_any_weight_matches_the_reference(quant_type, dtype, numel, scale, seed):
     weight = (torch.randn(numel, generator=torch.Generator().manual_seed(seed)) * scale).to(dtype)
     weight = torch.where(torch.isfinite(weight), weight, torch.zeros_like(weight))  # fp16 overflow at 1e30

@@ -5,12 +5,12 @@ bitsandbytes on CPU: the reference must decode its bytes within the derived boun
 reproduce its codes (by value, ties aside) and absmax. Few shapes: bitsandbytes'
 CPU path torch.compiles per shape.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-
 from pytest_qconform.reference import bnb4, bounds
 from pytest_qconform.reference.formats import FP4_CODE, NF4_CODE, code_table, dynamic_map_signed
 from pytest_qconform.reference.packed import PackedBnb4
@@ -19,6 +19,7 @@ U32 = bounds.unit_roundoff(torch.float32)
 
 
 # --- tables ------------------------------------------------------------------------
+
 
 def test_nf4_table_is_sorted_float32_with_exact_zero_and_unit_ends():
     assert len(NF4_CODE) == 16
@@ -62,6 +63,7 @@ def test_dynamic_map_equals_bitsandbytes():
 
 # --- packing -----------------------------------------------------------------------
 
+
 def test_unpack_puts_first_element_in_high_nibble():
     # 0x7F: element 0 = 7 (high), element 1 = 15 (low); 0xA0: element 2 = 10, low nibble padding.
     codes = bnb4.unpack_codes(np.array([0x7F, 0xA0], dtype=np.uint8), 3)
@@ -89,10 +91,17 @@ def test_unpack_and_pack_reject_bad_input():
 
 # --- decoding ----------------------------------------------------------------------
 
+
 def _packed(codes, absmax, blocksize, shape, quant_type="nf4", **nested) -> PackedBnb4:
-    return PackedBnb4(quant_type=quant_type, blocksize=blocksize, shape=shape,
-                      packed=bnb4.pack_codes(np.array(codes, dtype=np.uint8)), absmax=np.asarray(absmax),
-                      code=np.asarray(code_table(quant_type), dtype=np.float32), **nested)
+    return PackedBnb4(
+        quant_type=quant_type,
+        blocksize=blocksize,
+        shape=shape,
+        packed=bnb4.pack_codes(np.array(codes, dtype=np.uint8)),
+        absmax=np.asarray(absmax),
+        code=np.asarray(code_table(quant_type), dtype=np.float32),
+        **nested,
+    )
 
 
 def test_decode_by_hand_with_partial_last_block_and_odd_numel():
@@ -116,8 +125,16 @@ def test_decode_ignores_the_backends_table_and_uses_the_formats():
 
 def test_decode_absmax_double_quantized_by_hand():
     dm = np.asarray(dynamic_map_signed(), dtype=np.float32)
-    p = _packed([0] * 6, np.array([255, 0, 127], dtype=np.uint8), blocksize=2, shape=(6,),
-                nested_absmax=np.array([2.0], dtype=np.float32), nested_code=dm, nested_blocksize=256, offset=0.5)
+    p = _packed(
+        [0] * 6,
+        np.array([255, 0, 127], dtype=np.uint8),
+        blocksize=2,
+        shape=(6,),
+        nested_absmax=np.array([2.0], dtype=np.float32),
+        nested_code=dm,
+        nested_blocksize=256,
+        offset=0.5,
+    )
     # nested_code[255] = 1, nested_code[127] = 0 (127 negatives sort below it).
     assert bnb4.decode_absmax(p).tolist() == [2.5, float(dm[0]) * 2.0 + 0.5, 0.5]
 
@@ -129,6 +146,7 @@ def test_decode_rejects_wrong_absmax_count():
 
 
 # --- quantizing --------------------------------------------------------------------
+
 
 def test_quantize_by_hand_nearest_code():
     codes, absmax = bnb4.quantize(torch.tensor([0.0, 0.5, -1.0, 2.0]), "nf4", 4)
@@ -169,6 +187,7 @@ def test_quantize_rejects_nonfinite_weight():
 
 # --- against bitsandbytes on CPU ---------------------------------------------------
 
+
 def _bnb_weight(shape) -> torch.Tensor:
     """Normal weights with outliers (so double quantization cancels) and a zero block."""
     w = torch.randn(shape, generator=torch.Generator().manual_seed(0))
@@ -180,12 +199,17 @@ def _bnb_weight(shape) -> torch.Tensor:
 def _from_bnb(packed: torch.Tensor, state) -> PackedBnb4:
     nested = state.state2 if state.nested else None
     return PackedBnb4(
-        quant_type=state.quant_type, blocksize=int(state.blocksize), shape=tuple(state.shape),
-        packed=packed.numpy().reshape(-1), absmax=state.absmax.numpy(), code=state.code.numpy(),
+        quant_type=state.quant_type,
+        blocksize=int(state.blocksize),
+        shape=tuple(state.shape),
+        packed=packed.numpy().reshape(-1),
+        absmax=state.absmax.numpy(),
+        code=state.code.numpy(),
         nested_absmax=None if nested is None else nested.absmax.numpy(),
         nested_code=None if nested is None else nested.code.numpy(),
         nested_blocksize=None if nested is None else int(nested.blocksize),
-        offset=None if nested is None else float(state.offset))
+        offset=None if nested is None else float(state.offset),
+    )
 
 
 def _near_tie(quant_type: str, scaled: torch.Tensor) -> torch.Tensor:
@@ -195,20 +219,29 @@ def _near_tie(quant_type: str, scaled: torch.Tensor) -> torch.Tensor:
     return distance <= 8 * U32 * (1 + scaled.abs())
 
 
-BNB_CASES = [(shape, qt, bs, dq, dtype)
-             for shape in [(64, 128)] for qt in ("nf4", "fp4") for bs in (64, 128) for dq in (False, True)
-             for dtype in (torch.float32, torch.bfloat16, torch.float16)]
+BNB_CASES = [
+    (shape, qt, bs, dq, dtype)
+    for shape in [(64, 128)]
+    for qt in ("nf4", "fp4")
+    for bs in (64, 128)
+    for dq in (False, True)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16)
+]
 # One odd shape (partial last block, odd numel, bitsandbytes' fallback path); compiles once.
 BNB_CASES += [((33, 17), "nf4", 64, dq, torch.float32) for dq in (False, True)]
 
 
-@pytest.mark.parametrize("shape,quant_type,blocksize,double_quant,dtype", BNB_CASES,
-                         ids=lambda v: str(v).replace("torch.", "").replace(" ", ""))
+@pytest.mark.parametrize(
+    "shape,quant_type,blocksize,double_quant,dtype",
+    BNB_CASES,
+    ids=lambda v: str(v).replace("torch.", "").replace(" ", ""),
+)
 def test_reference_decodes_bitsandbytes_bytes_within_bound(shape, quant_type, blocksize, double_quant, dtype):
     functional = pytest.importorskip("bitsandbytes.functional")
     w = _bnb_weight(shape).to(dtype)
-    packed, state = functional.quantize_4bit(w, blocksize=blocksize, quant_type=quant_type,
-                                             compress_statistics=double_quant)
+    packed, state = functional.quantize_4bit(
+        w, blocksize=blocksize, quant_type=quant_type, compress_statistics=double_quant
+    )
     out = functional.dequantize_4bit(packed, state)
     p = _from_bnb(packed, state)
     exact = bnb4.decode(p)

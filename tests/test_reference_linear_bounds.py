@@ -4,13 +4,13 @@ Each bound is checked two ways: real low-precision arithmetic (torch's own round
 matmuls on CPU) stays within it, and it is not vacuous (a result off by a little more
 than the arithmetic allows fails it).
 """
+
 from __future__ import annotations
 
 import math
 
 import pytest
 import torch
-
 from pytest_qconform.reference import bounds, linear
 from pytest_qconform.reference.packed import PackedHqq4
 
@@ -18,6 +18,7 @@ LOW = (torch.float32, torch.bfloat16, torch.float16)
 
 
 # --- linear ------------------------------------------------------------------------
+
 
 def test_linear_by_hand_with_bias_and_leading_dims():
     x = torch.tensor([[[1.0, 2.0]], [[3.0, -1.0]]])  # (2, 1, 2)
@@ -60,22 +61,22 @@ def test_linear_rejects_mismatched_shapes():
 
 # --- unit roundoff and rounding -------------------------------------------------------
 
+
 def test_unit_roundoff_per_dtype():
-    assert bounds.unit_roundoff(torch.float32) == 2.0 ** -24
-    assert bounds.unit_roundoff(torch.float16) == 2.0 ** -11
-    assert bounds.unit_roundoff(torch.bfloat16) == 2.0 ** -8
-    assert bounds.unit_roundoff(torch.float64) == 2.0 ** -53
+    assert bounds.unit_roundoff(torch.float32) == 2.0**-24
+    assert bounds.unit_roundoff(torch.float16) == 2.0**-11
+    assert bounds.unit_roundoff(torch.bfloat16) == 2.0**-8
+    assert bounds.unit_roundoff(torch.float64) == 2.0**-53
     with pytest.raises(ValueError, match="floating-point dtype"):
         bounds.unit_roundoff(torch.int32)
 
 
 def test_rounding_bound_by_hand():
-    f32 = torch.tensor([1.0, 1.5, 3.0, 0.0, 2.0 ** -130], dtype=torch.float64)
-    assert bounds.rounding_bound(f32, torch.float32).tolist() == [2.0 ** -24, 2.0 ** -24, 2.0 ** -23,
-                                                                  2.0 ** -150, 2.0 ** -150]
-    f16 = torch.tensor([65519.0, 65520.0, -1e6, 2.0 ** -20, math.nan], dtype=torch.float64)
+    f32 = torch.tensor([1.0, 1.5, 3.0, 0.0, 2.0**-130], dtype=torch.float64)
+    assert bounds.rounding_bound(f32, torch.float32).tolist() == [2.0**-24, 2.0**-24, 2.0**-23, 2.0**-150, 2.0**-150]
+    f16 = torch.tensor([65519.0, 65520.0, -1e6, 2.0**-20, math.nan], dtype=torch.float64)
     got = bounds.rounding_bound(f16, torch.float16).tolist()
-    assert got[:4] == [16.0, math.inf, math.inf, 2.0 ** -25] and math.isnan(got[4])
+    assert got[:4] == [16.0, math.inf, math.inf, 2.0**-25] and math.isnan(got[4])
 
 
 def test_bf16_subnormals_may_flush_to_zero():
@@ -85,18 +86,19 @@ def test_bf16_subnormals_may_flush_to_zero():
     tiny = float(torch.finfo(torch.bfloat16).tiny)
     below = torch.tensor([tiny * 0.99, tiny / 8, 0.0], dtype=torch.float64)
     assert bounds.rounding_bound(below, torch.bfloat16).tolist() == [tiny] * 3
-    assert bounds.rounding_bound(torch.tensor([tiny], dtype=torch.float64), torch.bfloat16).item() == tiny * 2.0 ** -8
+    assert bounds.rounding_bound(torch.tensor([tiny], dtype=torch.float64), torch.bfloat16).item() == tiny * 2.0**-8
     assert bounds.underflow_error(torch.bfloat16) == tiny
-    assert bounds.underflow_error(torch.float16) == 2.0 ** -25
-    assert bounds.rounding_bound(torch.tensor([2.0 ** -20]), torch.float16).item() == 2.0 ** -25
+    assert bounds.underflow_error(torch.float16) == 2.0**-25
+    assert bounds.rounding_bound(torch.tensor([2.0**-20]), torch.float16).item() == 2.0**-25
 
 
 @pytest.mark.parametrize("dtype", LOW, ids=str)
 def test_rounding_bound_holds_and_is_attained(dtype):
     gen = torch.Generator().manual_seed(2)
     fi = torch.finfo(dtype)
-    exponent = torch.empty(20000, dtype=torch.float64).uniform_(math.log2(fi.tiny) - 12, math.log2(fi.max) - 1,
-                                                                generator=gen)
+    exponent = torch.empty(20000, dtype=torch.float64).uniform_(
+        math.log2(fi.tiny) - 12, math.log2(fi.max) - 1, generator=gen
+    )
     x = torch.exp2(exponent) * torch.where(torch.rand(20000, generator=gen) < 0.5, -1.0, 1.0).double()
     err = (x.to(dtype).double() - x).abs()
     bound = bounds.rounding_bound(x, dtype)
@@ -114,7 +116,7 @@ def test_dequantize_bound_counts_the_chain_and_the_output_rounding():
     one = bounds.dequantize_bound(torch.tensor([1.0], dtype=torch.float64), torch.float32, torch.float32, ops=1)
     assert one.item() == pytest.approx(u, rel=1e-6)
     two = bounds.dequantize_bound(torch.tensor([1.0], dtype=torch.float64), torch.bfloat16, torch.float32, ops=2)
-    assert two.item() == pytest.approx(bounds.gamma(2, u) + 2.0 ** -8, rel=1e-6)
+    assert two.item() == pytest.approx(bounds.gamma(2, u) + 2.0**-8, rel=1e-6)
 
 
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=str)
@@ -131,6 +133,7 @@ def test_dequantize_bound_holds_for_a_two_op_chain(dtype):
 
 
 # --- matmul and gradient ---------------------------------------------------------------
+
 
 @pytest.mark.parametrize("dtype", LOW, ids=str)
 def test_matmul_bound_holds_for_torch_matmul_in_each_dtype(dtype):
@@ -154,7 +157,7 @@ def test_matmul_bound_by_hand_with_exact_cancellation():
     w = torch.tensor([[3.0, 3.0]], dtype=torch.float64)
     u16, u32 = bounds.unit_roundoff(torch.float16), bounds.unit_roundoff(torch.float32)
     magnitude = 6.0 * (1 + u16)  # |x| (|W| + u |W|)^T
-    eta = {torch.float16: 2.0 ** -25, torch.float32: 2.0 ** -150}  # half the subnormal spacing
+    eta = {torch.float16: 2.0**-25, torch.float32: 2.0**-150}  # half the subnormal spacing
     for accumulate, u_acc in ((None, u32), (torch.float16, u16)):
         underflow = eta[torch.float16] * magnitude + 2 * eta[accumulate or torch.float32]
         e_c = 6.0 * u16 + (u16 + (1 + u16) * bounds.gamma(2, u_acc)) * magnitude + underflow
@@ -175,15 +178,16 @@ def test_matmul_bound_covers_underflowing_products():
     x = torch.full((1, 64), 1e-20, dtype=torch.float64)
     w = torch.full((3, 64), 1e-25, dtype=torch.float64)
     bound = bounds.matmul_bound(x, w, None, torch.float32, torch.float32)
-    assert (bound >= 64 * 2.0 ** -150).all()
+    assert (bound >= 64 * 2.0**-150).all()
     rounded_products = (x.float() * w.float()).double()  # each product rounded once, to a subnormal
     assert (rounded_products.sum(1) - linear.linear(x, w)).abs().max() <= bound.max()
 
 
 def test_matmul_bound_in_bf16_accumulation_is_vacuous_from_k_256():
     x, w = torch.ones(1, 256, dtype=torch.float64), torch.ones(1, 256, dtype=torch.float64)
-    assert math.isinf(bounds.matmul_bound(x, w, None, torch.bfloat16, torch.bfloat16,
-                                          accumulate_dtype=torch.bfloat16).item())
+    assert math.isinf(
+        bounds.matmul_bound(x, w, None, torch.bfloat16, torch.bfloat16, accumulate_dtype=torch.bfloat16).item()
+    )
     assert bounds.matmul_bound(x, w, None, torch.bfloat16, torch.bfloat16).item() < 256 * 0.02  # about 2u |y| + an ulp
 
 
@@ -211,26 +215,32 @@ def test_grad_bound_holds_for_torch_matmul(dtype):
 
 # --- error multiple ----------------------------------------------------------------
 
+
 def test_error_multiple_ratio_and_dtypes():
     expected = torch.tensor([1.0, 2.0], dtype=torch.float64)
     bound = torch.tensor([0.5, 0.25], dtype=torch.float64)
     assert bounds.error_multiple(torch.tensor([1.25, 2.0], dtype=torch.bfloat16), expected, bound) == 0.5
     assert bounds.error_multiple(torch.tensor([1.0, 2.5]), expected, bound) == 2.0
-    assert bounds.error_multiple(torch.empty(0), torch.empty(0, dtype=torch.float64),
-                                 torch.empty(0, dtype=torch.float64)) == 0.0
+    assert (
+        bounds.error_multiple(torch.empty(0), torch.empty(0, dtype=torch.float64), torch.empty(0, dtype=torch.float64))
+        == 0.0
+    )
 
 
-@pytest.mark.parametrize("actual,expected,bound,multiple", [
-    (0.0, 0.0, 0.0, 0.0),  # zero bound, exact match
-    (1e-300, 0.0, 0.0, math.inf),  # zero bound, any mismatch
-    (math.nan, 1.0, 1.0, math.inf),  # NaN where the reference is finite
-    (1.0, math.nan, 1.0, math.inf),  # finite where the reference is NaN
-    (math.nan, math.nan, 1.0, 0.0),  # NaN where the reference is NaN
-    (math.inf, math.inf, 1.0, 0.0),  # the same infinity
-    (-math.inf, math.inf, 1.0, math.inf),  # the other infinity
-    (math.inf, 1e6, math.inf, 0.0),  # the exact value overflows the output dtype
-    (math.nan, 1e6, math.inf, math.inf),  # ... but NaN is still wrong
-])
+@pytest.mark.parametrize(
+    "actual,expected,bound,multiple",
+    [
+        (0.0, 0.0, 0.0, 0.0),  # zero bound, exact match
+        (1e-300, 0.0, 0.0, math.inf),  # zero bound, any mismatch
+        (math.nan, 1.0, 1.0, math.inf),  # NaN where the reference is finite
+        (1.0, math.nan, 1.0, math.inf),  # finite where the reference is NaN
+        (math.nan, math.nan, 1.0, 0.0),  # NaN where the reference is NaN
+        (math.inf, math.inf, 1.0, 0.0),  # the same infinity
+        (-math.inf, math.inf, 1.0, math.inf),  # the other infinity
+        (math.inf, 1e6, math.inf, 0.0),  # the exact value overflows the output dtype
+        (math.nan, 1e6, math.inf, math.inf),  # ... but NaN is still wrong
+    ],
+)
 def test_error_multiple_special_values(actual, expected, bound, multiple):
     as_t = lambda v: torch.tensor([v], dtype=torch.float64)  # noqa: E731
     assert bounds.error_multiple(as_t(actual), as_t(expected), as_t(bound)) == multiple
@@ -242,6 +252,7 @@ def test_bound_multiple_is_one():
 
 # --- HQQ dequantize with fp32-stored zero/scale evaluated in a 16-bit compute dtype ---------
 
+
 def _hqq_state(seed: int) -> PackedHqq4:
     import numpy as np
 
@@ -250,8 +261,15 @@ def _hqq_state(seed: int) -> PackedHqq4:
     packed = (q[:4] << 4) | q[4:]
     zero = rng.uniform(6.5, 8.5, size=(8, 1)).astype(np.float32)  # zero points near the middle
     scale = rng.uniform(0.5, 4.0, size=(8, 1)).astype(np.float32)  # outlier-sized scales
-    return PackedHqq4(shape=(8, 64), group_size=64, axis=1, packed=packed, scale=scale, zero=zero,
-                      meta={"compute_dtype": "float32", "scale_dtype": "float32", "zero_dtype": "float32"})
+    return PackedHqq4(
+        shape=(8, 64),
+        group_size=64,
+        axis=1,
+        packed=packed,
+        scale=scale,
+        zero=zero,
+        meta={"compute_dtype": "float32", "scale_dtype": "float32", "zero_dtype": "float32"},
+    )
 
 
 @pytest.mark.parametrize("compute", (torch.bfloat16, torch.float16))
@@ -286,12 +304,12 @@ def test_hqq4_bound_without_meta_rounding_is_the_two_op_chain():
 
 # --- bitsandbytes-format weight as a 16-bit gemv computes it -----------------------------
 
+
 @pytest.mark.parametrize("compute", (torch.bfloat16, torch.float16))
 def test_bnb4_matmul_weight_bound_covers_code_times_absmax_in_compute_dtype(compute):
     """bitsandbytes' CUDA gemv multiplies a compute-dtype code table by a compute-dtype
     absmax; the weight bound must hold for that, and a single rounding must not."""
     import numpy as np
-
     from pytest_qconform.reference import bnb4
     from pytest_qconform.reference.packed import PackedBnb4
 
@@ -300,8 +318,9 @@ def test_bnb4_matmul_weight_bound_covers_code_times_absmax_in_compute_dtype(comp
         gen = torch.Generator().manual_seed(seed)
         weight = torch.randn(64, 128, generator=gen) * 3
         packed, absmax = bnb4.quantize(weight, "nf4", 64)
-        p = PackedBnb4("nf4", 64, (64, 128), packed, absmax.float().numpy(),
-                       np.asarray(bnb4.code_table("nf4"), dtype=np.float32))
+        p = PackedBnb4(
+            "nf4", 64, (64, 128), packed, absmax.float().numpy(), np.asarray(bnb4.code_table("nf4"), dtype=np.float32)
+        )
         exact = bnb4.decode(p)
         codes = torch.as_tensor(bnb4.unpack_codes(packed, exact.numel()).astype(np.int64))
         table = torch.as_tensor(p.code).to(compute)

@@ -1,4 +1,5 @@
 """The run report: folding, round trips, atomic writes, strict reading."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_qconform.report import atomic
 from pytest_qconform.hardware.probe import BackendStatus, simulated_probe
+from pytest_qconform.report import atomic
 from pytest_qconform.report.run_report import (
     SCHEMA_VERSION,
     VERDICTS,
@@ -26,25 +27,47 @@ from pytest_qconform.report.tables import format_arch_table
 
 def probe_dict(arch: str = "sm90", host: str = "runner-1", **overrides) -> dict:
     probe = {
-        "device_kind": "cuda", "arch": arch, "device_name": "NVIDIA H100", "host": host,
-        "torch": "2.13.0", "cuda": "12.8", "hip": None, "simulated": False,
-        "backends": {"bitsandbytes": {"available": True, "version": "0.50.2", "reason": ""},
-                     "hqq": {"available": False, "version": None, "reason": "hqq: import failed"}},
+        "device_kind": "cuda",
+        "arch": arch,
+        "device_name": "NVIDIA H100",
+        "host": host,
+        "torch": "2.13.0",
+        "cuda": "12.8",
+        "hip": None,
+        "simulated": False,
+        "backends": {
+            "bitsandbytes": {"available": True, "version": "0.50.2", "reason": ""},
+            "hqq": {"available": False, "version": None, "reason": "hqq: import failed"},
+        },
     }
     probe.update(overrides)
     return probe
 
 
 def cell_dict(**overrides) -> dict:
-    cell = {"backend": "bitsandbytes", "operation": "matmul", "format": "nf4-b64-dq", "dtype": "bf16",
-            "verdict": "pass", "cases": 4, "worst_error_multiple": 0.31, "first_failure": None, "reason": ""}
+    cell = {
+        "backend": "bitsandbytes",
+        "operation": "matmul",
+        "format": "nf4-b64-dq",
+        "dtype": "bf16",
+        "verdict": "pass",
+        "cases": 4,
+        "worst_error_multiple": 0.31,
+        "first_failure": None,
+        "reason": "",
+    }
     cell.update(overrides)
     return cell
 
 
 def report_dict(**overrides) -> dict:
-    data = {"schema": "pytest-qconform/report", "schema_version": 1, "created": "2025-01-31T12:00:00Z",
-            "probe": probe_dict(), "cells": [cell_dict()]}
+    data = {
+        "schema": "pytest-qconform/report",
+        "schema_version": 1,
+        "created": "2025-01-31T12:00:00Z",
+        "probe": probe_dict(),
+        "cells": [cell_dict()],
+    }
     data.update(overrides)
     return data
 
@@ -55,8 +78,9 @@ def write_json(tmp_path: Path, data, name: str = "r.json") -> Path:
     return path
 
 
-def cell(verdict: str, multiple: float | None = None, cases: int = 1, message: str | None = None,
-         reason: str = "") -> Cell:
+def cell(
+    verdict: str, multiple: float | None = None, cases: int = 1, message: str | None = None, reason: str = ""
+) -> Cell:
     failure = {"message": message, "repro": f"pytest -k {message}"} if message else None
     return Cell("hqq", "dequantize", "hqq4-g64", "fp16", verdict, cases, multiple, failure, reason)
 
@@ -75,8 +99,15 @@ def test_fold_precedence_is_the_documented_one():
 
 
 def test_fold_sums_cases_takes_max_multiple_and_first_failure():
-    folded = fold_cell([cell("pass", 0.2, 3), cell("fail", 5.0, 2, message="first"), cell("pass", 0.9, 1),
-                        cell("fail", 7.0, 1, message="second"), cell("skipped", None, 4, reason="no bf16")])
+    folded = fold_cell(
+        [
+            cell("pass", 0.2, 3),
+            cell("fail", 5.0, 2, message="first"),
+            cell("pass", 0.9, 1),
+            cell("fail", 7.0, 1, message="second"),
+            cell("skipped", None, 4, reason="no bf16"),
+        ]
+    )
     assert folded.verdict == "fail"
     assert folded.cases == 11
     assert folded.worst_error_multiple == 7.0
@@ -85,8 +116,13 @@ def test_fold_sums_cases_takes_max_multiple_and_first_failure():
 
 
 def test_fold_nan_multiple_is_worst_and_reason_follows_verdict():
-    folded = fold_cell([cell("known-failure", 0.5, reason="listed: gfx1200"), cell("known-failure", math.nan),
-                        cell("skipped", None, reason="no fp16")])
+    folded = fold_cell(
+        [
+            cell("known-failure", 0.5, reason="listed: gfx1200"),
+            cell("known-failure", math.nan),
+            cell("skipped", None, reason="no fp16"),
+        ]
+    )
     assert math.isnan(folded.worst_error_multiple)
     assert folded.reason == "listed: gfx1200"
     assert fold_cell([cell("pass"), cell("skipped")]).worst_error_multiple is None
@@ -109,8 +145,11 @@ def test_cell_refuses_unknown_verdict():
 
 
 def sample_report(created: str = "2025-01-31T12:00:00Z", **probe) -> RunReport:
-    return RunReport(probe_dict(**probe), (Cell.from_dict(cell_dict()), cell("fail", math.inf, 2, message="x"),
-                                           cell("pass", math.nan)), created)
+    return RunReport(
+        probe_dict(**probe),
+        (Cell.from_dict(cell_dict()), cell("fail", math.inf, 2, message="x"), cell("pass", math.nan)),
+        created,
+    )
 
 
 def test_report_round_trips_through_a_file(tmp_path):
@@ -205,35 +244,61 @@ def test_nan_literal_is_rejected(tmp_path):
         read_report(path)
 
 
-@pytest.mark.parametrize("mutate, problem", [
-    (lambda d: [d], r"top level: expected a JSON object, got list"),
-    (lambda d: {**d, "schema": "pytest-benchmark"}, r"schema is 'pytest-benchmark', expected 'pytest-qconform/report'"),
-    (lambda d: {**d, "schema_version": SCHEMA_VERSION + 1},
-     rf"schema_version {SCHEMA_VERSION + 1} is newer than this pytest-qconform reads \(version {SCHEMA_VERSION}\)"),
-    (lambda d: {**d, "schema_version": 0}, r"unknown schema_version 0; this pytest-qconform reads version 1"),
-    (lambda d: {**d, "schema_version": "1"}, r"schema_version: expected an integer, got str"),
-    (lambda d: {k: v for k, v in d.items() if k != "probe"}, r"report: missing field 'probe'"),
-    (lambda d: {**d, "created": "yesterday"}, r"created: 'yesterday' is not a UTC ISO 8601 time"),
-    (lambda d: {**d, "cells": {}}, r"report.cells: expected a JSON array, got dict"),
-    (lambda d: {**d, "probe": probe_dict(simulated="no")}, r"probe.simulated: expected true or false, got str"),
-    (lambda d: {**d, "probe": probe_dict(device_kind="tpu")}, r"probe.device_kind: 'tpu' is not one of"),
-    (lambda d: {**d, "probe": probe_dict(torch=2.13)}, r"probe.torch: expected a string or null, got float"),
-    (lambda d: {**d, "probe": {k: v for k, v in probe_dict().items() if k != "arch"}},
-     r"probe: missing field 'arch'"),
-    (lambda d: {**d, "probe": probe_dict(backends={"hqq": {"available": 1, "version": None, "reason": ""}})},
-     r"probe.backends\['hqq'\].available: expected true or false, got int"),
-    (lambda d: {**d, "cells": [cell_dict(), cell_dict(verdict="passed")]},
-     r"cells\[1\].verdict: unknown verdict 'passed'; expected one of crashed, timeout"),
-    (lambda d: {**d, "cells": [cell_dict(cases="4")]}, r"cells\[0\].cases: expected a non-negative integer, got str"),
-    (lambda d: {**d, "cells": [cell_dict(cases=True)]}, r"cells\[0\].cases: expected a non-negative integer, got bool"),
-    (lambda d: {**d, "cells": [cell_dict(worst_error_multiple="big")]},
-     r"cells\[0\].worst_error_multiple: expected a number, null, 'inf' or 'nan', got str"),
-    (lambda d: {**d, "cells": [cell_dict(first_failure={"message": "x"})]},
-     r"cells\[0\].first_failure: missing field 'repro'"),
-    (lambda d: {**d, "cells": [{k: v for k, v in cell_dict().items() if k != "dtype"}]},
-     r"cells\[0\]: missing field 'dtype'"),
-    (lambda d: {**d, "cells": [cell_dict(backend="")]}, r"cells\[0\].backend: must not be empty"),
-])
+@pytest.mark.parametrize(
+    "mutate, problem",
+    [
+        (lambda d: [d], r"top level: expected a JSON object, got list"),
+        (
+            lambda d: {**d, "schema": "pytest-benchmark"},
+            r"schema is 'pytest-benchmark', expected 'pytest-qconform/report'",
+        ),
+        (
+            lambda d: {**d, "schema_version": SCHEMA_VERSION + 1},
+            rf"schema_version {SCHEMA_VERSION + 1} is newer than this pytest-qconform reads \(version {SCHEMA_VERSION}\)",
+        ),
+        (lambda d: {**d, "schema_version": 0}, r"unknown schema_version 0; this pytest-qconform reads version 1"),
+        (lambda d: {**d, "schema_version": "1"}, r"schema_version: expected an integer, got str"),
+        (lambda d: {k: v for k, v in d.items() if k != "probe"}, r"report: missing field 'probe'"),
+        (lambda d: {**d, "created": "yesterday"}, r"created: 'yesterday' is not a UTC ISO 8601 time"),
+        (lambda d: {**d, "cells": {}}, r"report.cells: expected a JSON array, got dict"),
+        (lambda d: {**d, "probe": probe_dict(simulated="no")}, r"probe.simulated: expected true or false, got str"),
+        (lambda d: {**d, "probe": probe_dict(device_kind="tpu")}, r"probe.device_kind: 'tpu' is not one of"),
+        (lambda d: {**d, "probe": probe_dict(torch=2.13)}, r"probe.torch: expected a string or null, got float"),
+        (
+            lambda d: {**d, "probe": {k: v for k, v in probe_dict().items() if k != "arch"}},
+            r"probe: missing field 'arch'",
+        ),
+        (
+            lambda d: {**d, "probe": probe_dict(backends={"hqq": {"available": 1, "version": None, "reason": ""}})},
+            r"probe.backends\['hqq'\].available: expected true or false, got int",
+        ),
+        (
+            lambda d: {**d, "cells": [cell_dict(), cell_dict(verdict="passed")]},
+            r"cells\[1\].verdict: unknown verdict 'passed'; expected one of crashed, timeout",
+        ),
+        (
+            lambda d: {**d, "cells": [cell_dict(cases="4")]},
+            r"cells\[0\].cases: expected a non-negative integer, got str",
+        ),
+        (
+            lambda d: {**d, "cells": [cell_dict(cases=True)]},
+            r"cells\[0\].cases: expected a non-negative integer, got bool",
+        ),
+        (
+            lambda d: {**d, "cells": [cell_dict(worst_error_multiple="big")]},
+            r"cells\[0\].worst_error_multiple: expected a number, null, 'inf' or 'nan', got str",
+        ),
+        (
+            lambda d: {**d, "cells": [cell_dict(first_failure={"message": "x"})]},
+            r"cells\[0\].first_failure: missing field 'repro'",
+        ),
+        (
+            lambda d: {**d, "cells": [{k: v for k, v in cell_dict().items() if k != "dtype"}]},
+            r"cells\[0\]: missing field 'dtype'",
+        ),
+        (lambda d: {**d, "cells": [cell_dict(backend="")]}, r"cells\[0\].backend: must not be empty"),
+    ],
+)
 def test_malformed_report_raises_report_error_naming_file_and_problem(tmp_path, mutate, problem):
     path = write_json(tmp_path, mutate(report_dict()), name="runner.json")
     with pytest.raises(ReportError) as info:
@@ -259,8 +324,9 @@ def test_missing_file_is_a_report_error(tmp_path):
 
 
 def test_arch_table_is_fixed_width_and_sorted():
-    report = RunReport(probe_dict(), (cell("fail", 12345.0, 2, message="m"), Cell.from_dict(cell_dict())),
-                       "2025-01-31T12:00:00Z")
+    report = RunReport(
+        probe_dict(), (cell("fail", 12345.0, 2, message="m"), Cell.from_dict(cell_dict())), "2025-01-31T12:00:00Z"
+    )
     lines = format_arch_table(report).splitlines()
     assert lines[0] == "sm90 (cuda) on runner-1, torch 2.13.0"
     assert lines[1].split() == ["backend", "operation", "format", "dtype", "verdict", "cases", "worst"]

@@ -2,6 +2,7 @@
 
 Each run is a subprocess: this process has triton imported already (in interpreter mode).
 """
+
 from __future__ import annotations
 
 import json
@@ -13,9 +14,15 @@ pytest.importorskip("triton")
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU compiles the kernels: no interpreter")
 
-SELECT = ("--qconform", "--qconform-backend=triton-nf4", "--qconform-report-dir=out", "-p", "no:cacheprovider",
-          "-k", "test_matmul_matches_reference and nf4-b64-fp32 or test_dequantize_matches_reference_bytes and "
-                "nf4-b64-fp32")
+SELECT = (
+    "--qconform",
+    "--qconform-backend=triton-nf4",
+    "--qconform-report-dir=out",
+    "-p",
+    "no:cacheprovider",
+    "-k",
+    "test_matmul_matches_reference and nf4-b64-fp32 or test_dequantize_matches_reference_bytes and nf4-b64-fp32",
+)
 
 
 @pytest.fixture
@@ -29,8 +36,9 @@ def cells(pytester: pytest.Pytester) -> dict[str, dict]:
 
 
 @pytest.mark.parametrize("conftest", ["import bitsandbytes\n", "import triton\nimport triton.language as tl\n"])
-def test_a_conftest_importing_triton_first_does_not_break_the_kernels(pytester: pytest.Pytester, fresh_env,
-                                                                       conftest: str) -> None:
+def test_a_conftest_importing_triton_first_does_not_break_the_kernels(
+    pytester: pytest.Pytester, fresh_env, conftest: str
+) -> None:
     if conftest.startswith("import bitsandbytes"):
         pytest.importorskip("bitsandbytes")
     pytester.makeconftest(conftest)
@@ -41,14 +49,17 @@ def test_a_conftest_importing_triton_first_does_not_break_the_kernels(pytester: 
 
 
 def test_triton_imported_before_pytest_configures_makes_the_backend_unavailable_saying_why(
-        pytester: pytest.Pytester, fresh_env, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester: pytest.Pytester, fresh_env, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytester.makepyfile(early_plugin="import triton.language\n")  # a -p plugin is imported before any hook runs
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(pytester.path), os.environ.get("PYTHONPATH"))
-                                                     if p))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(p for p in (str(pytester.path), os.environ.get("PYTHONPATH")) if p)
+    )
     result = pytester.runpytest_subprocess("-p", "early_plugin", *SELECT)
     result.assert_outcomes(skipped=2)
     found = cells(pytester)
     assert {c["verdict"] for c in found.values()} == {"unavailable"}
     assert "triton was imported before TRITON_INTERPRET=1 was set" in found["matmul"]["reason"]
-    result.stdout.fnmatch_lines(["*backend triton-nf4: unavailable: triton-nf4: triton was imported before "
-                                 "TRITON_INTERPRET=1 was set*"])
+    result.stdout.fnmatch_lines(
+        ["*backend triton-nf4: unavailable: triton-nf4: triton was imported before TRITON_INTERPRET=1 was set*"]
+    )

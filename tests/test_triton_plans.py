@@ -2,6 +2,7 @@
 kernel launch under them (``kernels/launch``): a planned call returns what the validated
 entry points return, plans follow the activation's layout, a copied weight starts with
 none, and a bound launch passes Triton's runner every argument in signature order."""
+
 from __future__ import annotations
 
 import copy
@@ -40,6 +41,7 @@ class FakeKernel:
         def launch(*args, **meta):
             self.launches.append((grid, args, meta))
             return self.compiled
+
         return launch
 
 

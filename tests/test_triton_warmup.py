@@ -2,6 +2,7 @@
 one, that its workers replay their shares and are reported, that the session stops the
 ones still running, and that a recorded call log replays to the very kernel launches of
 the run it was recorded from (checked by the compile census under the interpreter)."""
+
 from __future__ import annotations
 
 import json
@@ -18,9 +19,9 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 bnb_functional = pytest.importorskip("bitsandbytes.functional")
 
-from pytest_qconform.triton_nf4 import warmup as triton_warmup  # noqa: E402
-from pytest_qconform.triton_nf4 import kernel_calls  # noqa: E402
 from pytest_qconform.hardware.probe import BackendStatus, Probe  # noqa: E402
+from pytest_qconform.triton_nf4 import kernel_calls  # noqa: E402
+from pytest_qconform.triton_nf4 import warmup as triton_warmup  # noqa: E402
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # where the workers replay (a GPU host compiles)
@@ -49,22 +50,36 @@ class _Config:
 
 
 def _probe(kind: str = "cuda", triton_available: bool = True, simulated: bool = False) -> Probe:
-    return Probe(device_kind=kind, arch="sm90" if kind == "cuda" else "x86_64", family=None, device_name="test",
-                 host="test", torch="2.11", cuda="13.0", hip=None, bf16=True, default_blocksize=64,
-                 simulated=simulated,
-                 backends=(BackendStatus(triton_warmup.TRITON_BACKEND, triton_available, "0", ""),))
+    return Probe(
+        device_kind=kind,
+        arch="sm90" if kind == "cuda" else "x86_64",
+        family=None,
+        device_name="test",
+        host="test",
+        torch="2.11",
+        cuda="13.0",
+        hip=None,
+        bf16=True,
+        default_blocksize=64,
+        simulated=simulated,
+        backends=(BackendStatus(triton_warmup.TRITON_BACKEND, triton_available, "0", ""),),
+    )
 
 
-@pytest.mark.parametrize("config, probe, reason", [
-    (_Config(), _probe(), None),
-    (_Config(workers=3), _probe(), None),
-    (_Config(workers=0), _probe(), "off (--qconform-warmup-workers=0)"),
-    (_Config(), _probe("cpu"), "no GPU"),
-    (_Config(), _probe("rocm", simulated=True), "no GPU"),
-    (_Config(), _probe(triton_available=False), "triton-nf4 is not tested in this run"),
-    (_Config(xdist_worker=True), _probe(), "pytest-xdist worker (the controller warms the cache)"),
-    (_Config(collect_only=True), _probe(), "--collect-only"),
-], ids=["gpu", "gpu-3-workers", "off", "cpu", "simulated-gfx", "no-triton", "xdist-worker", "collect-only"])
+@pytest.mark.parametrize(
+    "config, probe, reason",
+    [
+        (_Config(), _probe(), None),
+        (_Config(workers=3), _probe(), None),
+        (_Config(workers=0), _probe(), "off (--qconform-warmup-workers=0)"),
+        (_Config(), _probe("cpu"), "no GPU"),
+        (_Config(), _probe("rocm", simulated=True), "no GPU"),
+        (_Config(), _probe(triton_available=False), "triton-nf4 is not tested in this run"),
+        (_Config(xdist_worker=True), _probe(), "pytest-xdist worker (the controller warms the cache)"),
+        (_Config(collect_only=True), _probe(), "--collect-only"),
+    ],
+    ids=["gpu", "gpu-3-workers", "off", "cpu", "simulated-gfx", "no-triton", "xdist-worker", "collect-only"],
+)
 def test_skip_reason(config: _Config, probe: Probe, reason: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert triton_warmup.skip_reason(config, probe) == reason
@@ -79,9 +94,12 @@ def _log(path: Path, dtypes=(torch.float32, torch.float16, torch.bfloat16)) -> P
     weight = torch.randn(4, 64, generator=torch.Generator().manual_seed(0))
     data, state = bnb_functional.quantize_4bit(weight, blocksize=64, quant_type="nf4")
     recorder = kernel_calls.Recorder()
-    recorder.calls = [kernel_calls.record("dequantize_4bit", (data, state.absmax),
-                                      dict(blocksize=64, shape=(4, 64), code=state.code, out_dtype=dtype))
-                      for dtype in dtypes]
+    recorder.calls = [
+        kernel_calls.record(
+            "dequantize_4bit", (data, state.absmax), dict(blocksize=64, shape=(4, 64), code=state.code, out_dtype=dtype)
+        )
+        for dtype in dtypes
+    ]
     recorder.write(path)
     return path
 
@@ -105,8 +123,10 @@ def test_stop_terminates_running_workers_and_says_why(tmp_path: Path) -> None:
     warmup = triton_warmup.Warmup(_log(tmp_path / "calls.json"), workers=2, device=DEVICE, marker=marker)
     warmup.stop("the test ended first")  # the workers are still importing torch
     assert warmup.processes == []
-    assert warmup.summary() == ("qconform triton warm-up: 0 of 2 processes finished (0 calls, 0 failed; "
-                                "slowest 0.0 s); the rest stopped: the test ended first")
+    assert warmup.summary() == (
+        "qconform triton warm-up: 0 of 2 processes finished (0 calls, 0 failed; "
+        "slowest 0.0 s); the rest stopped: the test ended first"
+    )
     warmup.stop("again")  # idempotent
     assert "again" not in warmup.summary()
     assert not marker.exists()  # incomplete: the next session warms up again
@@ -114,8 +134,9 @@ def test_stop_terminates_running_workers_and_says_why(tmp_path: Path) -> None:
 
 def test_a_worker_error_reaches_the_summary_and_leaves_no_marker(tmp_path: Path) -> None:
     marker = tmp_path / "qconform-warmup-x.json"
-    warmup = triton_warmup.Warmup(_log(tmp_path / "calls.json", dtypes=(torch.int8,)), workers=1, device=DEVICE,
-                                  marker=marker)
+    warmup = triton_warmup.Warmup(
+        _log(tmp_path / "calls.json", dtypes=(torch.int8,)), workers=1, device=DEVICE, marker=marker
+    )
     warmup.processes[0].wait(timeout=120)
     warmup.stop()
     assert not marker.exists()
@@ -123,8 +144,9 @@ def test_a_worker_error_reaches_the_summary_and_leaves_no_marker(tmp_path: Path)
     assert "first error: dequantize_4bit: ValueError: kernels.dequantize_4bit: out_dtype" in warmup.summary()
 
 
-def test_fingerprint_follows_what_decides_the_compiled_variants(tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fingerprint_follows_what_decides_the_compiled_variants(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     log = _log(tmp_path / "calls.json")
     monkeypatch.delenv("TRITON_DEFAULT_FP_FUSION", raising=False)
     base = triton_warmup.fingerprint(_probe(), log)
@@ -168,26 +190,42 @@ def test_no_warmup_line_without_a_gpu(pytester: pytest.Pytester) -> None:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="compares interpreter keys; on a GPU the census runs compiled")
-def test_replayed_log_launches_the_kernel_keys_of_the_recorded_run(pytester: pytest.Pytester,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_replayed_log_launches_the_kernel_keys_of_the_recorded_run(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Record the Triton cells of two suites with the census on, replay the log with the
     census on: the same kernel launch keys, so a warm-up compiles what the run needs."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(BENCH), os.environ.get("PYTHONPATH")) if p))
     run = pytester.runpytest_subprocess(
-        "--qconform", "-p", "no:cacheprovider", "--qconform-no-report", "--qconform-backend", "triton-nf4",
-        "-k", "dequantize or matmul_every_row_count", "-p", "compile_census", "--census-out", "run.json",
-        "--qconform-record-kernel-calls", "calls.json")
+        "--qconform",
+        "-p",
+        "no:cacheprovider",
+        "--qconform-no-report",
+        "--qconform-backend",
+        "triton-nf4",
+        "-k",
+        "dequantize or matmul_every_row_count",
+        "-p",
+        "compile_census",
+        "--census-out",
+        "run.json",
+        "--qconform-record-kernel-calls",
+        "calls.json",
+    )
     assert run.ret == pytest.ExitCode.OK, run.stdout.str()[-2000:]
-    pytester.makepyfile(test_replay='''
+    pytester.makepyfile(
+        test_replay="""
         import torch
         from pytest_qconform.triton_nf4 import kernel_calls
 
         def test_replay():
             assert kernel_calls.replay(kernel_calls.load("calls.json"), torch.device("cpu"))["failed"] == 0
-    ''')
-    replay = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "compile_census", "--census-out",
-                                           "replay.json", "test_replay.py")
+    """
+    )
+    replay = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "compile_census", "--census-out", "replay.json", "test_replay.py"
+    )
     replay.assert_outcomes(passed=1)
     run_keys = set(json.loads((pytester.path / "run.json").read_text())["keys"])
     replay_keys = set(json.loads((pytester.path / "replay.json").read_text())["keys"])

@@ -4,13 +4,13 @@ Workers compute; only the controller records and writes the report, from the tes
 reports the workers send it (the cell key and error multiples travel in
 ``user_properties``). Also the pure choice of GPU per worker on a multi-GPU host.
 """
+
 from __future__ import annotations
 
 import json
 
 import pytest
 import torch
-
 from fake_backend import FAKE_BACKEND
 
 from pytest_qconform.hardware.probe import Probe
@@ -59,7 +59,9 @@ ARGS = ("--qconform", "--qconform-backend=fake", "--qconform-backend=missing", "
 
 # The fake of this suite claims what its tests are parametrized over (an unclaimed
 # spec or dtype would be left out at collection, never reaching the workers).
-WIDE_FAKE = FAKE_BACKEND + """
+WIDE_FAKE = (
+    FAKE_BACKEND
+    + """
 class WideFake(FakeBackend):
     def capabilities(self, device):
         return Capabilities(("nf4", "fp4"), (64, 128), True, (torch.float32, torch.bfloat16), ("cpu",))
@@ -73,6 +75,7 @@ class MissingBackend(FakeBackend):
 def pytest_qconform_backends(config):
     return {"fake": WideFake, "missing": MissingBackend}
 """
+)
 
 
 def _run(pytester: pytest.Pytester, out: str, *extra: str) -> tuple[pytest.RunResult, dict]:
@@ -80,8 +83,10 @@ def _run(pytester: pytest.Pytester, out: str, *extra: str) -> tuple[pytest.RunRe
     run = pytester.runpytest_subprocess if "-n" in extra else pytester.runpytest_inprocess
     result = run(str(pytester.path / "test_suite.py"), *ARGS, f"--qconform-report-dir={out}", *extra)
     reports = sorted((pytester.path / out).glob("*.json"))
-    assert len(reports) == 1, (f"expected the one report of the controller in {out}, found "
-                               f"{[p.name for p in reports]}:\n{result.stdout.str()[-3000:]}")
+    assert len(reports) == 1, (
+        f"expected the one report of the controller in {out}, found "
+        f"{[p.name for p in reports]}:\n{result.stdout.str()[-3000:]}"
+    )
     return result, json.loads(reports[0].read_text())
 
 
@@ -97,8 +102,7 @@ def test_two_workers_give_the_serial_matrix(fake_backend_project: pytest.Pyteste
     assert parallel_report["cells"] == serial_report["cells"]
     assert parallel_report["probe"]["backends"] == serial_report["probe"]["backends"]
 
-    verdicts = {(c["backend"], c["operation"], c["format"], c["dtype"]): c["verdict"]
-                for c in serial_report["cells"]}
+    verdicts = {(c["backend"], c["operation"], c["format"], c["dtype"]): c["verdict"] for c in serial_report["cells"]}
     assert verdicts == {
         ("fake", "dequantize", "nf4-b64", "fp32"): "pass",
         ("fake", "dequantize", "nf4-b64", "bf16"): "pass",
@@ -108,9 +112,15 @@ def test_two_workers_give_the_serial_matrix(fake_backend_project: pytest.Pyteste
         ("fake", "dequantize", "fp4-b128-dq", "fp32"): "known-failure",
         ("fake", "matmul", "nf4-b64", "-"): "fail",
         ("fake", "matmul", "nf4-b128", "-"): "pass",
-        **{("missing", op, fmt, dtype): "unavailable" for op, fmt, dtype in [
-            ("dequantize", f, d) for f in ("nf4-b64", "nf4-b128", "fp4-b64", "fp4-b128-dq") for d in ("fp32", "bf16")
-        ] + [("matmul", "nf4-b64", "-"), ("matmul", "nf4-b128", "-")]},
+        **{
+            ("missing", op, fmt, dtype): "unavailable"
+            for op, fmt, dtype in [
+                ("dequantize", f, d)
+                for f in ("nf4-b64", "nf4-b128", "fp4-b64", "fp4-b128-dq")
+                for d in ("fp32", "bf16")
+            ]
+            + [("matmul", "nf4-b64", "-"), ("matmul", "nf4-b128", "-")]
+        },
     }
     by_key = {(c["backend"], c["operation"], c["format"], c["dtype"]): c for c in parallel_report["cells"]}
     # Multiples recorded on the workers at call time reached the controller's report.
@@ -122,27 +132,38 @@ def test_two_workers_give_the_serial_matrix(fake_backend_project: pytest.Pyteste
     assert "test_dequantize_cases" in failure["repro"]
 
 
-@pytest.mark.parametrize("worker, device_count, index", [
-    (None, 4, 0), ("", 2, 0),
-    ("gw0", 2, 0), ("gw1", 2, 1), ("gw2", 2, 0), ("gw5", 2, 1),
-    ("gw7", 8, 7), ("gw9", 8, 1), ("gw3", 1, 0),
-])
+@pytest.mark.parametrize(
+    "worker, device_count, index",
+    [
+        (None, 4, 0),
+        ("", 2, 0),
+        ("gw0", 2, 0),
+        ("gw1", 2, 1),
+        ("gw2", 2, 0),
+        ("gw5", 2, 1),
+        ("gw7", 8, 7),
+        ("gw9", 8, 1),
+        ("gw3", 1, 0),
+    ],
+)
 def test_worker_uses_gpu_n_mod_device_count(worker: str | None, device_count: int, index: int) -> None:
     assert worker_device_index(worker, device_count) == index
 
 
-@pytest.mark.parametrize("worker, device_count, message", [
-    ("master", 2, "not a pytest-xdist worker id like 'gw3'"),
-    ("gw1", 0, "device_count must be >= 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "worker, device_count, message",
+    [
+        ("master", 2, "not a pytest-xdist worker id like 'gw3'"),
+        ("gw1", 0, "device_count must be >= 1, got 0"),
+    ],
+)
 def test_worker_device_index_rejects_nonsense(worker: str, device_count: int, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         worker_device_index(worker, device_count)
 
 
 def _cuda_probe(simulated: bool = False) -> Probe:
-    return Probe("cuda", "sm90", "hopper", "NVIDIA H100", "host", "2.13.0", "12.8", None, True, 64,
-                 simulated=simulated)
+    return Probe("cuda", "sm90", "hopper", "NVIDIA H100", "host", "2.13.0", "12.8", None, True, 64, simulated=simulated)
 
 
 def test_device_target_follows_the_xdist_worker(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,6 +5,7 @@ method changed, and names the operation (matrix cell) whose check must catch it.
 zoo test runs the real suites against all of them and requires each to fail exactly
 where it should, while the unmodified backend passes everywhere.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -272,8 +273,13 @@ class ScaledMatmul(TorchNF4Backend):
 # other mutant's class is caught by the original suites), which keeps the zoo's run time
 # from growing with the product of both lists.
 USER_INPUT_SUITES: tuple[str, ...] = (
-    "test_quantize_every_claimed_blocksize", "test_weight_layouts.py", "test_storage.py", "test_parameters.py",
-    "test_value_ranges.py", "test_real_shapes.py")
+    "test_quantize_every_claimed_blocksize",
+    "test_weight_layouts.py",
+    "test_storage.py",
+    "test_parameters.py",
+    "test_value_ranges.py",
+    "test_real_shapes.py",
+)
 
 
 class IndexWrapsPast2To17(TorchNF4Backend):
@@ -314,10 +320,15 @@ class AbsmaxOverOneTile(TorchNF4Backend):
             return super().quantize(weight, spec)
         flat = weight.detach().reshape(-1).float()
         padded = F.pad(flat, (0, (-flat.numel()) % spec.blocksize))
-        absmax = padded.reshape(-1, spec.blocksize)[:, :self.TILE].abs().amax(dim=1)
+        absmax = padded.reshape(-1, spec.blocksize)[:, : self.TILE].abs().amax(dim=1)
         table = self.table(spec.format, flat.device)
-        handle = {"packed": self.pack(self.quantize_codes(flat, absmax, spec.blocksize, table)), "code": table,
-                  "absmax": absmax, "blocksize": spec.blocksize, "quant_type": spec.format}
+        handle = {
+            "packed": self.pack(self.quantize_codes(flat, absmax, spec.blocksize, table)),
+            "code": table,
+            "absmax": absmax,
+            "blocksize": spec.blocksize,
+            "quant_type": spec.format,
+        }
         if spec.double_quant:
             handle.update(self.nest(absmax))
         return Quantized(self.name, spec, tuple(weight.shape), weight.device, handle)
@@ -334,8 +345,9 @@ class ReadsStorageInMemoryOrder(TorchNF4Backend):
 
     def quantize(self, weight, spec):
         if not weight.is_contiguous():
-            weight = torch.as_strided(weight, tuple(weight.shape), torch.empty(weight.shape).stride(),
-                                      weight.storage_offset())
+            weight = torch.as_strided(
+                weight, tuple(weight.shape), torch.empty(weight.shape).stride(), weight.storage_offset()
+            )
         return super().quantize(weight, spec)
 
 
@@ -560,12 +572,35 @@ class SharedBufferKeepsFirstDtype(_LayerMutant):
 
 
 MUTANTS: tuple[type[TorchNF4Backend], ...] = (
-    KeepsFirstDtypeBuffer, SwappedNibbles, WrongBlockAbsmax, RowwiseAbsmax, DroppedNestedOffset, IgnoredBias,
-    WrongGemvTail, NaNGradients, Fp16Accumulation, ForgetsBlocksize, OffThresholds, WrongOutputDtype, NaNForZeroBlocks,
-    HidesNonFinite, CrashesOnFp32Input, ScaledMatmul, LastRowAtTheFusedLimit,
-    IndexWrapsPast2To17, AbsmaxOverOneTile, ReadsStorageInMemoryOrder, StorageCastByValueOnLoad,
-    OutBufferKeepsFirstDtype, ExplicitAbsmaxAssumesBlocksize64, BiasKeepsItsDtype, HalfPrecisionBackwardForBf16,
-    EvalPathTransposedAbsmax, ForwardRoundsStoredState, LoadKeepsPlatformBlocksize, HalfCastsQuantState,
+    KeepsFirstDtypeBuffer,
+    SwappedNibbles,
+    WrongBlockAbsmax,
+    RowwiseAbsmax,
+    DroppedNestedOffset,
+    IgnoredBias,
+    WrongGemvTail,
+    NaNGradients,
+    Fp16Accumulation,
+    ForgetsBlocksize,
+    OffThresholds,
+    WrongOutputDtype,
+    NaNForZeroBlocks,
+    HidesNonFinite,
+    CrashesOnFp32Input,
+    ScaledMatmul,
+    LastRowAtTheFusedLimit,
+    IndexWrapsPast2To17,
+    AbsmaxOverOneTile,
+    ReadsStorageInMemoryOrder,
+    StorageCastByValueOnLoad,
+    OutBufferKeepsFirstDtype,
+    ExplicitAbsmaxAssumesBlocksize64,
+    BiasKeepsItsDtype,
+    HalfPrecisionBackwardForBf16,
+    EvalPathTransposedAbsmax,
+    ForwardRoundsStoredState,
+    LoadKeepsPlatformBlocksize,
+    HalfCastsQuantState,
     SharedBufferKeepsFirstDtype,
 )
 
@@ -586,8 +621,9 @@ def narrowed(backend: type[TorchNF4Backend]) -> type[TorchNF4Backend]:
     max_out_features = getattr(backend, "zoo_max_out_features", ZOO_MAX_OUT_FEATURES)
 
     def capabilities(self, device):
-        return dataclasses.replace(backend.capabilities(self, device), blocksizes=blocksizes,
-                                   max_out_features=max_out_features)
+        return dataclasses.replace(
+            backend.capabilities(self, device), blocksizes=blocksizes, max_out_features=max_out_features
+        )
 
     return type(backend.__name__, (backend,), {"capabilities": capabilities})
 
@@ -680,12 +716,17 @@ class OutputsPastGridLimit(TorchNF4Backend):
         y = super().matmul(x, q, bias, compute_dtype)
         if y.shape[-1] > self.GRID_LIMIT:
             y = y.clone()
-            y[..., self.GRID_LIMIT:] = 0
+            y[..., self.GRID_LIMIT :] = 0
         return y
 
 
-MUTANTS += (Fp32AbsmaxMean, TruncatingBf16Matmul, MisalignedActivation, LayerForwardAssumesBlocksize64,
-            OutputsPastGridLimit)
+MUTANTS += (
+    Fp32AbsmaxMean,
+    TruncatingBf16Matmul,
+    MisalignedActivation,
+    LayerForwardAssumesBlocksize64,
+    OutputsPastGridLimit,
+)
 
 
 # -- compiled and captured paths (issue 26) ------------------------------------------------------
@@ -745,8 +786,9 @@ class _SavesKernelCacheLinear(FunctionalLinear):
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
         # a kernel-ready copy of the float quantization state in the compute dtype, made on every move or cast
-        self.kernel_cache = {key: value.to(self.compute_dtype) for key, value in self.state().items()
-                             if value.is_floating_point()}
+        self.kernel_cache = {
+            key: value.to(self.compute_dtype) for key, value in self.state().items() if value.is_floating_point()
+        }
         return self
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):

@@ -6,6 +6,7 @@ PyTorch for the Triton adapter (whose 4-bit codes come from its own kernel,
 ``kernels.nf4_quantize``). Double quantization mirrors bitsandbytes 0.50.2: subtract the
 mean absmax and quantize the rest with the signed 8-bit dynamic map in blocks of 256.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,10 +15,22 @@ import torch.nn.functional as F
 
 # bitsandbytes' own tables (functional.get_4bit_type), index = the stored 4-bit code.
 NF4_CODE: tuple[float, ...] = (
-    -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
-    -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
-    0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
-    0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0,
+    -1.0,
+    -0.6961928009986877,
+    -0.5250730514526367,
+    -0.39491748809814453,
+    -0.28444138169288635,
+    -0.18477343022823334,
+    -0.09105003625154495,
+    0.0,
+    0.07958029955625534,
+    0.16093020141124725,
+    0.24611230194568634,
+    0.33791524171829224,
+    0.44070982933044434,
+    0.5626170039176941,
+    0.7229568362236023,
+    1.0,
 )
 FP4_CODE: tuple[float, ...] = tuple(
     v / 12.0 for v in (0.0, 0.0625, 8.0, 12.0, 4.0, 6.0, 2.0, 3.0, -0.0, -0.0625, -8.0, -12.0, -4.0, -6.0, -2.0, -3.0)
@@ -95,8 +108,8 @@ def nearest_code(values: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """uint8 index of the nearest table entry to each value (ties to the lower index)."""
     out = torch.empty(values.shape, dtype=torch.uint8, device=values.device)
     for start in range(0, values.numel(), 1 << 16):  # bounded [chunk, len(table)] temporaries
-        chunk = values[start:start + (1 << 16)]
-        out[start:start + chunk.numel()] = (chunk.unsqueeze(-1) - table).abs().argmin(dim=-1).to(torch.uint8)
+        chunk = values[start : start + (1 << 16)]
+        out[start : start + chunk.numel()] = (chunk.unsqueeze(-1) - table).abs().argmin(dim=-1).to(torch.uint8)
     return out
 
 

@@ -6,6 +6,7 @@ and a claim the suites cannot read (``"NF4"``, a device ``"rocm"``, a string ins
 tuple) silently selects nothing. Each problem is one line saying what to change; the
 session stops with all of them before anything runs (``session_setup``).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -40,27 +41,48 @@ def capability_problems(caps: Any, device: str) -> list[str]:
     found = [p for p in (_sequence_problem(caps, f) for f in ("formats", "blocksizes", "dtypes", "devices")) if p]
     if found:
         return [f"{call}: {p}" for p in found]
-    found += [f"{call}: format {f!r} is not one of {', '.join(FORMATS)} (lower case)" for f in caps.formats
-              if f not in FORMATS]
-    found += [f"{call}: blocksize {b!r} is not a positive whole number" for b in caps.blocksizes
-              if isinstance(b, bool) or not isinstance(b, int) or b < 1]
-    found += [f"{call}: dtype {d!r} is not one of torch.bfloat16, torch.float16, torch.float32" for d in caps.dtypes
-              if d not in DTYPES]
-    found += [f"{call}: device {d!r} is not one of {', '.join(DEVICES)}"
-              + (" (ROCm devices are 'cuda' in torch)" if str(d).lower() in ("rocm", "hip") else "")
-              for d in caps.devices if d not in DEVICES]
+    found += [
+        f"{call}: format {f!r} is not one of {', '.join(FORMATS)} (lower case)"
+        for f in caps.formats
+        if f not in FORMATS
+    ]
+    found += [
+        f"{call}: blocksize {b!r} is not a positive whole number"
+        for b in caps.blocksizes
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1
+    ]
+    found += [
+        f"{call}: dtype {d!r} is not one of torch.bfloat16, torch.float16, torch.float32"
+        for d in caps.dtypes
+        if d not in DTYPES
+    ]
+    found += [
+        f"{call}: device {d!r} is not one of {', '.join(DEVICES)}"
+        + (" (ROCm devices are 'cuda' in torch)" if str(d).lower() in ("rocm", "hip") else "")
+        for d in caps.devices
+        if d not in DEVICES
+    ]
     if caps.formats and not caps.blocksizes:
-        found.append(f"{call}: claims formats {', '.join(caps.formats)} but no blocksize; list the block/group "
-                     "sizes it supports")
+        found.append(
+            f"{call}: claims formats {', '.join(caps.formats)} but no blocksize; list the block/group sizes it supports"
+        )
     if caps.double_quant and not any(f in BNB_FORMATS for f in caps.formats):
-        found.append(f"{call}: double_quant=True needs an nf4 or fp4 format (double quantization is of "
-                     "bitsandbytes-layout absmax); set double_quant=False")
+        found.append(
+            f"{call}: double_quant=True needs an nf4 or fp4 format (double quantization is of "
+            "bitsandbytes-layout absmax); set double_quant=False"
+        )
     for name in ("compiled", "captured"):
         value = getattr(caps, name, ())
         problem = _sequence_problem(caps, name) if value else None
-        found += [f"{call}: {problem}"] if problem else [
-            f"{call}: {name} names {op!r}, not one of {', '.join(PATH_OPERATIONS)}" for op in value
-            if op not in PATH_OPERATIONS]
+        found += (
+            [f"{call}: {problem}"]
+            if problem
+            else [
+                f"{call}: {name} names {op!r}, not one of {', '.join(PATH_OPERATIONS)}"
+                for op in value
+                if op not in PATH_OPERATIONS
+            ]
+        )
     rows = caps.max_gemv_rows
     if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
         found.append(f"{call}: max_gemv_rows={rows!r}; use None or a whole number >= 1")
@@ -76,24 +98,29 @@ def violations(registered: str, backend: Backend, devices: tuple[str, ...]) -> l
     """
     found = []
     if backend.name != registered:
-        found.append(f"its class attribute name is {backend.name!r} but it is registered as {registered!r}; set "
-                     f"name = {registered!r} in {_where(backend)} (the name goes into Quantized records, failure "
-                     "messages and interop checks)")
+        found.append(
+            f"its class attribute name is {backend.name!r} but it is registered as {registered!r}; set "
+            f"name = {registered!r} in {_where(backend)} (the name goes into Quantized records, failure "
+            "messages and interop checks)"
+        )
     try:
         available = backend.availability()
     except Exception as exc:  # noqa: BLE001 - state.backend already turned a raise into unavailable
         return found + [f"availability() raised {type(exc).__name__}: {exc}; it must return an Availability"]
     if not isinstance(available, Availability):
-        return found + [f"availability() returned {type(available).__name__}, not "
-                        "pytest_qconform.backends.base.Availability"]
+        return found + [
+            f"availability() returned {type(available).__name__}, not pytest_qconform.backends.base.Availability"
+        ]
     if not available.available:
         return found
     for device in devices:
         try:
             caps = backend.capabilities(torch.device(device))
         except Exception as exc:  # noqa: BLE001 - reported as a rule broken, not raised
-            found.append(f"capabilities({device!r}) raised {type(exc).__name__}: {exc}; it must answer for any "
-                         "device (claim nothing there instead)")
+            found.append(
+                f"capabilities({device!r}) raised {type(exc).__name__}: {exc}; it must answer for any "
+                "device (claim nothing there instead)"
+            )
             continue
         found += capability_problems(caps, device)
     return found

@@ -4,6 +4,7 @@ A backend adapter wraps a library's *public* API (what users call) and exposes t
 operations the suites check. It must never raise on construction or on
 ``availability()``: a backend that cannot load reports why, and the run goes on.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -105,8 +106,9 @@ class Backend(ABC):
     def export_packed(self, q: Quantized) -> PackedBnb4 | PackedHqq4:
         """The backend's own stored bytes, in the record the reference decodes."""
 
-    def dequantize_with(self, q: Quantized, dtype: torch.dtype, *, out: torch.Tensor | None = None,
-                        absmax: torch.Tensor | None = None) -> torch.Tensor:
+    def dequantize_with(
+        self, q: Quantized, dtype: torch.dtype, *, out: torch.Tensor | None = None, absmax: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """``dequantize`` with the library's optional parameters: ``out`` (a buffer of
         ``dtype`` and the logical shape to write into; claimed by ``"dequantize" in
         Capabilities.out_arguments``) and ``absmax`` (fp32 per-block scales passed in place
@@ -116,8 +118,16 @@ class Backend(ABC):
             return self.dequantize(q, dtype)
         raise NotImplementedError(f"{self.name}: dequantize with out=/absmax= is not claimed")
 
-    def matmul_with(self, x: torch.Tensor, q: Quantized, bias: torch.Tensor | None, compute_dtype: torch.dtype,
-                    *, out: torch.Tensor | None = None, orientation: str = "default") -> torch.Tensor:
+    def matmul_with(
+        self,
+        x: torch.Tensor,
+        q: Quantized,
+        bias: torch.Tensor | None,
+        compute_dtype: torch.dtype,
+        *,
+        out: torch.Tensor | None = None,
+        orientation: str = "default",
+    ) -> torch.Tensor:
         """``matmul`` with an output buffer (``"matmul" in Capabilities.out_arguments``,
         in the compute dtype: the result is written there and returned) or the packed
         weight handed over in another documented orientation (one of

@@ -13,13 +13,13 @@ was fp16 and ``dtype`` bf16), each call hands bitsandbytes a copy of the stored
 tables are shared, never re-encoded. ``matmul`` does the same with the compute dtype,
 which is exactly the state a user gets by loading the model in that dtype.
 """
+
 from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 import numpy as np
+import torch
 
 from pytest_qconform.backends._torch_util import dtype_from_name, dtype_name, import_failure, packed_bytes, to_numpy
 from pytest_qconform.backends.base import Availability, Backend, Capabilities, Quantized, QuantSpec
@@ -28,21 +28,32 @@ from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 
 BLOCKSIZES: tuple[int, ...] = (32, 64, 128, 256, 512, 1024, 2048, 4096)  # quantize_4bit's check, 0.50.2
 DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
-QUANT_STORAGES: tuple[torch.dtype, ...] = (torch.uint8, torch.bfloat16, torch.float16, torch.float32)  # quantize_4bit's docs
+QUANT_STORAGES: tuple[torch.dtype, ...] = (
+    torch.uint8,
+    torch.bfloat16,
+    torch.float16,
+    torch.float32,
+)  # quantize_4bit's docs
 FALLBACK_DEFAULT_BLOCKSIZE = 64
 # Under torch.compile and in CUDA graphs: its kernels are torch custom ops (0.50.2:
 # torch.ops.bitsandbytes.dequantize_4bit, ...), and vLLM runs them compiled and captured.
 PATH_OPERATIONS: tuple[str, ...] = ("dequantize", "matmul", "layer-forward")
 
 
-
-
 def _state_as(state: Any, dtype: torch.dtype) -> Any:
     """A ``QuantState`` sharing every tensor with ``state`` but dequantizing to ``dtype``."""
     from bitsandbytes.functional import QuantState
 
-    return QuantState(absmax=state.absmax, shape=state.shape, code=state.code, blocksize=state.blocksize,
-                      quant_type=state.quant_type, dtype=dtype, offset=state.offset, state2=state.state2)
+    return QuantState(
+        absmax=state.absmax,
+        shape=state.shape,
+        code=state.code,
+        blocksize=state.blocksize,
+        quant_type=state.quant_type,
+        dtype=dtype,
+        offset=state.offset,
+        state2=state.state2,
+    )
 
 
 def native_library_failure() -> str | None:
@@ -83,12 +94,22 @@ class BitsandbytesBackend(Backend):
 
     def capabilities(self, device: torch.device) -> Capabilities:
         devices = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
-        return Capabilities(formats=("nf4", "fp4"), blocksizes=BLOCKSIZES, double_quant=True, dtypes=DTYPES,
-                            devices=devices, backward=True, serialize=True, quant_storages=QUANT_STORAGES,
-                            out_arguments=("dequantize", "matmul"), explicit_absmax=True,
-                            weight_orientations=("default", "as-quantized"), compiled=PATH_OPERATIONS,
-                            captured=PATH_OPERATIONS,
-                            dispatch_rows=(2,))  # matmul_4bit: a gemv for one row, dequantize + GEMM beyond
+        return Capabilities(
+            formats=("nf4", "fp4"),
+            blocksizes=BLOCKSIZES,
+            double_quant=True,
+            dtypes=DTYPES,
+            devices=devices,
+            backward=True,
+            serialize=True,
+            quant_storages=QUANT_STORAGES,
+            out_arguments=("dequantize", "matmul"),
+            explicit_absmax=True,
+            weight_orientations=("default", "as-quantized"),
+            compiled=PATH_OPERATIONS,
+            captured=PATH_OPERATIONS,
+            dispatch_rows=(2,),
+        )  # matmul_4bit: a gemv for one row, dequantize + GEMM beyond
 
     def default_blocksize(self) -> int:
         """The blocksize a user gets without asking: what a fresh ``Params4bit`` holds
@@ -109,15 +130,21 @@ class BitsandbytesBackend(Backend):
 
         if spec.format not in ("nf4", "fp4"):
             raise ValueError(f"{self.name}: format {spec.format!r} is not a bitsandbytes 4-bit format (nf4, fp4)")
-        packed, state = bnb_f.quantize_4bit(weight.detach(), blocksize=spec.blocksize, quant_type=spec.format,
-                                            compress_statistics=spec.double_quant, quant_storage=spec.quant_storage)
+        packed, state = bnb_f.quantize_4bit(
+            weight.detach(),
+            blocksize=spec.blocksize,
+            quant_type=spec.format,
+            compress_statistics=spec.double_quant,
+            quant_storage=spec.quant_storage,
+        )
         return Quantized(self.name, spec, tuple(weight.shape), weight.device, BnbHandle(packed, state))
 
     def dequantize(self, q: Quantized, dtype: torch.dtype) -> torch.Tensor:
         return self.dequantize_with(q, dtype)
 
-    def dequantize_with(self, q: Quantized, dtype: torch.dtype, *, out: torch.Tensor | None = None,
-                        absmax: torch.Tensor | None = None) -> torch.Tensor:
+    def dequantize_with(
+        self, q: Quantized, dtype: torch.dtype, *, out: torch.Tensor | None = None, absmax: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """``dequantize_4bit(packed, state, out=out)``; with ``absmax``, the stateless form
         ``dequantize_4bit(packed, absmax=absmax, out=out, blocksize=..., quant_type=...)``,
         which takes shape and dtype from ``out`` (bitsandbytes requires it there)."""
@@ -127,16 +154,30 @@ class BitsandbytesBackend(Backend):
         if absmax is not None:
             if out is None:
                 out = torch.empty(q.shape, dtype=dtype, device=q.device)
-            return bnb_f.dequantize_4bit(handle.packed, absmax=absmax, out=out, blocksize=handle.state.blocksize,
-                                         quant_type=handle.state.quant_type)
+            return bnb_f.dequantize_4bit(
+                handle.packed,
+                absmax=absmax,
+                out=out,
+                blocksize=handle.state.blocksize,
+                quant_type=handle.state.quant_type,
+            )
         return bnb_f.dequantize_4bit(handle.packed, _state_as(handle.state, dtype), out=out)
 
-    def matmul(self, x: torch.Tensor, q: Quantized, bias: torch.Tensor | None,
-               compute_dtype: torch.dtype) -> torch.Tensor:
+    def matmul(
+        self, x: torch.Tensor, q: Quantized, bias: torch.Tensor | None, compute_dtype: torch.dtype
+    ) -> torch.Tensor:
         return self.matmul_with(x, q, bias, compute_dtype)
 
-    def matmul_with(self, x: torch.Tensor, q: Quantized, bias: torch.Tensor | None, compute_dtype: torch.dtype,
-                    *, out: torch.Tensor | None = None, orientation: str = "default") -> torch.Tensor:
+    def matmul_with(
+        self,
+        x: torch.Tensor,
+        q: Quantized,
+        bias: torch.Tensor | None,
+        compute_dtype: torch.dtype,
+        *,
+        out: torch.Tensor | None = None,
+        orientation: str = "default",
+    ) -> torch.Tensor:
         """``Linear4bit.forward`` with ``compute_dtype`` set: x and bias cast to it, the
         result cast back to x's dtype. ``orientation`` "default" hands ``matmul_4bit`` the
         packed weight transposed, as ``Linear4bit`` passed it up to 0.49; "as-quantized"
@@ -163,8 +204,12 @@ class BitsandbytesBackend(Backend):
         state = handle.state
         nested = state.state2 if state.nested else None
         return PackedBnb4(
-            quant_type=state.quant_type, blocksize=int(state.blocksize), shape=tuple(int(n) for n in state.shape),
-            packed=packed_bytes(handle.packed), absmax=to_numpy(state.absmax), code=to_numpy(state.code),
+            quant_type=state.quant_type,
+            blocksize=int(state.blocksize),
+            shape=tuple(int(n) for n in state.shape),
+            packed=packed_bytes(handle.packed),
+            absmax=to_numpy(state.absmax),
+            code=to_numpy(state.code),
             nested_absmax=to_numpy(nested.absmax) if nested is not None else None,
             nested_code=to_numpy(nested.code) if nested is not None else None,
             nested_blocksize=int(nested.blocksize) if nested is not None else None,
@@ -185,14 +230,24 @@ class BitsandbytesBackend(Backend):
 
         state2, offset = None, None
         if packed.double_quant:
-            state2 = QuantState(absmax=tensor(packed.nested_absmax, np.float32),
-                                code=tensor(packed.nested_code, np.float32),
-                                blocksize=int(packed.nested_blocksize or 256), dtype=torch.float32)
+            state2 = QuantState(
+                absmax=tensor(packed.nested_absmax, np.float32),
+                code=tensor(packed.nested_code, np.float32),
+                blocksize=int(packed.nested_blocksize or 256),
+                dtype=torch.float32,
+            )
             offset = torch.tensor(float(packed.offset or 0.0), dtype=torch.float32, device=device)
         absmax = tensor(packed.absmax, np.uint8 if packed.double_quant else np.float32)
-        state = QuantState(absmax=absmax, shape=torch.Size(packed.shape), code=tensor(packed.code, np.float32),
-                           blocksize=int(packed.blocksize), quant_type=packed.quant_type,
-                           dtype=dtype_from_name(packed.dtype), offset=offset, state2=state2)
+        state = QuantState(
+            absmax=absmax,
+            shape=torch.Size(packed.shape),
+            code=tensor(packed.code, np.float32),
+            blocksize=int(packed.blocksize),
+            quant_type=packed.quant_type,
+            dtype=dtype_from_name(packed.dtype),
+            offset=offset,
+            state2=state2,
+        )
         spec = QuantSpec(packed.quant_type, int(packed.blocksize), packed.double_quant)
         handle = BnbHandle(tensor(packed.packed, np.uint8).reshape(-1, 1), state)
         return Quantized(self.name, spec, tuple(int(n) for n in packed.shape), torch.device(device), handle)
@@ -208,12 +263,26 @@ class BitsandbytesBackend(Backend):
         handle: BnbHandle = q.handle
         out_features, in_features = q.shape
         storage = handle.packed.dtype
-        layer = Linear4bit(in_features, out_features, bias=False, compress_statistics=q.spec.double_quant,
-                           quant_type=q.spec.format, quant_storage=storage, device="meta")
-        layer.weight = Params4bit(handle.packed, requires_grad=False, quant_state=handle.state,
-                                  blocksize=handle.state.blocksize, compress_statistics=handle.state.nested,
-                                  quant_type=handle.state.quant_type, quant_storage=storage, module=layer,
-                                  bnb_quantized=True)
+        layer = Linear4bit(
+            in_features,
+            out_features,
+            bias=False,
+            compress_statistics=q.spec.double_quant,
+            quant_type=q.spec.format,
+            quant_storage=storage,
+            device="meta",
+        )
+        layer.weight = Params4bit(
+            handle.packed,
+            requires_grad=False,
+            quant_state=handle.state,
+            blocksize=handle.state.blocksize,
+            compress_statistics=handle.state.nested,
+            quant_type=handle.state.quant_type,
+            quant_storage=storage,
+            module=layer,
+            bnb_quantized=True,
+        )
         layer.quant_state = handle.state
         return {key: value.detach().as_subclass(torch.Tensor) for key, value in layer.state_dict().items()}
 
@@ -230,13 +299,15 @@ class BitsandbytesBackend(Backend):
                 "its blocksize, quant_type and shape are unknown; refusing to assume the platform default blocksize. "
                 "Save it with Linear4bit.state_dict()."
             )
-        param = Params4bit.from_prequantized(data=state["weight"], quantized_stats=stats, requires_grad=False,
-                                             device=device)
+        param = Params4bit.from_prequantized(
+            data=state["weight"], quantized_stats=stats, requires_grad=False, device=device
+        )
         qstate = param.quant_state
         packed = param.data.as_subclass(torch.Tensor)
         spec = QuantSpec(qstate.quant_type, int(qstate.blocksize), bool(qstate.nested), quant_storage=packed.dtype)
-        return Quantized(self.name, spec, tuple(int(n) for n in qstate.shape), torch.device(device),
-                         BnbHandle(packed, qstate))
+        return Quantized(
+            self.name, spec, tuple(int(n) for n in qstate.shape), torch.device(device), BnbHandle(packed, qstate)
+        )
 
     def layers(self) -> Any:
         """``Linear4bit`` (``bitsandbytes_layer.BitsandbytesLayers``)."""

@@ -11,6 +11,7 @@ weight into a CPU layout (``quant_state.packing_format_for_cpu``) as a cache; it
 are then read as the layer would save them now (``state_dict()`` of a copy, which packs
 them back), since that is what a checkpoint written at that moment holds.
 """
+
 from __future__ import annotations
 
 import copy
@@ -36,23 +37,48 @@ class BitsandbytesLayers(LayerFacet):
 
         return (Linear4bit,)
 
-    def _layer(self, shape: tuple[int, int], bias: torch.Tensor | None, spec: QuantSpec,
-               compute_dtype: torch.dtype, data: torch.Tensor) -> Any:
+    def _layer(
+        self,
+        shape: tuple[int, int],
+        bias: torch.Tensor | None,
+        spec: QuantSpec,
+        compute_dtype: torch.dtype,
+        data: torch.Tensor,
+    ) -> Any:
         from bitsandbytes.nn import Linear4bit, Params4bit
 
         out_features, in_features = shape
-        layer = Linear4bit(in_features, out_features, bias=bias is not None, compute_dtype=compute_dtype,
-                           compress_statistics=spec.double_quant, quant_type=spec.format, quant_storage=torch.uint8,
-                           device="meta")
-        layer.weight = Params4bit(data, requires_grad=False, blocksize=spec.blocksize,
-                                  compress_statistics=spec.double_quant, quant_type=spec.format,
-                                  quant_storage=torch.uint8, module=layer)
+        layer = Linear4bit(
+            in_features,
+            out_features,
+            bias=bias is not None,
+            compute_dtype=compute_dtype,
+            compress_statistics=spec.double_quant,
+            quant_type=spec.format,
+            quant_storage=torch.uint8,
+            device="meta",
+        )
+        layer.weight = Params4bit(
+            data,
+            requires_grad=False,
+            blocksize=spec.blocksize,
+            compress_statistics=spec.double_quant,
+            quant_type=spec.format,
+            quant_storage=torch.uint8,
+            module=layer,
+        )
         if bias is not None:
             layer.bias = torch.nn.Parameter(bias.detach().clone(), requires_grad=bias.requires_grad)
         return layer
 
-    def quantize(self, weight: torch.Tensor, bias: torch.Tensor | None, spec: QuantSpec,
-                 compute_dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+    def quantize(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        spec: QuantSpec,
+        compute_dtype: torch.dtype,
+        device: torch.device,
+    ) -> torch.nn.Module:
         if weight.dim() != 2:
             raise ValueError(f"bitsandbytes layer: Linear4bit needs a 2-D (out, in) weight, got {tuple(weight.shape)}")
         layer = self._layer(tuple(weight.shape), bias, spec, compute_dtype, weight.detach().cpu().clone())
@@ -62,12 +88,14 @@ class BitsandbytesLayers(LayerFacet):
         state = layer.weight.quant_state
         if getattr(state, "packing_format_for_cpu", False):
             saved = copy.deepcopy(layer).state_dict()
-            return self._backend.export_packed(self._backend.load(
-                {k: v for k, v in saved.items() if k.startswith("weight")}, saved["weight"].device))
+            return self._backend.export_packed(
+                self._backend.load({k: v for k, v in saved.items() if k.startswith("weight")}, saved["weight"].device)
+            )
         packed = layer.weight.data.as_subclass(torch.Tensor)
         spec = QuantSpec(state.quant_type, int(state.blocksize), bool(state.nested))
-        return self._backend.export_packed(Quantized(self._backend.name, spec, tuple(state.shape), packed.device,
-                                                     BnbHandle(packed, state)))
+        return self._backend.export_packed(
+            Quantized(self._backend.name, spec, tuple(state.shape), packed.device, BnbHandle(packed, state))
+        )
 
     def empty(self, spec: QuantSpec, shape: tuple[int, int], bias: bool, compute_dtype: torch.dtype) -> torch.nn.Module:
         return self._layer(shape, torch.zeros(shape[0]) if bias else None, spec, compute_dtype, torch.empty(0))
@@ -78,8 +106,9 @@ class BitsandbytesLayers(LayerFacet):
         from bitsandbytes.nn import Params4bit
 
         stats = {key.removeprefix("weight."): value for key, value in state.items() if key.startswith("weight.")}
-        layer.weight = Params4bit.from_prequantized(data=state["weight"], quantized_stats=stats, requires_grad=False,
-                                                    device=device, module=layer)
+        layer.weight = Params4bit.from_prequantized(
+            data=state["weight"], quantized_stats=stats, requires_grad=False, device=device, module=layer
+        )
         if "bias" in state:
             layer.bias = torch.nn.Parameter(state["bias"].to(device), requires_grad=False)
         return layer
@@ -88,6 +117,10 @@ class BitsandbytesLayers(LayerFacet):
         """``BitsAndBytesConfig``: it takes no blocksize, so a model gets the platform default."""
         from transformers import BitsAndBytesConfig
 
-        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=spec.format,
-                                  bnb_4bit_use_double_quant=spec.double_quant, bnb_4bit_compute_dtype=compute_dtype,
-                                  bnb_4bit_quant_storage=torch.uint8)
+        return BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type=spec.format,
+            bnb_4bit_use_double_quant=spec.double_quant,
+            bnb_4bit_compute_dtype=compute_dtype,
+            bnb_4bit_quant_storage=torch.uint8,
+        )

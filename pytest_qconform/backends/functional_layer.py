@@ -16,6 +16,7 @@ default of 128), so loading replaces the state's tensors, sizes included, after 
 backend's ``load`` has accepted them. The backend's view of the buffers follows them when
 something replaces one directly (accelerate's ``set_module_tensor_to_device``).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -32,16 +33,18 @@ PREFIX = "quant_"  # buffer name = PREFIX + the key of the backend's serialize()
 class FunctionalLinear(torch.nn.Module):
     """``y = x W^T + b`` through ``backend.matmul``, the weight held as ``backend.serialize`` buffers."""
 
-    def __init__(self, backend: Backend, quantized: Quantized, bias: torch.Tensor | None,
-                 compute_dtype: torch.dtype) -> None:
+    def __init__(
+        self, backend: Backend, quantized: Quantized, bias: torch.Tensor | None, compute_dtype: torch.dtype
+    ) -> None:
         super().__init__()
         self.backend = backend
         self.compute_dtype = compute_dtype
         self.out_features, self.in_features = quantized.shape
         for key, value in backend.serialize(quantized).items():
             self.register_buffer(PREFIX + key, value)
-        self.bias = torch.nn.Parameter(bias.detach().clone(), requires_grad=bias.requires_grad) if bias is not None \
-            else None
+        self.bias = (
+            torch.nn.Parameter(bias.detach().clone(), requires_grad=bias.requires_grad) if bias is not None else None
+        )
         self._rebuild()
 
     def state(self) -> dict[str, torch.Tensor]:
@@ -78,14 +81,25 @@ class FunctionalLinear(torch.nn.Module):
         self._rebuild()
         return self
 
-    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, local_metadata: dict, strict: bool,
-                              missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str]) -> None:
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict,
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
         """The checkpoint's quantization state replaces the layer's (its blocksize and sizes
         included) once the backend's ``load`` accepts it; a partial or refused state is an
         error, never a mix of the checkpoint's bytes with this layer's scales."""
         names = [name for name in self._buffers if name.startswith(PREFIX)]
-        given = {name.removeprefix(prefix + PREFIX): value for name, value in state_dict.items()
-                 if name.startswith(prefix + PREFIX)}
+        given = {
+            name.removeprefix(prefix + PREFIX): value
+            for name, value in state_dict.items()
+            if name.startswith(prefix + PREFIX)
+        }
         if given:
             device = self._buffers[names[0]].device
             try:
@@ -97,14 +111,17 @@ class FunctionalLinear(torch.nn.Module):
                 self._buffers.pop(name)
             for key, value in given.items():
                 self.register_buffer(PREFIX + key, torch.empty_like(value, device=device))
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
         self._rebuild()
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"backend={self.backend.name}, format={self.quantized.spec.label()}, "
-                f"compute_dtype={self.compute_dtype}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+            f"backend={self.backend.name}, format={self.quantized.spec.label()}, "
+            f"compute_dtype={self.compute_dtype}"
+        )
 
 
 class FunctionalLayers(LayerFacet):
@@ -119,8 +136,14 @@ class FunctionalLayers(LayerFacet):
     def layer_types(self) -> tuple[type, ...]:
         return (self.layer_class,)
 
-    def quantize(self, weight: torch.Tensor, bias: torch.Tensor | None, spec: QuantSpec,
-                 compute_dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+    def quantize(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        spec: QuantSpec,
+        compute_dtype: torch.dtype,
+        device: torch.device,
+    ) -> torch.nn.Module:
         quantized = self.backend.quantize(weight.detach().to(device), spec)
         return self.layer_class(self.backend, quantized, bias.to(device) if bias is not None else None, compute_dtype)
 
@@ -129,5 +152,6 @@ class FunctionalLayers(LayerFacet):
 
     def empty(self, spec: QuantSpec, shape: tuple[int, int], bias: bool, compute_dtype: torch.dtype) -> torch.nn.Module:
         """A layer holding the quantization of zeros with ``spec`` (the loading side's defaults)."""
-        return self.quantize(torch.zeros(shape), torch.zeros(shape[0]) if bias else None, spec, compute_dtype,
-                             torch.device("cpu"))
+        return self.quantize(
+            torch.zeros(shape), torch.zeros(shape[0]) if bias else None, spec, compute_dtype, torch.device("cpu")
+        )

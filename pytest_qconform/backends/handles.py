@@ -2,6 +2,7 @@
 so that an adapter and its layer facet (``bitsandbytes_layer``, ``hqq_layer``) both name
 them without importing each other.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -16,6 +16,7 @@ activations into a bf16 layer (PEFT's k-bit preparation) fail inside HQQ, visibl
 compute dtype other than the quantized layer's gets the layer HQQ itself builds when a
 checkpoint is loaded with that ``compute_dtype`` (scale/zero cast to it by HQQ).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -75,9 +76,18 @@ class HqqBackend(Backend):
 
     def capabilities(self, device: torch.device) -> Capabilities:
         devices = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
-        return Capabilities(formats=("hqq4",), blocksizes=GROUP_SIZES, double_quant=False, dtypes=DTYPES,
-                            devices=devices, backward=True, serialize=True, axes=(0, 1), compiled=PATH_OPERATIONS,
-                            captured=PATH_OPERATIONS)
+        return Capabilities(
+            formats=("hqq4",),
+            blocksizes=GROUP_SIZES,
+            double_quant=False,
+            dtypes=DTYPES,
+            devices=devices,
+            backward=True,
+            serialize=True,
+            axes=(0, 1),
+            compiled=PATH_OPERATIONS,
+            captured=PATH_OPERATIONS,
+        )
 
     # -- quantize / dequantize / matmul ------------------------------------------------------
     def quantize(self, weight: torch.Tensor, spec: QuantSpec) -> Quantized:
@@ -87,7 +97,9 @@ class HqqBackend(Backend):
         if spec.format != "hqq4":
             raise ValueError(f"{where}: format {spec.format!r} is not supported; HQQ claims only 'hqq4'")
         if spec.double_quant:
-            raise ValueError(f"{where}: HQQ has no double quantization in this adapter (quant_scale/quant_zero are off)")
+            raise ValueError(
+                f"{where}: HQQ has no double quantization in this adapter (quant_scale/quant_zero are off)"
+            )
         if spec.axis not in (0, 1):
             raise ValueError(f"{where}: axis must be 0 or 1, got {spec.axis}")
         if weight.dim() != 2:
@@ -120,8 +132,9 @@ class HqqBackend(Backend):
         sibling.load_state_dict(dict(layer.state_dict()))
         return sibling
 
-    def matmul(self, x: torch.Tensor, q: Quantized, bias: torch.Tensor | None,
-               compute_dtype: torch.dtype) -> torch.Tensor:
+    def matmul(
+        self, x: torch.Tensor, q: Quantized, bias: torch.Tensor | None, compute_dtype: torch.dtype
+    ) -> torch.Tensor:
         with _pytorch_backend():
             layer = self._layer_for(q, compute_dtype)
             previous_bias = layer.bias
@@ -142,18 +155,29 @@ class HqqBackend(Backend):
         if meta.get("view_as_float"):
             raise NotImplementedError(f"{self.name}: W_q viewed as float is not exported (not claimed)")
         return PackedHqq4(
-            shape=tuple(int(n) for n in meta["shape"]), group_size=int(meta["group_size"]), axis=int(meta["axis"]),
-            packed=to_numpy(layer.W_q), scale=to_numpy(meta["scale"]), zero=to_numpy(meta["zero"]),
+            shape=tuple(int(n) for n in meta["shape"]),
+            group_size=int(meta["group_size"]),
+            axis=int(meta["axis"]),
+            packed=to_numpy(layer.W_q),
+            scale=to_numpy(meta["scale"]),
+            zero=to_numpy(meta["zero"]),
             packing=str(meta["packing"]),
-            meta={"compute_dtype": dtype_name(layer.compute_dtype), "scale_dtype": dtype_name(meta["scale"].dtype),
-                  "zero_dtype": dtype_name(meta["zero"].dtype), "nbits": int(meta["nbits"])},
+            meta={
+                "compute_dtype": dtype_name(layer.compute_dtype),
+                "scale_dtype": dtype_name(meta["scale"].dtype),
+                "zero_dtype": dtype_name(meta["zero"].dtype),
+                "nbits": int(meta["nbits"]),
+            },
         )
 
     def serialize(self, q: Quantized) -> dict[str, torch.Tensor]:
         """``HQQLinear.state_dict()`` (HQQ's safetensors-compatible encoding)."""
         state = q.handle.layer.state_dict()
-        return {key: value.detach().as_subclass(torch.Tensor) for key, value in state.items()
-                if isinstance(value, torch.Tensor)}
+        return {
+            key: value.detach().as_subclass(torch.Tensor)
+            for key, value in state.items()
+            if isinstance(value, torch.Tensor)
+        }
 
     def load(self, state: dict[str, torch.Tensor], device: torch.device) -> Quantized:
         """``HQQLinear(None, None, compute_dtype=..., initialize=False).load_state_dict``, as
@@ -161,19 +185,21 @@ class HqqBackend(Backend):
         from hqq.core.quantize import HQQLinear
 
         where = f"{self.name}.load"
-        missing = [key for key in ("W_q", "scale", "zero", "group_size", "axis", "shape", "compute_dtype")
-                   if key not in state]
+        missing = [
+            key for key in ("W_q", "scale", "zero", "group_size", "axis", "shape", "compute_dtype") if key not in state
+        ]
         if missing:
-            raise ValueError(f"{where}: checkpoint lacks {missing} (group_size is the blocksize); "
-                             "save it with HQQLinear.state_dict()")
+            raise ValueError(
+                f"{where}: checkpoint lacks {missing} (group_size is the blocksize); "
+                "save it with HQQLinear.state_dict()"
+            )
         compute_dtype = _decode_dtype(state["compute_dtype"], where)
         with _pytorch_backend():
             layer = HQQLinear(None, None, compute_dtype=compute_dtype, device=str(device), initialize=False)
             layer.load_state_dict(dict(state))
         meta = layer.meta
         spec = QuantSpec("hqq4", int(meta["group_size"]), False, axis=int(meta["axis"]))
-        return Quantized(self.name, spec, tuple(int(n) for n in meta["shape"]), torch.device(device),
-                         HqqHandle(layer))
+        return Quantized(self.name, spec, tuple(int(n) for n in meta["shape"]), torch.device(device), HqqHandle(layer))
 
     def layers(self) -> Any:
         """``HQQLinear`` (``hqq_layer.HqqLayers``)."""

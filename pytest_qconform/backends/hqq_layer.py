@@ -7,6 +7,7 @@ dtype and ``device=`` (HQQ quantizes on construction, onto that device). A fresh
 loads an HQQ checkpoint. The layer runs whatever backend ``HQQLinear`` is set to
 (the default, ``HQQBackend.PYTORCH``; the functional adapter restores it after each call).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -31,8 +32,14 @@ class HqqLayers(LayerFacet):
 
         return (HQQLinear,)
 
-    def quantize(self, weight: torch.Tensor, bias: torch.Tensor | None, spec: QuantSpec,
-                 compute_dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+    def quantize(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        spec: QuantSpec,
+        compute_dtype: torch.dtype,
+        device: torch.device,
+    ) -> torch.nn.Module:
         from hqq.core.quantize import BaseQuantizeConfig, HQQLinear
 
         if weight.dim() != 2:
@@ -48,8 +55,11 @@ class HqqLayers(LayerFacet):
     def packed(self, layer: torch.nn.Module) -> PackedHqq4:
         meta = layer.meta
         spec = QuantSpec("hqq4", int(meta["group_size"]), axis=int(meta["axis"]))
-        return self._backend.export_packed(Quantized(self._backend.name, spec, tuple(int(n) for n in meta["shape"]),
-                                                     layer.W_q.device, HqqHandle(layer)))
+        return self._backend.export_packed(
+            Quantized(
+                self._backend.name, spec, tuple(int(n) for n in meta["shape"]), layer.W_q.device, HqqHandle(layer)
+            )
+        )
 
     def empty(self, spec: QuantSpec, shape: tuple[int, int], bias: bool, compute_dtype: torch.dtype) -> torch.nn.Module:
         """An uninitialized ``HQQLinear``: group size, axis, shape and bias all come from the checkpoint."""

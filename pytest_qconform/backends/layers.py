@@ -13,6 +13,7 @@ below, which say how the library builds a layer and where it keeps its bytes.
 A backend offers the facet by returning a ``LayerFacet`` from ``Backend.layers()``
 (default ``None``: every layer cell is "not claimed"). Docs: docs/layers.md.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -53,8 +54,14 @@ class LayerFacet(ABC):
         return LayerCapabilities()
 
     @abstractmethod
-    def quantize(self, weight: torch.Tensor, bias: torch.Tensor | None, spec: QuantSpec,
-                 compute_dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+    def quantize(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        spec: QuantSpec,
+        compute_dtype: torch.dtype,
+        device: torch.device,
+    ) -> torch.nn.Module:
         """A quantized layer on ``device`` built from a float ``weight`` (N, K) and ``bias``
         held on the CPU, the way the library's users do it: bitsandbytes builds a
         ``Linear4bit`` holding the float weight and moves it (``.to(device)`` quantizes);

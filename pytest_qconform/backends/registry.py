@@ -7,6 +7,7 @@ Packages register a backend with an entry point in the ``pytest_qconform.backend
 group whose value is a ``Backend`` subclass (or any callable returning a ``Backend``);
 a conftest.py uses the ``pytest_qconform_backends`` hook instead.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -43,8 +44,9 @@ class UnavailableBackend(Backend):
         return Availability(False, None, self.reason)
 
     def capabilities(self, device: torch.device) -> Capabilities:
-        return Capabilities(formats=(), blocksizes=(), double_quant=False, dtypes=(), devices=(),
-                            backward=False, serialize=False)
+        return Capabilities(
+            formats=(), blocksizes=(), double_quant=False, dtypes=(), devices=(), backward=False, serialize=False
+        )
 
     def _refuse(self) -> RuntimeError:
         return RuntimeError(f"backend {self.name!r} is unavailable: {self.reason}")
@@ -55,8 +57,9 @@ class UnavailableBackend(Backend):
     def dequantize(self, q: Quantized, dtype: torch.dtype) -> torch.Tensor:
         raise self._refuse()
 
-    def matmul(self, x: torch.Tensor, q: Quantized, bias: torch.Tensor | None,
-               compute_dtype: torch.dtype) -> torch.Tensor:
+    def matmul(
+        self, x: torch.Tensor, q: Quantized, bias: torch.Tensor | None, compute_dtype: torch.dtype
+    ) -> torch.Tensor:
         raise self._refuse()
 
     def export_packed(self, q: Quantized) -> Any:
@@ -76,8 +79,9 @@ def _build(name: str, where: str, load: Callable[[], Any]) -> Backend:
     except Exception as exc:  # noqa: BLE001 - a broken adapter or plugin is reported, not raised
         return UnavailableBackend(name, f"{name}: {where} failed to load: {_first_line(exc)}")
     if not isinstance(backend, Backend):
-        return UnavailableBackend(name, f"{name}: {where} gave {type(backend).__name__}, not a "
-                                        "pytest_qconform.backends.base.Backend")
+        return UnavailableBackend(
+            name, f"{name}: {where} gave {type(backend).__name__}, not a pytest_qconform.backends.base.Backend"
+        )
     return backend
 
 
@@ -108,9 +112,13 @@ def discover() -> dict[str, BackendFactory]:
     for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         if entry_point.name in factories:
             label = f"{entry_point.name} ({entry_point.value})"
-            factories[label] = _unavailable_factory(label, (
-                f"entry point {entry_point.value!r} in group {ENTRY_POINT_GROUP!r} reuses the backend name "
-                f"{entry_point.name!r}; rename it in that package's entry points"))
+            factories[label] = _unavailable_factory(
+                label,
+                (
+                    f"entry point {entry_point.value!r} in group {ENTRY_POINT_GROUP!r} reuses the backend name "
+                    f"{entry_point.name!r}; rename it in that package's entry points"
+                ),
+            )
             continue
         factories[entry_point.name] = _entry_point_factory(entry_point)
     return factories
@@ -123,5 +131,6 @@ def create(name: str) -> Backend:
         raise UnknownBackendError(
             f"unknown backend {name!r}; known backends: {', '.join(sorted(factories))}. Install the package that "
             f"provides it (entry point group {ENTRY_POINT_GROUP!r}) or return it from a pytest_qconform_backends "
-            "hook in conftest.py")
+            "hook in conftest.py"
+        )
     return factories[name]()

@@ -2,6 +2,7 @@
 both the backend interface (``base``) and the layer facet (``layers``) can name it
 without importing each other; ``base`` re-exports it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

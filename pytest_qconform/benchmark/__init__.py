@@ -1,2 +1,1 @@
-"""The benchmark harness (``pytest --qconform --benchmark-only``) and its plot.
-"""
+"""The benchmark harness (``pytest --qconform --benchmark-only``) and its plot."""

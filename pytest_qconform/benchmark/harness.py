@@ -31,6 +31,7 @@ How a case is timed, and why:
   ``benchmark.pedantic`` rotating the copies; the floor uses a host memory copy. Small
   shapes fit in CPU caches, so CPU numbers check the plumbing, they are not a roofline.
 """
+
 from __future__ import annotations
 
 import copy
@@ -38,16 +39,17 @@ import itertools
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
 
 from pytest_qconform.backends.base import Backend, Quantized, QuantSpec
+from pytest_qconform.hardware.targets import Target
 from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 from pytest_qconform.report.benchmarks import RATIO_BASELINE, Benchmark
-from pytest_qconform.hardware.targets import Target
 
 FULL_SHAPES: tuple[tuple[int, int], ...] = ((4096, 4096), (8192, 8192), (14336, 4096))  # (N, K)
 SMALL_SHAPES: tuple[tuple[int, int], ...] = tuple((n // 32, k // 32) for n, k in FULL_SHAPES)
@@ -101,11 +103,15 @@ def shape_id(shape: tuple[int, int]) -> str:
 def skip_reason(config: pytest.Config, target: Target) -> str | None:
     """Why this benchmark does not run here, or None when it does."""
     if not config.getoption("benchmark_only", default=False):
-        return (f"{SKIP_PREFIX} run with --benchmark-only (pytest --qconform --benchmark-only); "
-                "a plain --qconform run checks conformance and times nothing")
+        return (
+            f"{SKIP_PREFIX} run with --benchmark-only (pytest --qconform --benchmark-only); "
+            "a plain --qconform run checks conformance and times nothing"
+        )
     if target.kind == "cpu" and config.getoption("qconform_bench_shapes") != "small":
-        return (f"{SKIP_PREFIX} full-size shapes ({', '.join(map(shape_id, FULL_SHAPES))}) are too slow on the CPU; "
-                "pass --qconform-bench-shapes=small to time small shapes there")
+        return (
+            f"{SKIP_PREFIX} full-size shapes ({', '.join(map(shape_id, FULL_SHAPES))}) are too slow on the CPU; "
+            "pass --qconform-bench-shapes=small to time small shapes there"
+        )
     return None
 
 
@@ -119,8 +125,15 @@ def _order_key(item: pytest.Item) -> tuple[Any, ...]:
     target = params.get("qtarget")
     spec = params.get("spec")
     operation = item.get_closest_marker("qconform_operation")
-    return (backend != RATIO_BASELINE, backend, getattr(target, "id", ""), spec.label() if spec else "",
-            params.get("qbench_shape", ()), operation.args[0] if operation else "", params.get("batch", 0))
+    return (
+        backend != RATIO_BASELINE,
+        backend,
+        getattr(target, "id", ""),
+        spec.label() if spec else "",
+        params.get("qbench_shape", ()),
+        operation.args[0] if operation else "",
+        params.get("batch", 0),
+    )
 
 
 def order_items(items: list[pytest.Item]) -> None:
@@ -153,8 +166,11 @@ def weight_state_bytes(packed: PackedBnb4 | PackedHqq4) -> int:
         return int(sum(a.nbytes for a in arrays))
     # HQQ exports bf16 scale/zero widened to fp32 (NumPy has no bf16): count the stored dtype.
     meta = packed.meta
-    return int(packed.packed.nbytes + packed.scale.size * _itemsize(meta.get("scale_dtype", packed.scale.dtype.name))
-               + packed.zero.size * _itemsize(meta.get("zero_dtype", packed.zero.dtype.name)))
+    return int(
+        packed.packed.nbytes
+        + packed.scale.size * _itemsize(meta.get("scale_dtype", packed.scale.dtype.name))
+        + packed.zero.size * _itemsize(meta.get("zero_dtype", packed.zero.dtype.name))
+    )
 
 
 def copies_for(bytes_per_copy: int, cache_bytes: int) -> int:
@@ -169,8 +185,9 @@ def _cuda_sleep(seconds: float, facts: DeviceFacts) -> None:
     torch.cuda._sleep(int(min(seconds, 2.0) * (facts.sleep_cycles_per_s or 0)))
 
 
-def device_times(call: Callable[[int], Any], n_inputs: int, samples: int, facts: DeviceFacts,
-                 device: torch.device) -> tuple[list[float], bool]:
+def device_times(
+    call: Callable[[int], Any], n_inputs: int, samples: int, facts: DeviceFacts, device: torch.device
+) -> tuple[list[float], bool]:
     """Per-call device seconds of ``call(i % n_inputs)`` for ``samples`` calls after a
     warm-up, and whether every batch was queued ahead of the device (launch cost hidden)."""
     counter = itertools.count()
@@ -260,6 +277,7 @@ def _measure_facts(device: torch.device) -> DeviceFacts:
         size = max(GPU_COPY_MIN_BYTES, 8 * l2)
         src = torch.ones(size, dtype=torch.uint8, device=device)
         dst = torch.empty_like(src)
+
         def copy(_: int, src: torch.Tensor = src, dst: torch.Tensor = dst) -> torch.Tensor:
             return dst.copy_(src)
 
@@ -288,8 +306,9 @@ class Harness:
         self.config, self.item, self.target = config, item, target
         self.device = torch.device(target.torch_device)
 
-    def _weight(self, backend: Backend, spec: QuantSpec, shape: tuple[int, int],
-                dtype: torch.dtype) -> tuple[Quantized, int]:
+    def _weight(
+        self, backend: Backend, spec: QuantSpec, shape: tuple[int, int], dtype: torch.dtype
+    ) -> tuple[Quantized, int]:
         """The case's quantized weight and its stored bytes; the last one is kept (cases
         sharing it run adjacent, see ``order_items``) so it is quantized once."""
         cache = self.config.stash.setdefault(_WEIGHTS, {})
@@ -306,22 +325,38 @@ class Harness:
         try:
             return [quantized] + [copy.deepcopy(quantized) for _ in range(count - 1)]
         except Exception as exc:  # noqa: BLE001 - say which backend and what to do
-            raise RuntimeError(f"benchmark: cannot copy a {quantized.backend} quantized weight to rotate inputs "
-                               f"({type(exc).__name__}: {exc}); its handle must support copy.deepcopy") from exc
+            raise RuntimeError(
+                f"benchmark: cannot copy a {quantized.backend} quantized weight to rotate inputs "
+                f"({type(exc).__name__}: {exc}); its handle must support copy.deepcopy"
+            ) from exc
 
-    def dequantize(self, benchmark: Any, backend: Backend, spec: QuantSpec, shape: tuple[int, int],
-                   dtype: torch.dtype) -> Benchmark:
+    def dequantize(
+        self, benchmark: Any, backend: Backend, spec: QuantSpec, shape: tuple[int, int], dtype: torch.dtype
+    ) -> Benchmark:
         quantized, weight_bytes = self._weight(backend, spec, shape, dtype)
         facts = device_facts(self.config, self.device)
         weights = self._copies(quantized, copies_for(weight_bytes, facts.cache_bytes))
         output_bytes = shape[0] * shape[1] * dtype.itemsize
         self._check(backend.dequantize(weights[0], dtype), shape, dtype, "dequantize")
-        return self._time(benchmark, backend, "dequantize", spec, shape, None, dtype, facts,
-                          lambda i: backend.dequantize(weights[i], dtype), len(weights),
-                          weight_bytes, 0, output_bytes)
+        return self._time(
+            benchmark,
+            backend,
+            "dequantize",
+            spec,
+            shape,
+            None,
+            dtype,
+            facts,
+            lambda i: backend.dequantize(weights[i], dtype),
+            len(weights),
+            weight_bytes,
+            0,
+            output_bytes,
+        )
 
-    def matmul(self, benchmark: Any, backend: Backend, spec: QuantSpec, shape: tuple[int, int], batch: int,
-               dtype: torch.dtype) -> Benchmark:
+    def matmul(
+        self, benchmark: Any, backend: Backend, spec: QuantSpec, shape: tuple[int, int], batch: int, dtype: torch.dtype
+    ) -> Benchmark:
         n, k = shape
         quantized, weight_bytes = self._weight(backend, spec, shape, dtype)
         facts = device_facts(self.config, self.device)
@@ -329,15 +364,30 @@ class Harness:
         count = copies_for(weight_bytes + activation_bytes, facts.cache_bytes)
         weights = self._copies(quantized, count)
         generator = torch.Generator(device=self.device).manual_seed(SEED + 1)
-        xs = [torch.randn(batch, k, generator=generator, device=self.device, dtype=torch.float32).to(dtype)
-              for _ in range(count)]
+        xs = [
+            torch.randn(batch, k, generator=generator, device=self.device, dtype=torch.float32).to(dtype)
+            for _ in range(count)
+        ]
         self._check(backend.matmul(xs[0], weights[0], None, dtype), (batch, n), dtype, "matmul")
-        return self._time(benchmark, backend, "matmul", spec, shape, batch, dtype, facts,
-                          lambda i: backend.matmul(xs[i], weights[i], None, dtype), count,
-                          weight_bytes, activation_bytes, output_bytes)
+        return self._time(
+            benchmark,
+            backend,
+            "matmul",
+            spec,
+            shape,
+            batch,
+            dtype,
+            facts,
+            lambda i: backend.matmul(xs[i], weights[i], None, dtype),
+            count,
+            weight_bytes,
+            activation_bytes,
+            output_bytes,
+        )
 
-    def quantize(self, benchmark: Any, backend: Backend, spec: QuantSpec, shape: tuple[int, int],
-                 dtype: torch.dtype) -> Benchmark:
+    def quantize(
+        self, benchmark: Any, backend: Backend, spec: QuantSpec, shape: tuple[int, int], dtype: torch.dtype
+    ) -> Benchmark:
         """Quantize a float weight: what loading a 4-bit model costs per layer. The float
         weight read is ``weight_bytes`` (its copies rotate), the stored state written
         ``output_bytes``; no activations."""
@@ -347,20 +397,48 @@ class Harness:
         input_bytes = weight.numel() * dtype.itemsize
         state_bytes = weight_state_bytes(backend.export_packed(backend.quantize(weight, spec)))
         weights = [weight] + [weight.clone() for _ in range(copies_for(input_bytes, facts.cache_bytes) - 1)]
-        return self._time(benchmark, backend, "quantize", spec, shape, None, dtype, facts,
-                          lambda i: backend.quantize(weights[i], spec), len(weights), input_bytes, 0, state_bytes)
+        return self._time(
+            benchmark,
+            backend,
+            "quantize",
+            spec,
+            shape,
+            None,
+            dtype,
+            facts,
+            lambda i: backend.quantize(weights[i], spec),
+            len(weights),
+            input_bytes,
+            0,
+            state_bytes,
+        )
 
     @staticmethod
     def _check(out: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, what: str) -> None:
         """Timing a call that returns the wrong thing would be meaningless (correctness
         itself is the conformance suites' job)."""
         if tuple(out.shape) != tuple(shape) or out.dtype != dtype:
-            raise AssertionError(f"benchmark {what}: returned {tuple(out.shape)} {out.dtype}, expected "
-                                 f"{tuple(shape)} {dtype}; run the conformance suites (pytest --qconform)")
+            raise AssertionError(
+                f"benchmark {what}: returned {tuple(out.shape)} {out.dtype}, expected "
+                f"{tuple(shape)} {dtype}; run the conformance suites (pytest --qconform)"
+            )
 
-    def _time(self, benchmark: Any, backend: Backend, operation: str, spec: QuantSpec, shape: tuple[int, int],
-              batch: int | None, dtype: torch.dtype, facts: DeviceFacts, call: Callable[[int], Any], count: int,
-              weight_bytes: int, activation_bytes: int, output_bytes: int) -> Benchmark:
+    def _time(
+        self,
+        benchmark: Any,
+        backend: Backend,
+        operation: str,
+        spec: QuantSpec,
+        shape: tuple[int, int],
+        batch: int | None,
+        dtype: torch.dtype,
+        facts: DeviceFacts,
+        call: Callable[[int], Any],
+        count: int,
+        weight_bytes: int,
+        activation_bytes: int,
+        output_bytes: int,
+    ) -> Benchmark:
         rotation = itertools.count()
 
         def next_args() -> tuple[tuple[int], dict[str, Any]]:
@@ -390,12 +468,27 @@ class Harness:
         if median is None:
             pytest.skip(f"{SKIP_PREFIX} pytest-benchmark is disabled in this run (--benchmark-disable or xdist)")
         entry = Benchmark(
-            backend=backend.name, operation=operation, format=spec.label(), dtype=_DTYPE_LABELS[dtype],
-            target=self.target.id, shape=shape, batch=batch, median_s=median, timing=timing, samples=samples,
-            copies=count, rotated_bytes=count * (weight_bytes + activation_bytes), weight_bytes=weight_bytes,
-            activation_bytes=activation_bytes, output_bytes=output_bytes,
-            copy_bandwidth_bytes_per_s=facts.copy_bandwidth_bytes_per_s, host_median_s=host_median,
-            launch_hidden=launch_hidden, nodeid=self.item.nodeid, eager_median_s=eager)
+            backend=backend.name,
+            operation=operation,
+            format=spec.label(),
+            dtype=_DTYPE_LABELS[dtype],
+            target=self.target.id,
+            shape=shape,
+            batch=batch,
+            median_s=median,
+            timing=timing,
+            samples=samples,
+            copies=count,
+            rotated_bytes=count * (weight_bytes + activation_bytes),
+            weight_bytes=weight_bytes,
+            activation_bytes=activation_bytes,
+            output_bytes=output_bytes,
+            copy_bandwidth_bytes_per_s=facts.copy_bandwidth_bytes_per_s,
+            host_median_s=host_median,
+            launch_hidden=launch_hidden,
+            nodeid=self.item.nodeid,
+            eager_median_s=eager,
+        )
         baselines = self.config.stash.setdefault(_BASELINES, {})
         if backend.name == RATIO_BASELINE:
             baselines[entry.case_key] = entry.median_s

@@ -8,6 +8,7 @@ per weight, as NF4 at blocksize 64 with fp32 absmax), not NF4, so the suites nev
 case (shape, rows), the first time any backend's case runs, with the suite's timing:
 device time (``bench.device_times``) and eager time (``bench.eager_time``).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -27,7 +28,9 @@ INNER_K_TILES = 8  # what torchao passes for bf16 on sm80+; K must be a multiple
 _DONE = pytest.StashKey["set[tuple[Any, ...]]"]()
 
 
-def _packed_weight(n: int, k: int, device: torch.device, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def _packed_weight(
+    n: int, k: int, device: torch.device, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(tinygemm-packed int4 weight, scales_and_zeros [K / GROUP, N, 2] bf16) of random codes."""
     codes = torch.randint(0, 16, (n, k), generator=generator, device=device, dtype=torch.int32)
     as_bytes = (codes[:, ::2] << 4 | codes[:, 1::2]).to(torch.uint8)
@@ -36,8 +39,9 @@ def _packed_weight(n: int, k: int, device: torch.device, generator: torch.Genera
     return packed, scales_and_zeros
 
 
-def time_peer_once(harness: Any, shape: tuple[int, int], batch: int, dtype: torch.dtype,
-                   facts: bench.DeviceFacts) -> None:
+def time_peer_once(
+    harness: Any, shape: tuple[int, int], batch: int, dtype: torch.dtype, facts: bench.DeviceFacts
+) -> None:
     """Time the peer for this case unless it was timed already in this session; record it
     on ``harness.item`` like a backend's entry."""
     n, k = shape
@@ -54,8 +58,11 @@ def time_peer_once(harness: Any, shape: tuple[int, int], batch: int, dtype: torc
     try:
         weights = [_packed_weight(n, k, device, generator) for _ in range(count)]
     except (RuntimeError, AttributeError) as exc:  # a torch without the op for this device: no peer, say why
-        warnings.warn(f"benchmark peer {PEER}: cannot pack a {n}x{k} weight on {device} "
-                      f"({type(exc).__name__}: {exc}); the report has no peer entry for it", stacklevel=2)
+        warnings.warn(
+            f"benchmark peer {PEER}: cannot pack a {n}x{k} weight on {device} "
+            f"({type(exc).__name__}: {exc}); the report has no peer entry for it",
+            stacklevel=2,
+        )
         return
     xs = [torch.randn(batch, k, generator=generator, device=device).to(dtype) for _ in range(count)]
 
@@ -67,10 +74,24 @@ def time_peer_once(harness: Any, shape: tuple[int, int], batch: int, dtype: torc
         times, hidden = bench.device_times(call, count, bench.GPU_SAMPLES, facts, device)
         eager = bench.eager_time(call, count, device)
     entry = Benchmark(
-        backend=PEER, operation="matmul", format=PEER_FORMAT, dtype="bf16", target=harness.target.id, shape=shape,
-        batch=batch, median_s=statistics.median(times), timing="cuda-events", samples=len(times), copies=count,
-        rotated_bytes=count * (weight_bytes + activation_bytes), weight_bytes=weight_bytes,
-        activation_bytes=activation_bytes, output_bytes=output_bytes,
-        copy_bandwidth_bytes_per_s=facts.copy_bandwidth_bytes_per_s, launch_hidden=hidden,
-        nodeid=f"{harness.item.nodeid}::{PEER}", eager_median_s=eager)
+        backend=PEER,
+        operation="matmul",
+        format=PEER_FORMAT,
+        dtype="bf16",
+        target=harness.target.id,
+        shape=shape,
+        batch=batch,
+        median_s=statistics.median(times),
+        timing="cuda-events",
+        samples=len(times),
+        copies=count,
+        rotated_bytes=count * (weight_bytes + activation_bytes),
+        weight_bytes=weight_bytes,
+        activation_bytes=activation_bytes,
+        output_bytes=output_bytes,
+        copy_bandwidth_bytes_per_s=facts.copy_bandwidth_bytes_per_s,
+        launch_hidden=hidden,
+        nodeid=f"{harness.item.nodeid}::{PEER}",
+        eager_median_s=eager,
+    )
     harness.item.user_properties.append((bench.PROPERTY, entry.to_dict()))

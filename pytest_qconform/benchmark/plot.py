@@ -8,15 +8,16 @@ backend moved its unavoidable bytes as fast as the run's device-to-device copy.
 ``time`` draws the device time as bars and, where the report has it, the eager per-call
 time (a loop of calls from Python, nothing queued) as a tick over each bar.
 """
+
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-from pytest_qconform.report.benchmarks import Benchmark
 from pytest_qconform.matrix.figures import write_figure_png
+from pytest_qconform.report.benchmarks import Benchmark
 from pytest_qconform.report.run_report import ReportError, RunReport, read_report
 
 METRICS = ("percent", "time")
@@ -52,37 +53,54 @@ def render(report: RunReport, png_path: str | Path, metric: str = "percent") -> 
         raise BenchPlotError(f"unknown metric {metric!r}; expected one of {', '.join(METRICS)}")
     where = report.source or "report"
     if not report.benchmarks:
-        raise BenchPlotError(f"{where}: has no benchmark entries; write one with "
-                             "pytest --qconform --benchmark-only (nox -s bench)")
+        raise BenchPlotError(
+            f"{where}: has no benchmark entries; write one with pytest --qconform --benchmark-only (nox -s bench)"
+        )
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    operations = [op for op in ("dequantize", "matmul", "quantize") if any(e.operation == op for e in report.benchmarks)]
+    operations = [
+        op for op in ("dequantize", "matmul", "quantize") if any(e.operation == op for e in report.benchmarks)
+    ]
     series = sorted({_series(e) for e in report.benchmarks})
     widest = max(len({_case(e) for e in report.benchmarks if e.operation == op}) for op in operations)
     fig = Figure(figsize=(max(7.0, 1.0 + 0.32 * widest * len(series)), 3.4 * len(operations)), dpi=100)
     FigureCanvasAgg(fig)
     copy = report.benchmarks[0].copy_bandwidth_bytes_per_s
-    fig.suptitle(f"{report.arch} ({report.probe.get('device_name')}) on {report.host}, {report.created}; "
-                 f"copy {copy / 1e9:.0f} GB/s", fontsize=9)
+    fig.suptitle(
+        f"{report.arch} ({report.probe.get('device_name')}) on {report.host}, {report.created}; "
+        f"copy {copy / 1e9:.0f} GB/s",
+        fontsize=9,
+    )
     for row, op in enumerate(operations):
         ax = fig.add_subplot(len(operations), 1, row + 1)
         entries = sorted((e for e in report.benchmarks if e.operation == op), key=_case_order)
         cases = list(dict.fromkeys(_case(e) for e in entries))
         width = 0.8 / len(series)
         for s_index, name in enumerate(series):
-            values = {_case(e): (e.percent_of_floor if metric == "percent" else e.median_s * 1e6)
-                      for e in entries if _series(e) == name}
+            values = {
+                _case(e): (e.percent_of_floor if metric == "percent" else e.median_s * 1e6)
+                for e in entries
+                if _series(e) == name
+            }
             xs = [i + (s_index - (len(series) - 1) / 2) * width for i, case in enumerate(cases) if case in values]
             ys = [values[case] for case in cases if case in values]
             if xs:
                 bars = ax.bar(xs, ys, width=width, label=name)
-            eager = {_case(e): e.eager_median_s * 1e6 for e in entries
-                     if _series(e) == name and e.eager_median_s is not None}
+            eager = {
+                _case(e): e.eager_median_s * 1e6 for e in entries if _series(e) == name and e.eager_median_s is not None
+            }
             if metric == "time" and eager and xs:  # eager time: a tick over the bar, in the bar's colour
                 ex = [i + (s_index - (len(series) - 1) / 2) * width for i, case in enumerate(cases) if case in eager]
-                ax.scatter(ex, [eager[case] for case in cases if case in eager], marker="_", s=120, linewidths=2,
-                           color=bars.patches[0].get_facecolor(), zorder=3)
+                ax.scatter(
+                    ex,
+                    [eager[case] for case in cases if case in eager],
+                    marker="_",
+                    s=120,
+                    linewidths=2,
+                    color=bars.patches[0].get_facecolor(),
+                    zorder=3,
+                )
         if metric == "percent":
             ax.axhline(100.0, color="black", linewidth=0.8, linestyle="--")
             ax.set_ylabel("% of copy floor")
@@ -97,13 +115,20 @@ def render(report: RunReport, png_path: str | Path, metric: str = "percent") -> 
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m pytest_qconform.benchmark.plot",
-                                     description="Plot the benchmarks of a pytest-qconform run report.")
-    parser.add_argument("report", type=Path, metavar="REPORT.json",
-                        help="a run report written by pytest --qconform --benchmark-only")
+    parser = argparse.ArgumentParser(
+        prog="python -m pytest_qconform.benchmark.plot",
+        description="Plot the benchmarks of a pytest-qconform run report.",
+    )
+    parser.add_argument(
+        "report", type=Path, metavar="REPORT.json", help="a run report written by pytest --qconform --benchmark-only"
+    )
     parser.add_argument("--out", type=Path, help="the PNG to write (default: <report-stem>-bench.png beside it)")
-    parser.add_argument("--metric", choices=METRICS, default="percent",
-                        help="percent: %% of the copy floor (default); time: median time per call")
+    parser.add_argument(
+        "--metric",
+        choices=METRICS,
+        default="percent",
+        help="percent: %% of the copy floor (default); time: median time per call",
+    )
     return parser
 
 
@@ -117,8 +142,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     except ImportError as exc:
-        print(f"{PROG}: error: cannot draw: {exc}; install matplotlib (pip install 'pytest-qconform[bench]')",
-              file=sys.stderr)
+        print(
+            f"{PROG}: error: cannot draw: {exc}; install matplotlib (pip install 'pytest-qconform[bench]')",
+            file=sys.stderr,
+        )
         return 2
     except OSError as exc:
         print(f"{PROG}: error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)

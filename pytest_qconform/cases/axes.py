@@ -12,6 +12,7 @@ The covering arrays come from allpairspy (greedy, deterministic for a given inpu
 order); the constraints between axes (double quantization and storage dtypes belong to
 the bitsandbytes layout, the grouping axis to HQQ) are its filter.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -70,30 +71,62 @@ class Axis:
     label: Callable[[Any], str] = str
 
 
-AXES: dict[str, Axis] = {axis.name: axis for axis in (
-    Axis("format", "the 4-bit format", lambda caps, bf16: tuple(caps.formats)),
-    Axis("blocksize", "the bitsandbytes block or HQQ group size (every claimed one)",
-         lambda caps, bf16: tuple(caps.blocksizes)),
-    Axis("double_quant", "absmax quantized again in 8 bits (bitsandbytes layout)",
-         lambda caps, bf16: (False, True) if caps.double_quant else (False,), lambda v: "dq" if v else "plain"),
-    Axis("hqq_axis", "the axis HQQ groups along", lambda caps, bf16: tuple(caps.axes), lambda v: f"ax{v}"),
-    Axis("quant_storage", "the dtype the packed bytes are stored as",
-         lambda caps, bf16: tuple(caps.quant_storages), lambda v: _STORAGE_LABELS.get(v, str(v))),
-    Axis("dtype", "the compute/output dtype",
-         lambda caps, bf16: tuple(d for d in caps.dtypes if bf16 or d is not torch.bfloat16),
-         lambda v: DTYPE_LABELS.get(v, str(v))),
-    Axis("rows", "activation rows: every route change the backend declares, its neighbours, 1, 128, a prefill",
-         lambda caps, bf16: _rows(caps), lambda v: f"M{v}"),
-    Axis("out_features", "output width N: the lm_head widths of real models (up to the claimed maximum)",
-         lambda caps, bf16: tuple(n for n in LM_HEAD_WIDTHS if caps.max_out_features is None
-                                  or n <= caps.max_out_features), lambda v: f"N{v}"),
-    Axis("x_layout", "activation memory: contiguous, transposed, sliced, storage offset",
-         lambda caps, bf16: X_LAYOUTS),
-    Axis("value_range", "where in the dtype's range the values lie", lambda caps, bf16: VALUE_RANGES),
-    Axis("distribution", "the weight's value distribution (strategies.DISTRIBUTIONS)",
-         lambda caps, bf16: DISTRIBUTIONS),
-    Axis("weight_layout", "the memory layout of the weight handed to quantize", lambda caps, bf16: WEIGHT_LAYOUTS),
-)}
+AXES: dict[str, Axis] = {
+    axis.name: axis
+    for axis in (
+        Axis("format", "the 4-bit format", lambda caps, bf16: tuple(caps.formats)),
+        Axis(
+            "blocksize",
+            "the bitsandbytes block or HQQ group size (every claimed one)",
+            lambda caps, bf16: tuple(caps.blocksizes),
+        ),
+        Axis(
+            "double_quant",
+            "absmax quantized again in 8 bits (bitsandbytes layout)",
+            lambda caps, bf16: (False, True) if caps.double_quant else (False,),
+            lambda v: "dq" if v else "plain",
+        ),
+        Axis("hqq_axis", "the axis HQQ groups along", lambda caps, bf16: tuple(caps.axes), lambda v: f"ax{v}"),
+        Axis(
+            "quant_storage",
+            "the dtype the packed bytes are stored as",
+            lambda caps, bf16: tuple(caps.quant_storages),
+            lambda v: _STORAGE_LABELS.get(v, str(v)),
+        ),
+        Axis(
+            "dtype",
+            "the compute/output dtype",
+            lambda caps, bf16: tuple(d for d in caps.dtypes if bf16 or d is not torch.bfloat16),
+            lambda v: DTYPE_LABELS.get(v, str(v)),
+        ),
+        Axis(
+            "rows",
+            "activation rows: every route change the backend declares, its neighbours, 1, 128, a prefill",
+            lambda caps, bf16: _rows(caps),
+            lambda v: f"M{v}",
+        ),
+        Axis(
+            "out_features",
+            "output width N: the lm_head widths of real models (up to the claimed maximum)",
+            lambda caps, bf16: tuple(
+                n for n in LM_HEAD_WIDTHS if caps.max_out_features is None or n <= caps.max_out_features
+            ),
+            lambda v: f"N{v}",
+        ),
+        Axis(
+            "x_layout",
+            "activation memory: contiguous, transposed, sliced, storage offset",
+            lambda caps, bf16: X_LAYOUTS,
+        ),
+        Axis("value_range", "where in the dtype's range the values lie", lambda caps, bf16: VALUE_RANGES),
+        Axis(
+            "distribution",
+            "the weight's value distribution (strategies.DISTRIBUTIONS)",
+            lambda caps, bf16: DISTRIBUTIONS,
+        ),
+        Axis("weight_layout", "the memory layout of the weight handed to quantize", lambda caps, bf16: WEIGHT_LAYOUTS),
+    )
+}
 
 
 def _valid(names: Sequence[str], row: Sequence[Any]) -> bool:
@@ -120,7 +153,7 @@ class CheckAxes:
     only: dict[str, tuple[Any, ...]]
 
     @classmethod
-    def from_marker(cls, marker: pytest.Mark) -> "CheckAxes":
+    def from_marker(cls, marker: pytest.Mark) -> CheckAxes:
         unknown = [name for name in marker.args if name not in AXES]
         if unknown:
             raise pytest.UsageError(f"qconform_axes names unknown axes {unknown}; the axes are {sorted(AXES)}")
@@ -157,8 +190,10 @@ def covering_rows(values: dict[str, tuple[Any, ...]], strength: int) -> list[dic
     from allpairspy import AllPairs
 
     n = min(strength, len(names))
-    rows = [list(row) for row in AllPairs([list(values[name]) for name in names],
-                                          filter_func=lambda row: _valid(names, row), n=n)]
+    rows = [
+        list(row)
+        for row in AllPairs([list(values[name]) for name in names], filter_func=lambda row: _valid(names, row), n=n)
+    ]
     # allpairspy's greedy search under a filter can leave a valid pair out: add a row for each.
     for a, b in combinations(range(len(names)), 2):
         for va, vb in product(values[names[a]], values[names[b]]):
@@ -179,8 +214,13 @@ def _completed(names: Sequence[str], values: dict[str, tuple[Any, ...]], fixed: 
 
 def spec_of(row: dict[str, Any]) -> QuantSpec:
     fmt = row.get("format", "nf4")
-    return QuantSpec(fmt, row.get("blocksize", 64), bool(row.get("double_quant", False)),
-                     axis=row.get("hqq_axis", 1), quant_storage=row.get("quant_storage", torch.uint8))
+    return QuantSpec(
+        fmt,
+        row.get("blocksize", 64),
+        bool(row.get("double_quant", False)),
+        axis=row.get("hqq_axis", 1),
+        quant_storage=row.get("quant_storage", torch.uint8),
+    )
 
 
 def labels(row: dict[str, Any]) -> dict[str, str]:
@@ -199,10 +239,20 @@ def arguments(check: CheckAxes, row: dict[str, Any]) -> tuple[Any, ...]:
 def default_row(check: CheckAxes) -> dict[str, Any]:
     """The instance of a backend whose claims are unknown (it cannot load): the first
     allowed value of each axis, so that its one cell says why."""
-    defaults = {"format": "nf4", "blocksize": 64, "double_quant": False, "hqq_axis": 1,
-                "quant_storage": torch.uint8, "dtype": torch.float32, "rows": 1, "out_features": LM_HEAD_WIDTHS[0],
-                "x_layout": "contiguous",
-                "value_range": "near-max", "distribution": "normal", "weight_layout": "transposed"}
+    defaults = {
+        "format": "nf4",
+        "blocksize": 64,
+        "double_quant": False,
+        "hqq_axis": 1,
+        "quant_storage": torch.uint8,
+        "dtype": torch.float32,
+        "rows": 1,
+        "out_features": LM_HEAD_WIDTHS[0],
+        "x_layout": "contiguous",
+        "value_range": "near-max",
+        "distribution": "normal",
+        "weight_layout": "transposed",
+    }
     return {name: check.only.get(name, (defaults[name],))[0] for name in check.names}
 
 

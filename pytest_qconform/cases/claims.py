@@ -1,5 +1,6 @@
 """Whether a backend claims a combination: the one rule the suites (``require_claim``, a
 ``not claimed:`` skip) and the collection (``applicability``, a deselection) share."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -20,10 +21,20 @@ def target_device(target: Target) -> torch.device:
     return torch.device(target.torch_device or "cpu")
 
 
-def unclaimed(caps: Capabilities, target: Target, spec: QuantSpec | None = None, dtype: torch.dtype | None = None,
-              *, backward: bool = False, serialize: bool = False, out: str | None = None,
-              explicit_absmax: bool = False, orientation: str | None = None, compiled: str | None = None,
-              captured: str | None = None) -> list[str]:
+def unclaimed(
+    caps: Capabilities,
+    target: Target,
+    spec: QuantSpec | None = None,
+    dtype: torch.dtype | None = None,
+    *,
+    backward: bool = False,
+    serialize: bool = False,
+    out: str | None = None,
+    explicit_absmax: bool = False,
+    orientation: str | None = None,
+    compiled: str | None = None,
+    captured: str | None = None,
+) -> list[str]:
     """What of (device, spec, dtype, backward, serialize, an ``out=`` buffer for operation
     ``out``, an explicit absmax, a weight ``orientation``, operation ``compiled`` under
     torch.compile, operation ``captured`` in a CUDA graph) ``caps`` does not claim; empty when all."""

@@ -6,6 +6,7 @@ when it ran to a verdict on the arithmetic (pass, fail, known failure); skipped 
 unavailable ones checked nothing. ``nox -s matrix`` and ``qconform check`` read it back;
 the project's tests use it to prove that no claimed value goes unchecked.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -33,19 +34,24 @@ class Coverage:
     @property
     def unchecked(self) -> dict[str, tuple[str, ...]]:
         """Claimed values no instance with a verdict ran on, per axis (empty when none)."""
-        missing = {axis: tuple(v for v in found if v not in self.values.get(axis, ())) for axis, found
-                   in self.claimed.items()}
+        missing = {
+            axis: tuple(v for v in found if v not in self.values.get(axis, ())) for axis, found in self.claimed.items()
+        }
         return {axis: found for axis, found in missing.items() if found}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"backend": self.backend, "operation": self.operation, "instances": self.instances,
-                "values": {axis: list(found) for axis, found in sorted(self.values.items())},
-                "claimed": {axis: list(found) for axis, found in sorted(self.claimed.items())},
-                "unchecked": {axis: list(found) for axis, found in sorted(self.unchecked.items())},
-                "pairs": [list(pair) for pair in self.pairs]}
+        return {
+            "backend": self.backend,
+            "operation": self.operation,
+            "instances": self.instances,
+            "values": {axis: list(found) for axis, found in sorted(self.values.items())},
+            "claimed": {axis: list(found) for axis, found in sorted(self.claimed.items())},
+            "unchecked": {axis: list(found) for axis, found in sorted(self.unchecked.items())},
+            "pairs": [list(pair) for pair in self.pairs],
+        }
 
     @classmethod
-    def from_dict(cls, data: Any, where: str = "coverage") -> "Coverage":
+    def from_dict(cls, data: Any, where: str = "coverage") -> Coverage:
         data = json_object(data, where)
         instances = required(data, "instances", where)
         if isinstance(instances, bool) or not isinstance(instances, int) or instances < 0:
@@ -53,11 +59,18 @@ class Coverage:
         values = _labels(data, "values", where)
         claimed = _labels(data, "claimed", where)
         pairs = required(data, "pairs", where)
-        if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 4 and
-                                                  all(isinstance(v, str) for v in p) for p in pairs):
+        if not isinstance(pairs, list) or not all(
+            isinstance(p, list) and len(p) == 4 and all(isinstance(v, str) for v in p) for p in pairs
+        ):
             raise SchemaError(f"{where}.pairs: expected a JSON array of [axis, value, axis, value] arrays")
-        return cls(string(data, "backend", where, nonempty=True), string(data, "operation", where, nonempty=True),
-                   instances, values, tuple(tuple(p) for p in pairs), claimed)
+        return cls(
+            string(data, "backend", where, nonempty=True),
+            string(data, "operation", where, nonempty=True),
+            instances,
+            values,
+            tuple(tuple(p) for p in pairs),
+            claimed,
+        )
 
 
 def _labels(data: Any, key: str, where: str) -> dict[str, tuple[str, ...]]:
@@ -90,6 +103,14 @@ def from_cases(cases: Iterable[Any]) -> tuple[Coverage, ...]:
                 values.setdefault(axis, set()).add(value)
             pairs.update((a, va, b, vb) for (a, va), (b, vb) in combinations(sorted(row), 2))
         claims = claimed.get((backend, operation), {})
-        found.append(Coverage(backend, operation, len(rows), {a: tuple(sorted(v)) for a, v in values.items()},
-                              tuple(sorted(pairs)), {a: tuple(sorted(v)) for a, v in claims.items()}))
+        found.append(
+            Coverage(
+                backend,
+                operation,
+                len(rows),
+                {a: tuple(sorted(v)) for a, v in values.items()},
+                tuple(sorted(pairs)),
+                {a: tuple(sorted(v)) for a, v in claims.items()},
+            )
+        )
     return tuple(found)

@@ -9,6 +9,7 @@ and the layer facet's ``quantize`` (the layer built the way users build it), on 
 device. Nothing is repaired or converted on the way in: the library gets what the test
 passes, and its answer goes back to the test unchanged.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
@@ -38,8 +39,14 @@ class _InputCheckedFacet:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._facet, name)
 
-    def quantize(self, weight: torch.Tensor, bias: torch.Tensor | None, spec: QuantSpec,
-                 compute_dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+    def quantize(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        spec: QuantSpec,
+        compute_dtype: torch.dtype,
+        device: torch.device,
+    ) -> torch.nn.Module:
         layer = self._facet.quantize(weight, bias, spec, compute_dtype, device)
         self._checker.faithful(self._facet.packed(layer), weight, f"{self._backend_name} layer quantized by moving")
         return layer

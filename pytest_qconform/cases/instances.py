@@ -5,6 +5,7 @@ Called from the plugin's ``pytest_generate_tests``; parametrizes ``qtarget``,
 ``qbackend`` and the check's own arguments together, since which values exist depends
 on the backend and the device.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -12,8 +13,8 @@ from typing import Any
 import pytest
 
 from pytest_qconform.cases import axes
-from pytest_qconform.session import outcomes, state
 from pytest_qconform.cases.claims import target_device
+from pytest_qconform.session import outcomes, state
 
 AXES_MARKER = "qconform_axes"
 
@@ -50,8 +51,15 @@ def parametrize(metafunc: pytest.Metafunc, marker: pytest.Mark) -> None:
             else:  # its one instance skips as unavailable, naming why
                 rows = [axes.default_row(check)]
             for row in rows:
-                params.append(pytest.param(target, name, *axes.arguments(check, row), marks=marks,
-                                           id=f"{target.id}-{name}-{axes.instance_id(row)}"))
+                params.append(
+                    pytest.param(
+                        target,
+                        name,
+                        *axes.arguments(check, row),
+                        marks=marks,
+                        id=f"{target.id}-{name}-{axes.instance_id(row)}",
+                    )
+                )
     metafunc.parametrize(("qtarget", "qbackend", *check.argnames), params, indirect=("qtarget", "qbackend"))
 
 
@@ -66,8 +74,13 @@ def axis_labels(item: pytest.Item) -> dict[str, str] | None:
     row: dict[str, Any] = {}
     for name in check.names:
         if name in axes.SPEC_AXES:
-            row[name] = {"format": spec.format, "blocksize": spec.blocksize, "double_quant": spec.double_quant,
-                         "hqq_axis": spec.axis, "quant_storage": spec.quant_storage}[name]
+            row[name] = {
+                "format": spec.format,
+                "blocksize": spec.blocksize,
+                "double_quant": spec.double_quant,
+                "hqq_axis": spec.axis,
+                "quant_storage": spec.quant_storage,
+            }[name]
         else:
             row[name] = params[name]
     return axes.labels(row)
@@ -99,5 +112,6 @@ def claimed_labels(item: pytest.Item, cache: dict) -> dict[str, list[str]] | Non
 
 def nothing_claimed(item: pytest.Item) -> bool:
     """Whether this instance is a check's one cell saying its backend claims nothing it needs."""
-    return any(str(m.kwargs.get("reason", "")).startswith(outcomes.NOTHING_CLAIMED_PREFIX)
-               for m in item.iter_markers("skip"))
+    return any(
+        str(m.kwargs.get("reason", "")).startswith(outcomes.NOTHING_CLAIMED_PREFIX) for m in item.iter_markers("skip")
+    )

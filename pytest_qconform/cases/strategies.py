@@ -4,6 +4,7 @@ Profiles are registered here, centrally, and chosen by ``--qconform-profile``:
 ``ci`` keeps the default run short on a 2-core CPU runner, ``thorough`` is for nightly
 runners. Both derandomize nothing: the seed is printed on failure for reproduction.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -13,17 +14,30 @@ from hypothesis import HealthCheck, Phase, settings
 PROFILE_SETTINGS: dict[str, dict[str, Any]] = {
     # ci: 3 random draws on top of each instance's listed example (the instances are a
     # covering array of the check's axes, so the draws add breadth, not coverage).
-    "ci": dict(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                     HealthCheck.function_scoped_fixture,
-                                                                     HealthCheck.differing_executors],
-               print_blob=True, derandomize=True,
-               # No shrinking on CI: the derandomized first failure is already reproducible,
-               # and shrinking a failing backend costs tens of seconds per cell.
-               phases=(Phase.explicit, Phase.reuse, Phase.generate)),
-    "thorough": dict(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                            HealthCheck.function_scoped_fixture,
-                                                                            HealthCheck.differing_executors],
-                     print_blob=True),
+    "ci": dict(
+        max_examples=3,
+        deadline=None,
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.differing_executors,
+        ],
+        print_blob=True,
+        derandomize=True,
+        # No shrinking on CI: the derandomized first failure is already reproducible,
+        # and shrinking a failing backend costs tens of seconds per cell.
+        phases=(Phase.explicit, Phase.reuse, Phase.generate),
+    ),
+    "thorough": dict(
+        max_examples=60,
+        deadline=None,
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.differing_executors,
+        ],
+        print_blob=True,
+    ),
 }
 
 
@@ -70,8 +84,15 @@ from hypothesis import strategies as st  # noqa: E402
 # shape, so the shape set decides the CPU run time. Each shape covers a contract clause:
 # a multiple of every blocksize, an odd element count with a partial final block, one block.
 WEIGHT_SHAPES: tuple[tuple[int, int], ...] = ((64, 128), (33, 47), (1, 64))
-DISTRIBUTIONS: tuple[str, ...] = ("normal", "heavy_tailed", "outliers", "zero_blocks", "constant_blocks",
-                                  "subnormal_small", "near_fp16_max")
+DISTRIBUTIONS: tuple[str, ...] = (
+    "normal",
+    "heavy_tailed",
+    "outliers",
+    "zero_blocks",
+    "constant_blocks",
+    "subnormal_small",
+    "near_fp16_max",
+)
 FP16_MAX = 65504.0
 
 
@@ -110,10 +131,10 @@ class WeightCase:
         return {"shape": self.shape, "distribution": self.distribution, "seed": self.seed}
 
 
-def weight_cases(shapes: tuple[tuple[int, ...], ...] = WEIGHT_SHAPES,
-                 distributions: tuple[str, ...] = DISTRIBUTIONS) -> st.SearchStrategy[WeightCase]:
-    return st.builds(WeightCase, st.sampled_from(shapes), st.sampled_from(distributions),
-                     st.integers(0, 2**31 - 1))
+def weight_cases(
+    shapes: tuple[tuple[int, ...], ...] = WEIGHT_SHAPES, distributions: tuple[str, ...] = DISTRIBUTIONS
+) -> st.SearchStrategy[WeightCase]:
+    return st.builds(WeightCase, st.sampled_from(shapes), st.sampled_from(distributions), st.integers(0, 2**31 - 1))
 
 
 @dataclass(frozen=True)
@@ -156,8 +177,9 @@ ACTIVATION_LEADING: tuple[tuple[int, ...], ...] = ((1,), (3,), (16,), (2, 5), (1
 def activation_cases(layout: str | None = None) -> st.SearchStrategy[ActivationCase]:
     """Activations of a drawn shape; in ``layout`` when a check's axis fixes it."""
     layouts = (layout,) if layout else ("contiguous", "transposed", "sliced", "offset")
-    return st.builds(ActivationCase, st.sampled_from(ACTIVATION_LEADING), st.sampled_from(layouts),
-                     st.integers(0, 2**31 - 1))
+    return st.builds(
+        ActivationCase, st.sampled_from(ACTIVATION_LEADING), st.sampled_from(layouts), st.integers(0, 2**31 - 1)
+    )
 
 
 def listed_weight(shapes: tuple[tuple[int, ...], ...], distribution: str) -> WeightCase:

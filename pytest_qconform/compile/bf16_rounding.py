@@ -11,12 +11,15 @@ compiles for an AMD arch; a hit marks that arch's bf16 results of our kernels as
 expected to fail the rounding check (``reference.bounds.rounding_direction_biased``),
 before any runner computes them.
 """
+
 from __future__ import annotations
 
 TRUNCATING_BF16: dict[str, str] = {
-    "v_dot2_bf16_bf16": ("writes its bf16 result truncated, not rounded to nearest even "
-                         "(triton-lang/triton#11217; Triton emitted it for bf16 multiplies on RDNA "
-                         "from #8444 until #11227)"),
+    "v_dot2_bf16_bf16": (
+        "writes its bf16 result truncated, not rounded to nearest even "
+        "(triton-lang/triton#11217; Triton emitted it for bf16 multiplies on RDNA "
+        "from #8444 until #11227)"
+    ),
 }
 
 

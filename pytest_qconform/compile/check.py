@@ -29,6 +29,7 @@ the committed results and docs/kernels-compiled.md)::
 Exit status 1 if a kernel does not compile for a listed arch (each failure printed with
 the arch, the kernel, its specialization and the compiler's message), 2 on bad input.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,18 +41,19 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
-from pytest_qconform.hardware import archs
-from pytest_qconform.triton_nf4 import kernel_calls
 from pytest_qconform.compile.bf16_rounding import truncating_instructions
 from pytest_qconform.compile.report import ArchResult, CompileCheck, Variant, write_doc, write_results
 from pytest_qconform.compile.resources import amd_resources, nvidia_resources
+from pytest_qconform.hardware import archs
 from pytest_qconform.session.unsupported_targets import rejection
+from pytest_qconform.triton_nf4 import kernel_calls
 
 KERNELS_DIR = Path(__file__).parent.parent / "triton_nf4" / "kernels"
 # What ``torch.version.hip`` holds in the replay of a ROCm process (any version string: the
@@ -83,8 +85,7 @@ def gpu_targets(names: Sequence[str] | None = None) -> list[archs.ArchFacts]:
         return list(archs.KNOWN_ARCHS.values())
     unknown = [n for n in names if n not in archs.KNOWN_ARCHS]
     if unknown:
-        raise ValueError(f"unknown arch {', '.join(map(repr, unknown))}; known archs: "
-                         f"{', '.join(archs.KNOWN_ARCHS)}")
+        raise ValueError(f"unknown arch {', '.join(map(repr, unknown))}; known archs: {', '.join(archs.KNOWN_ARCHS)}")
     return [archs.KNOWN_ARCHS[n] for n in names]
 
 
@@ -103,8 +104,11 @@ def launch_sites() -> set[str]:
     sites = set()
     for path in sorted(KERNELS_DIR.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript)
-                    and isinstance(node.func.value, ast.Name)):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Subscript)
+                and isinstance(node.func.value, ast.Name)
+            ):
                 sites.add(f"{path.stem}.{node.func.value.id}")
     return sites
 
@@ -120,12 +124,19 @@ def extra_calls() -> list[dict]:
 
     meta = torch.device("meta")
     rows, features, depth, blocksize = MAX_ROWS, 64, 512, 64
-    weight = (torch.empty(features * depth // 2, dtype=torch.uint8, device=meta),
-              torch.empty(features * depth // blocksize, dtype=torch.float32, device=meta))
+    weight = (
+        torch.empty(features * depth // 2, dtype=torch.uint8, device=meta),
+        torch.empty(features * depth // blocksize, dtype=torch.float32, device=meta),
+    )
     code = torch.empty(16, dtype=torch.float32, device=meta)
-    calls = [kernel_calls.record("gemv_4bit", (torch.empty(rows, depth, dtype=dtype, device=meta), *weight),
-                                 {"blocksize": blocksize, "shape": (features, depth), "code": code})
-             for dtype in (torch.bfloat16, torch.float16, torch.float32)]
+    calls = [
+        kernel_calls.record(
+            "gemv_4bit",
+            (torch.empty(rows, depth, dtype=dtype, device=meta), *weight),
+            {"blocksize": blocksize, "shape": (features, depth), "code": code},
+        )
+        for dtype in (torch.bfloat16, torch.float16, torch.float32)
+    ]
     return calls + quantize_calls()
 
 
@@ -141,12 +152,20 @@ def quantize_calls() -> list[dict]:
     from pytest_qconform.triton_nf4.kernels.nf4_quantize import code_boundaries
 
     meta = torch.device("meta")
-    cases = [(fmt, dtype, 64, (3, 4096)) for fmt in ("nf4", "fp4")
-             for dtype in (torch.bfloat16, torch.float16, torch.float32)]
+    cases = [
+        (fmt, dtype, 64, (3, 4096))
+        for fmt in ("nf4", "fp4")
+        for dtype in (torch.bfloat16, torch.float16, torch.float32)
+    ]
     cases += [("nf4", torch.bfloat16, max(SUPPORTED_BLOCKSIZES), (3, 4096)), ("nf4", torch.bfloat16, 64, (3, 4000))]
-    return [kernel_calls.record("quantize_4bit", (torch.empty(shape, dtype=dtype, device=meta),),
-                                {"blocksize": blocksize, "boundaries": code_boundaries(code_table(fmt, "cpu"))})
-            for fmt, dtype, blocksize, shape in cases]
+    return [
+        kernel_calls.record(
+            "quantize_4bit",
+            (torch.empty(shape, dtype=dtype, device=meta),),
+            {"blocksize": blocksize, "boundaries": code_boundaries(code_table(fmt, "cpu"))},
+        )
+        for fmt, dtype, blocksize, shape in cases
+    ]
 
 
 @contextlib.contextmanager
@@ -162,8 +181,10 @@ def _platform(kind: str, multiprocessors: int, mma_ptx: bool) -> Iterator[None]:
 
     for module, name in ((nf4_gemv, "ptx_shuffle_ok"), (nf4_gemv, "_multiprocessors"), (nf4_mma, "mma_ptx_ok")):
         if not hasattr(module, name):
-            raise RuntimeError(f"compile_check: {module.__name__} has no {name}() any more; update _platform, "
-                               "which answers the entry points' device questions for the replay")
+            raise RuntimeError(
+                f"compile_check: {module.__name__} has no {name}() any more; update _platform, "
+                "which answers the entry points' device questions for the replay"
+            )
     saved = (torch.version.hip, nf4_gemv.ptx_shuffle_ok, nf4_gemv._multiprocessors, nf4_mma.mma_ptx_ok)
     shuffle_ok = nf4_gemv.ptx_shuffle_ok
     torch.version.hip = ROCM_HIP_VERSION if kind == "rocm" else None
@@ -201,8 +222,10 @@ def capture_launches(calls: list[dict], kind: str, mma_ptx: bool = False) -> tup
     from pytest_qconform.triton_nf4 import kernels
 
     if kernels.interpreter_active():
-        raise RuntimeError("compile_check: the kernels were imported with TRITON_INTERPRET=1, so they are not "
-                           "compiled; run the check in a process without it (python -m pytest_qconform.compile.check)")
+        raise RuntimeError(
+            "compile_check: the kernels were imported with TRITON_INTERPRET=1, so they are not "
+            "compiled; run the check in a process without it (python -m pytest_qconform.compile.check)"
+        )
     meta = torch.device("meta")
     launches: list[Launch] = []
     errors: list[str] = []
@@ -293,7 +316,7 @@ def _compiler_message(exc: BaseException, stderr: str) -> str:
     printed = stderr.splitlines()
     diagnostics = []  # each `error:` line and the line it quotes (an assembler names the instruction there)
     for index in [i for i, line in enumerate(printed) if "error:" in line][:2]:
-        diagnostics += [line.strip() for line in printed[index:index + 2] if line.strip()]
+        diagnostics += [line.strip() for line in printed[index : index + 2] if line.strip()]
     raised = [line for line in exc_text.splitlines() if line.strip()]
     return "\n".join(diagnostics + raised[-MESSAGE_LINES:])
 
@@ -312,8 +335,9 @@ def _silent_failure(compiled: Any, facts: archs.ArchFacts, stderr: str) -> str |
     assembly = compiled.asm["amdgcn" if facts.kind == "rocm" else "ptx"]
     missing = sorted({op for op in _inline_asm_opcodes(compiled.asm["ttgir"]) if op not in assembly})
     if missing:
-        reasons.append(f"inline asm missing from the {facts.name} machine code (the compiler dropped it): "
-                       + ", ".join(missing))
+        reasons.append(
+            f"inline asm missing from the {facts.name} machine code (the compiler dropped it): " + ", ".join(missing)
+        )
     return "; ".join(reasons) or None
 
 
@@ -324,7 +348,7 @@ def _inline_asm_opcodes(ttgir: str) -> set[str]:
     for line in ttgir.splitlines():
         start = line.find(marker)
         if start >= 0:
-            opcodes.add(line[start + len(marker):].split(None, 1)[0].rstrip(";"))
+            opcodes.add(line[start + len(marker) :].split(None, 1)[0].rstrip(";"))
     return opcodes
 
 
@@ -334,8 +358,13 @@ def _resources(compiled: Any, facts: archs.ArchFacts) -> Any:
         return amd_resources(compiled.asm["amdgcn"], shared)
     from triton import knobs
 
-    return nvidia_resources(compiled.asm["cubin"], shared, int(facts.name.removeprefix("sm")),
-                            int(compiled.metadata.num_warps), knobs.nvidia.cuobjdump.path)
+    return nvidia_resources(
+        compiled.asm["cubin"],
+        shared,
+        int(facts.name.removeprefix("sm")),
+        int(compiled.metadata.num_warps),
+        knobs.nvidia.cuobjdump.path,
+    )
 
 
 def _first_per_kernel(launches: list[Launch]) -> list[Launch]:
@@ -376,19 +405,33 @@ def check_arch(arch: str, calls: list[dict]) -> ArchResult:
                 if problem is not None:
                     raise RuntimeError(problem)
                 if facts.kind == "rocm":
-                    truncating.update((launch.kernel_name, op) for op in truncating_instructions(compiled.asm["amdgcn"]))
+                    truncating.update(
+                        (launch.kernel_name, op) for op in truncating_instructions(compiled.asm["amdgcn"])
+                    )
                 key = compiled.hash
                 if key not in variants:
-                    variants[key] = Variant(launch.kernel_name, specialization, int(compiled.metadata.num_warps),
-                                            _resources(compiled, facts))
+                    variants[key] = Variant(
+                        launch.kernel_name,
+                        specialization,
+                        int(compiled.metadata.num_warps),
+                        _resources(compiled, facts),
+                    )
             except Exception as exc:  # noqa: BLE001 - a kernel that does not compile is a result, not a crash
-                variants[failure_key] = Variant(launch.kernel_name, specialization, None, None,
-                                                _compiler_message(exc, "".join(stderr)))
-    return ArchResult.of(arch, facts.kind, facts.family, facts.wave_size, variants.values(),
-                         replay_errors=tuple(replay_errors), unsupported=expected.reason if expected else None,
-                         unsupported_message=expected.message if expected else None,
-                         truncating_bf16=tuple(sorted(truncating)),
-                         seconds=round(time.perf_counter() - started, 1))
+                variants[failure_key] = Variant(
+                    launch.kernel_name, specialization, None, None, _compiler_message(exc, "".join(stderr))
+                )
+    return ArchResult.of(
+        arch,
+        facts.kind,
+        facts.family,
+        facts.wave_size,
+        variants.values(),
+        replay_errors=tuple(replay_errors),
+        unsupported=expected.reason if expected else None,
+        unsupported_message=expected.message if expected else None,
+        truncating_bf16=tuple(sorted(truncating)),
+        seconds=round(time.perf_counter() - started, 1),
+    )
 
 
 def fingerprint(calls: list[dict]) -> str:
@@ -407,8 +450,7 @@ def _check_arch_in_worker(arch: str, calls: list[dict]) -> ArchResult:
     return check_arch(arch, calls)
 
 
-def run_check(arch_names: Sequence[str] | None = None, calls: list[dict] | None = None,
-              jobs: int = 1) -> CompileCheck:
+def run_check(arch_names: Sequence[str] | None = None, calls: list[dict] | None = None, jobs: int = 1) -> CompileCheck:
     """The whole check: every arch (in ``jobs`` processes) against the log plus ``extra_calls``."""
     from importlib.metadata import version
 
@@ -431,22 +473,33 @@ def failures(check: CompileCheck) -> list[str]:
     for result in check.archs:
         out += [f"{result.arch}: {message}" for message in result.replay_errors]
         if result.unsupported is not None:
-            out += [f"{result.arch}: {k.kernel} compiles with this Triton, but unsupported_targets.toml says the "
-                    "arch cannot be compiled for: remove the entry" for k in result.kernels if k.compiled]
+            out += [
+                f"{result.arch}: {k.kernel} compiles with this Triton, but unsupported_targets.toml says the "
+                "arch cannot be compiled for: remove the entry"
+                for k in result.kernels
+                if k.compiled
+            ]
         for variant in result.failed:
             if not result.fails_as_expected(variant):
                 spec = " ".join(f"{k}={v}" for k, v in variant.specialization.items() if not v.startswith("*"))
-                out.append(f"{result.arch} ({result.kind}, wave{result.wave_size}): {variant.kernel} does not "
-                           f"compile [{spec}]:\n    " + (variant.error or "").replace("\n", "\n    "))
-    out += [f"{name}: launched in pytest_qconform/triton_nf4/kernels but reached by no replayed call, so it was not "
-            "compiled; record the kernel-call log again on a GPU (nox -s kernel-calls) or add a call that "
-            "reaches it to compile_check.extra_calls()" for name in check.uncovered]
+                out.append(
+                    f"{result.arch} ({result.kind}, wave{result.wave_size}): {variant.kernel} does not "
+                    f"compile [{spec}]:\n    " + (variant.error or "").replace("\n", "\n    ")
+                )
+    out += [
+        f"{name}: launched in pytest_qconform/triton_nf4/kernels but reached by no replayed call, so it was not "
+        "compiled; record the kernel-call log again on a GPU (nox -s kernel-calls) or add a call that "
+        "reaches it to compile_check.extra_calls()"
+        for name in check.uncovered
+    ]
     return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pytest_qconform.compile.check",
-                                     description="Compile our Triton kernels for every listed GPU arch.")
+    parser = argparse.ArgumentParser(
+        prog="python -m pytest_qconform.compile.check",
+        description="Compile our Triton kernels for every listed GPU arch.",
+    )
     parser.add_argument("--arch", action="append", help="only this arch (repeatable; default: every listed arch)")
     parser.add_argument("--calls", type=Path, help="a kernel-call log (default: the packaged default-run log)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes (default: one per CPU)")

@@ -5,12 +5,14 @@ The results say that our kernels *compile* for an arch, never how they compute t
 matrix shows them apart from verdicts, only for archs without a run report, and only for
 our kernels (``triton-nf4``); everything else on such an arch stays "not run".
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from pytest_qconform.compile.resources import Resources
 
@@ -39,7 +41,7 @@ class Variant:
         return {"kernel": self.kernel, "specialization": self.specialization, "error": self.error}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Variant":
+    def from_dict(cls, data: dict[str, Any]) -> Variant:
         return cls(data["kernel"], dict(data["specialization"]), None, None, data["error"])
 
 
@@ -61,21 +63,35 @@ class KernelSummary:
     occupancy_max: int | None = None  # NVIDIA: the SM's resident-warp limit
 
     @classmethod
-    def of(cls, kernel: str, variants: list[Variant]) -> "KernelSummary":
+    def of(cls, kernel: str, variants: list[Variant]) -> KernelSummary:
         good = [v.resources for v in variants if v.resources is not None]
         if not good:
             return cls(kernel, len(variants), 0)
-        return cls(kernel, len(variants), len(good), _span(r.registers for r in good), max(r.spills for r in good),
-                   _span(r.occupancy for r in good), good[0].occupancy_max)
+        return cls(
+            kernel,
+            len(variants),
+            len(good),
+            _span(r.registers for r in good),
+            max(r.spills for r in good),
+            _span(r.occupancy for r in good),
+            good[0].occupancy_max,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "KernelSummary":
+    def from_dict(cls, data: dict[str, Any]) -> KernelSummary:
         pair = lambda key: tuple(data[key]) if data.get(key) is not None else None  # noqa: E731
-        return cls(data["kernel"], int(data["variants"]), int(data["compiled"]), pair("registers"),
-                   data.get("spills"), pair("occupancy"), data.get("occupancy_max"))
+        return cls(
+            data["kernel"],
+            int(data["variants"]),
+            int(data["compiled"]),
+            pair("registers"),
+            data.get("spills"),
+            pair("occupancy"),
+            data.get("occupancy_max"),
+        )
 
 
 @dataclass(frozen=True)
@@ -99,15 +115,20 @@ class ArchResult:
     seconds: float | None = field(default=None, compare=False)  # printed, not stored: results stay reproducible
 
     @classmethod
-    def of(cls, arch: str, kind: str, family: str, wave_size: int, variants: Iterable[Variant],
-           **kwargs: Any) -> "ArchResult":
+    def of(
+        cls, arch: str, kind: str, family: str, wave_size: int, variants: Iterable[Variant], **kwargs: Any
+    ) -> ArchResult:
         """From every variant compiled (or not) for the arch."""
         by_kernel: dict[str, list[Variant]] = {}
         for variant in variants:
             by_kernel.setdefault(variant.kernel, []).append(variant)
         summaries = tuple(KernelSummary.of(k, by_kernel[k]) for k in sorted(by_kernel))
-        failed = tuple(sorted((v for v in sum(by_kernel.values(), []) if v.error is not None),
-                              key=lambda v: (v.kernel, json.dumps(v.specialization, sort_keys=True))))
+        failed = tuple(
+            sorted(
+                (v for v in sum(by_kernel.values(), []) if v.error is not None),
+                key=lambda v: (v.kernel, json.dumps(v.specialization, sort_keys=True)),
+            )
+        )
         return cls(arch, kind, family, wave_size, summaries, failed, **kwargs)
 
     @property
@@ -130,24 +151,43 @@ class ArchResult:
     def as_expected(self) -> bool:
         """Nothing for the check to fail on: ok, or unsupported and failing as recorded."""
         if self.unsupported:
-            return (not self.replay_errors and bool(self.kernels) and self.compiled == 0
-                    and all(map(self.fails_as_expected, self.failed)))
+            return (
+                not self.replay_errors
+                and bool(self.kernels)
+                and self.compiled == 0
+                and all(map(self.fails_as_expected, self.failed))
+            )
         return self.ok
 
     def to_dict(self) -> dict[str, Any]:
-        return {"arch": self.arch, "kind": self.kind, "family": self.family, "wave_size": self.wave_size,
-                "ok": self.ok, "unsupported": self.unsupported, "unsupported_message": self.unsupported_message,
-                "kernels": [k.to_dict() for k in self.kernels], "failed": [v.to_dict() for v in self.failed],
-                "replay_errors": list(self.replay_errors),
-                "truncating_bf16": [list(pair) for pair in self.truncating_bf16]}
+        return {
+            "arch": self.arch,
+            "kind": self.kind,
+            "family": self.family,
+            "wave_size": self.wave_size,
+            "ok": self.ok,
+            "unsupported": self.unsupported,
+            "unsupported_message": self.unsupported_message,
+            "kernels": [k.to_dict() for k in self.kernels],
+            "failed": [v.to_dict() for v in self.failed],
+            "replay_errors": list(self.replay_errors),
+            "truncating_bf16": [list(pair) for pair in self.truncating_bf16],
+        }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ArchResult":
-        return cls(data["arch"], data["kind"], data["family"], int(data["wave_size"]),
-                   tuple(KernelSummary.from_dict(k) for k in data["kernels"]),
-                   tuple(Variant.from_dict(v) for v in data.get("failed", ())), tuple(data.get("replay_errors", ())),
-                   data.get("unsupported"), data.get("unsupported_message"),
-                   tuple((str(k), str(i)) for k, i in data.get("truncating_bf16", ())))
+    def from_dict(cls, data: dict[str, Any]) -> ArchResult:
+        return cls(
+            data["arch"],
+            data["kind"],
+            data["family"],
+            int(data["wave_size"]),
+            tuple(KernelSummary.from_dict(k) for k in data["kernels"]),
+            tuple(Variant.from_dict(v) for v in data.get("failed", ())),
+            tuple(data.get("replay_errors", ())),
+            data.get("unsupported"),
+            data.get("unsupported_message"),
+            tuple((str(k), str(i)) for k, i in data.get("truncating_bf16", ())),
+        )
 
     def truncation_note(self) -> str | None:
         """One sentence on the truncating instructions found, or None."""
@@ -158,8 +198,10 @@ class ArchResult:
         kernels = ", ".join(sorted({f"`{k.rsplit('.', 1)[-1]}`" for k, _ in self.truncating_bf16}))
         instructions = sorted({i for _, i in self.truncating_bf16})
         why = "; ".join(f"`{i}` {TRUNCATING_BF16.get(i, 'truncates')}" for i in instructions)
-        return (f"{self.arch}: {kernels} execute {why}: our bf16 results on {self.arch} are expected to fail the "
-                f"rounding check (compiled, not run)")
+        return (
+            f"{self.arch}: {kernels} execute {why}: our bf16 results on {self.arch} are expected to fail the "
+            f"rounding check (compiled, not run)"
+        )
 
 
 @dataclass(frozen=True)
@@ -178,14 +220,26 @@ class CompileCheck:
         return not self.uncovered and all(result.as_expected for result in self.archs)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": KIND, "schema_version": SCHEMA_VERSION, "triton": self.triton,
-                "fingerprint": self.fingerprint, "calls": self.calls, "ok": self.ok,
-                "uncovered": list(self.uncovered), "archs": [r.to_dict() for r in self.archs]}
+        return {
+            "kind": KIND,
+            "schema_version": SCHEMA_VERSION,
+            "triton": self.triton,
+            "fingerprint": self.fingerprint,
+            "calls": self.calls,
+            "ok": self.ok,
+            "uncovered": list(self.uncovered),
+            "archs": [r.to_dict() for r in self.archs],
+        }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "CompileCheck":
-        return cls(data["triton"], data["fingerprint"], int(data["calls"]),
-                   tuple(ArchResult.from_dict(r) for r in data["archs"]), tuple(data.get("uncovered", ())))
+    def from_dict(cls, data: dict[str, Any]) -> CompileCheck:
+        return cls(
+            data["triton"],
+            data["fingerprint"],
+            int(data["calls"]),
+            tuple(ArchResult.from_dict(r) for r in data["archs"]),
+            tuple(data.get("uncovered", ())),
+        )
 
 
 def is_results(data: Any) -> bool:
@@ -207,10 +261,12 @@ def read_results(path: Path) -> CompileCheck:
     except (OSError, ValueError) as exc:
         raise CompileReportError(f"{path}: cannot read compile-check results: {exc}") from None
     if not is_results(data):
-        raise CompileReportError(f"{path}: not compile-check results (no \"kind\": \"{KIND}\")")
+        raise CompileReportError(f'{path}: not compile-check results (no "kind": "{KIND}")')
     if data.get("schema_version") != SCHEMA_VERSION:
-        raise CompileReportError(f"{path}: compile-check schema_version {data.get('schema_version')!r}, "
-                                 f"this version reads {SCHEMA_VERSION}; regenerate with nox -s compile-check")
+        raise CompileReportError(
+            f"{path}: compile-check schema_version {data.get('schema_version')!r}, "
+            f"this version reads {SCHEMA_VERSION}; regenerate with nox -s compile-check"
+        )
     try:
         return CompileCheck.from_dict(data)
     except (KeyError, TypeError, ValueError) as exc:
@@ -248,15 +304,17 @@ def _kernel_cell(result: ArchResult, kernel: str) -> str:
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return (["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
-            + ["| " + " | ".join(row) + " |" for row in rows])
+    return ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"] + [
+        "| " + " | ".join(row) + " |" for row in rows
+    ]
 
 
 def doc_markdown(check: CompileCheck) -> str:
     kernels = sorted({k.kernel for result in check.archs for k in result.kernels})
     short = {k: k.rsplit(".", 1)[-1] for k in kernels}
-    rows = [[r.arch, r.family, str(r.wave_size), _status(r), *(_kernel_cell(r, k) for k in kernels)]
-            for r in check.archs]
+    rows = [
+        [r.arch, r.family, str(r.wave_size), _status(r), *(_kernel_cell(r, k) for k in kernels)] for r in check.archs
+    ]
     out = [
         "# Our Triton kernels, compiled for every listed arch",
         "",
@@ -280,28 +338,48 @@ def doc_markdown(check: CompileCheck) -> str:
     ]
     spilling = [(r.arch, k) for r in check.archs for k in r.kernels if k.spills]
     if spilling:
-        out += ["", "## Spills", "",
-                "Kernels whose registers did not fit (AMD: registers spilled, NVIDIA: bytes of local memory "
-                "per thread; max over the variants). Spills cost speed, not correctness:", ""]
-        out += [f"- {arch}: `{k.kernel.rsplit('.', 1)[-1]}`: {k.spills} ({_range(k.registers or (0, 0))} registers)"
-                for arch, k in spilling]
+        out += [
+            "",
+            "## Spills",
+            "",
+            "Kernels whose registers did not fit (AMD: registers spilled, NVIDIA: bytes of local memory "
+            "per thread; max over the variants). Spills cost speed, not correctness:",
+            "",
+        ]
+        out += [
+            f"- {arch}: `{k.kernel.rsplit('.', 1)[-1]}`: {k.spills} ({_range(k.registers or (0, 0))} registers)"
+            for arch, k in spilling
+        ]
     truncating = [r.truncation_note() for r in check.archs if r.truncating_bf16]
-    out += ["", "## bf16 rounding", "",
-            "The AMD machine code of every variant is scanned for instructions known to round bf16 toward zero "
-            "(`pytest_qconform/compile/bf16_rounding.py`). "
-            + ("Found:" if truncating else f"None found with Triton {check.triton}."), ""]
+    out += [
+        "",
+        "## bf16 rounding",
+        "",
+        "The AMD machine code of every variant is scanned for instructions known to round bf16 toward zero "
+        "(`pytest_qconform/compile/bf16_rounding.py`). "
+        + ("Found:" if truncating else f"None found with Triton {check.triton}."),
+        "",
+    ]
     out += [f"- {note}" for note in truncating]
     unsupported = [r for r in check.archs if r.unsupported]
     if unsupported:
-        out += ["", f"## Archs Triton {check.triton} cannot compile for", "",
-                "Listed in `pytest_qconform/session/unsupported_targets.toml`; the check compiles the first variant of each "
-                "kernel there and requires it to fail with the recorded message:", ""]
+        out += [
+            "",
+            f"## Archs Triton {check.triton} cannot compile for",
+            "",
+            "Listed in `pytest_qconform/session/unsupported_targets.toml`; the check compiles the first variant of each "
+            "kernel there and requires it to fail with the recorded message:",
+            "",
+        ]
         out += [f"- {r.arch}: {r.unsupported}" for r in unsupported]
     problems = [(r.arch, v) for r in check.archs for v in r.failed if not r.fails_as_expected(v)]
     if problems or check.uncovered:
         out += ["", "## Failures", ""]
-        out += [f"- {arch}: `{v.kernel}` ({', '.join(f'{k}={s}' for k, s in v.specialization.items())}): "
-                f"{v.error.splitlines()[-1] if v.error else ''}" for arch, v in problems]
+        out += [
+            f"- {arch}: `{v.kernel}` ({', '.join(f'{k}={s}' for k, s in v.specialization.items())}): "
+            f"{v.error.splitlines()[-1] if v.error else ''}"
+            for arch, v in problems
+        ]
         out += [f"- `{name}`: reached by no replayed call, not compiled" for name in check.uncovered]
     return "\n".join(out) + "\n"
 
@@ -333,15 +411,21 @@ def matrix_lines(check: CompileCheck, run_archs: Iterable[str]) -> list[str]:
         elif result.unsupported:
             ours = f"{NOT_RUN_SYMBOL} not run (Triton {check.triton} rejects the target)"
         else:
-            ours = (f"{NOT_RUN_SYMBOL} not run (the compile check failed: {len(result.failed)} of "
-                    f"{result.variants} variants)")
+            ours = (
+                f"{NOT_RUN_SYMBOL} not run (the compile check failed: {len(result.failed)} of "
+                f"{result.variants} variants)"
+            )
         rows.append([result.arch, result.family, str(result.wave_size), ours, f"{NOT_RUN_SYMBOL} not run"])
     notes = [f"- {r.truncation_note()}" for r in check.archs if r.truncating_bf16]
     if notes:
         notes = ["", f"**bf16 rounding** (the compile check, Triton {check.triton}):", "", *notes]
     if not rows:
         return notes
-    return notes + ["", f"**Compiled, not run** (archs without a run report: {COMPILED_SYMBOL} our Triton kernels compile "
-            f"for the arch, checked on a CPU with Triton {check.triton}; nothing was computed on it, so no "
-            f"verdict. Registers, spills, occupancy: docs/kernels-compiled.md)", "",
-            *_table(["arch", "family", "wave", BACKEND, "other backends"], rows)]
+    return notes + [
+        "",
+        f"**Compiled, not run** (archs without a run report: {COMPILED_SYMBOL} our Triton kernels compile "
+        f"for the arch, checked on a CPU with Triton {check.triton}; nothing was computed on it, so no "
+        f"verdict. Registers, spills, occupancy: docs/kernels-compiled.md)",
+        "",
+        *_table(["arch", "family", "wave", BACKEND, "other backends"], rows),
+    ]

@@ -10,6 +10,7 @@ arrays in local memory), and occupancy is computed from the registers with the C
 occupancy rules below; shared memory is reported but not applied as a limit (our kernels
 use at most a few KiB against 64-228 KiB per SM).
 """
+
 from __future__ import annotations
 
 import re
@@ -25,7 +26,14 @@ from typing import Any
 # cudaOccMaxBlocksPerMultiprocessor. Every listed arch has 64 K 32-bit registers per SM,
 # allocated per warp in units of 256 (cudaOccRegAllocationGranularity).
 NVIDIA_SM_LIMITS: dict[int, tuple[int, int]] = {
-    70: (64, 32), 75: (32, 16), 80: (64, 32), 86: (48, 16), 89: (48, 24), 90: (64, 32), 100: (64, 32), 120: (48, 24),
+    70: (64, 32),
+    75: (32, 16),
+    80: (64, 32),
+    86: (48, 16),
+    89: (48, 24),
+    90: (64, 32),
+    100: (64, 32),
+    120: (48, 24),
 }
 NVIDIA_REGISTERS_PER_SM = 65536
 NVIDIA_REGISTER_UNIT = 256
@@ -52,9 +60,10 @@ class Resources:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Resources":
-        fields: dict[str, Any] = {k: data.get(k) for k in ("registers", "spills", "shared", "occupancy",
-                                                            "occupancy_max", "sgprs")}
+    def from_dict(cls, data: dict[str, Any]) -> Resources:
+        fields: dict[str, Any] = {
+            k: data.get(k) for k in ("registers", "spills", "shared", "occupancy", "occupancy_max", "sgprs")
+        }
         return cls(**fields)
 
 
@@ -71,11 +80,16 @@ def amd_resources(amdgcn: str, shared: int) -> Resources:
     """Resources of an AMD kernel from its AMDGCN assembly and Triton's ``shared`` bytes."""
     vgprs = _amdgcn_number(amdgcn, r"^\s*\.vgpr_count:\s+(\d+)")
     agprs = _amdgcn_number(amdgcn, r"^\s*\.agpr_count:\s+(\d+)", default=0)
-    spills = (_amdgcn_number(amdgcn, r"^\s*\.vgpr_spill_count:\s+(\d+)")
-              + _amdgcn_number(amdgcn, r"^\s*\.sgpr_spill_count:\s+(\d+)"))
-    return Resources(registers=vgprs + agprs, spills=spills, shared=shared,
-                     occupancy=_amdgcn_number(amdgcn, r";\s*Occupancy:\s+(\d+)"),
-                     sgprs=_amdgcn_number(amdgcn, r"^\s*\.sgpr_count:\s+(\d+)"))
+    spills = _amdgcn_number(amdgcn, r"^\s*\.vgpr_spill_count:\s+(\d+)") + _amdgcn_number(
+        amdgcn, r"^\s*\.sgpr_spill_count:\s+(\d+)"
+    )
+    return Resources(
+        registers=vgprs + agprs,
+        spills=spills,
+        shared=shared,
+        occupancy=_amdgcn_number(amdgcn, r";\s*Occupancy:\s+(\d+)"),
+        sgprs=_amdgcn_number(amdgcn, r"^\s*\.sgpr_count:\s+(\d+)"),
+    )
 
 
 def cuobjdump_usage(cubin: bytes, cuobjdump: str) -> dict[str, int]:
@@ -83,8 +97,9 @@ def cuobjdump_usage(cubin: bytes, cuobjdump: str) -> dict[str, int]:
     with tempfile.TemporaryDirectory(prefix="qconform-cubin-") as folder:
         path = Path(folder) / "kernel.cubin"
         path.write_bytes(cubin)
-        out = subprocess.run([cuobjdump, "--dump-resource-usage", str(path)], capture_output=True, text=True,
-                             check=True).stdout
+        out = subprocess.run(
+            [cuobjdump, "--dump-resource-usage", str(path)], capture_output=True, text=True, check=True
+        ).stdout
     match = re.search(r"Function [^:]+:\s*\n\s*(.+)", out)
     if match is None:
         raise ValueError(f"cuobjdump printed no function resource line: {out.strip()[:200]}")
@@ -104,5 +119,10 @@ def nvidia_resources(cubin: bytes, shared: int, capability: int, num_warps: int,
     """Resources of an NVIDIA kernel from its cubin; ``shared``: Triton's dynamic shared bytes."""
     usage = cuobjdump_usage(cubin, cuobjdump)
     warps, max_warps = nvidia_occupancy(capability, usage["REG"], num_warps)
-    return Resources(registers=usage["REG"], spills=usage.get("LOCAL", 0), shared=shared + usage.get("SHARED", 0),
-                     occupancy=warps, occupancy_max=max_warps)
+    return Resources(
+        registers=usage["REG"],
+        spills=usage.get("LOCAL", 0),
+        shared=shared + usage.get("SHARED", 0),
+        occupancy=warps,
+        occupancy_max=max_warps,
+    )

@@ -3,6 +3,7 @@
 One table, so that a fact (bf16 support, the platform's default 4-bit blocksize) is
 stated once and every suite, marker and skip reason reads it from here.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -45,8 +46,9 @@ class ArchFacts:
 def _rocm(name: str, family: str, bf16: bool, note: str = "") -> ArchFacts:
     major = int(name.removeprefix("gfx")[:-2])  # gfx90a -> 9, gfx1200 -> 12 (the last two are minor, stepping)
     wave_size = 32 if major >= 10 else 64  # RDNA (gfx10 on) runs wave32 under Triton and HIP; GCN, CDNA wave64
-    return ArchFacts(name, "rocm", family, bf16, ROCM_DEFAULT_BLOCKSIZE, ("dlm-rocm", "unsloth-amd", "triton-amd"),
-                     note, wave_size)
+    return ArchFacts(
+        name, "rocm", family, bf16, ROCM_DEFAULT_BLOCKSIZE, ("dlm-rocm", "unsloth-amd", "triton-amd"), note, wave_size
+    )
 
 
 def _cuda(name: str, family: str, bf16: bool) -> ArchFacts:

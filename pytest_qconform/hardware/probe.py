@@ -4,6 +4,7 @@ The probe is the only place that asks torch about the device. Everything downstr
 (markers, targets, skip reasons, the report) reads the record, so a simulated probe
 drives exactly the same gating as a real one.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -65,14 +66,14 @@ class Probe:
     backends: tuple[BackendStatus, ...] = field(default=())
     notes: tuple[str, ...] = ()  # warnings and log lines probing the hardware emitted
 
-    def with_notes(self, notes: list[str] | tuple[str, ...]) -> "Probe":
+    def with_notes(self, notes: list[str] | tuple[str, ...]) -> Probe:
         return dataclasses.replace(self, notes=tuple(notes))
 
     @property
     def has_gpu(self) -> bool:
         return self.device_kind in ("cuda", "rocm") and not self.simulated
 
-    def with_backends(self, statuses: tuple[BackendStatus, ...]) -> "Probe":
+    def with_backends(self, statuses: tuple[BackendStatus, ...]) -> Probe:
         return dataclasses.replace(self, backends=statuses)
 
     def backend(self, name: str) -> BackendStatus | None:
@@ -98,11 +99,13 @@ class Probe:
             + (f" ({self.family})" if self.family else "")
             + (" [SIMULATED: nothing runs on this device]" if self.simulated else ""),
             f"  device: {self.device_name}"
-            + (f" ({self.device_memory / 2**30:.1f} GiB)" if self.device_memory else "") + f"  host: {self.host}",
+            + (f" ({self.device_memory / 2**30:.1f} GiB)" if self.device_memory else "")
+            + f"  host: {self.host}",
             f"  torch {self.torch}  cuda {self.cuda}  hip {self.hip}  triton {self.triton}  python {self.python}"
             + (f"  driver {self.driver}" if self.driver else ""),
             f"  bf16: {'yes' if self.bf16 else 'no'}  default 4-bit blocksize: {self.default_blocksize}"
-            + (f"  wave size: {facts.wave_size}" if facts else "") + f"  cpu capability: {self.cpu_capability}",
+            + (f"  wave size: {facts.wave_size}" if facts else "")
+            + f"  cpu capability: {self.cpu_capability}",
         ]
         for b in self.backends:
             state = f"{b.version}" if b.available else f"unavailable: {b.reason}"
@@ -133,8 +136,19 @@ def probe_hardware(simulate: str | None = None) -> Probe:
     try:
         import torch
     except Exception as exc:  # noqa: BLE001 - no torch: a CPU run with nothing to test
-        return Probe("cpu", platform.machine(), None, f"torch unavailable: {exc}", host, None, None, None,
-                     False, archs.CPU_DEFAULT_BLOCKSIZE, triton=_module_version("triton"))
+        return Probe(
+            "cpu",
+            platform.machine(),
+            None,
+            f"torch unavailable: {exc}",
+            host,
+            None,
+            None,
+            None,
+            False,
+            archs.CPU_DEFAULT_BLOCKSIZE,
+            triton=_module_version("triton"),
+        )
     torch_version = str(torch.__version__)
     triton_version = _module_version("triton")
     if simulate:
@@ -152,16 +166,42 @@ def probe_hardware(simulate: str | None = None) -> Probe:
             kind = "cuda"
         facts = archs.facts_for(arch)
         bf16 = facts.bf16 if facts else bool(torch.cuda.is_bf16_supported())
-        blocksize = facts.default_blocksize if facts else (
-            archs.ROCM_DEFAULT_BLOCKSIZE if hip else archs.CUDA_DEFAULT_BLOCKSIZE)
+        blocksize = (
+            facts.default_blocksize
+            if facts
+            else (archs.ROCM_DEFAULT_BLOCKSIZE if hip else archs.CUDA_DEFAULT_BLOCKSIZE)
+        )
         memory = getattr(props, "total_memory", None)
-        return Probe(kind, arch, facts.family if facts else None, props.name, host, torch_version,
-                     None if hip else cuda, hip, bf16, blocksize, triton=triton_version,
-                     cpu_capability=cpu_capability, device_memory=int(memory) if memory else None,
-                     driver=gpu_driver_version("rocm" if hip else "cuda"))
-    return Probe("cpu", platform.machine() or "cpu", None, platform.processor() or platform.machine(), host,
-                 torch_version, cuda, hip, True, archs.CPU_DEFAULT_BLOCKSIZE, triton=triton_version,
-                 cpu_capability=cpu_capability)
+        return Probe(
+            kind,
+            arch,
+            facts.family if facts else None,
+            props.name,
+            host,
+            torch_version,
+            None if hip else cuda,
+            hip,
+            bf16,
+            blocksize,
+            triton=triton_version,
+            cpu_capability=cpu_capability,
+            device_memory=int(memory) if memory else None,
+            driver=gpu_driver_version("rocm" if hip else "cuda"),
+        )
+    return Probe(
+        "cpu",
+        platform.machine() or "cpu",
+        None,
+        platform.processor() or platform.machine(),
+        host,
+        torch_version,
+        cuda,
+        hip,
+        True,
+        archs.CPU_DEFAULT_BLOCKSIZE,
+        triton=triton_version,
+        cpu_capability=cpu_capability,
+    )
 
 
 DRIVER_FILES = {"cuda": "/proc/driver/nvidia/version", "rocm": "/sys/module/amdgpu/version"}
@@ -188,8 +228,9 @@ def _cpu_capability(torch_module: Any) -> str | None:
         return None
 
 
-def simulated_probe(arch: str, *, host: str = "simulated", torch_version: str | None = None,
-                    triton_version: str | None = None) -> Probe:
+def simulated_probe(
+    arch: str, *, host: str = "simulated", torch_version: str | None = None, triton_version: str | None = None
+) -> Probe:
     """A probe that looks like ``arch`` to every gating decision but has no device.
 
     A testing aid: ``--qconform-simulate=gfx1200`` lets the gating (markers, defaults,
@@ -200,7 +241,17 @@ def simulated_probe(arch: str, *, host: str = "simulated", torch_version: str | 
     if facts is None:
         known = ", ".join(sorted(archs.KNOWN_ARCHS))
         raise ValueError(f"cannot simulate unknown arch {arch!r}; known archs: {known}")
-    return Probe(facts.kind, facts.name, facts.family, f"simulated {facts.name} (no device)", host,
-                 torch_version, "simulated" if facts.kind == "cuda" else None,
-                 "simulated" if facts.kind == "rocm" else None, facts.bf16, facts.default_blocksize,
-                 simulated=True, triton=triton_version)
+    return Probe(
+        facts.kind,
+        facts.name,
+        facts.family,
+        f"simulated {facts.name} (no device)",
+        host,
+        torch_version,
+        "simulated" if facts.kind == "cuda" else None,
+        "simulated" if facts.kind == "rocm" else None,
+        facts.bf16,
+        facts.default_blocksize,
+        simulated=True,
+        triton=triton_version,
+    )

@@ -5,6 +5,7 @@ skipped with the reason). Absent targets exist so that ``pytest --qconform -m gf
 on a machine without that GPU reports every selected test as skipped with a reason,
 instead of a silent "no tests ran".
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,8 +15,8 @@ import re
 from dataclasses import dataclass
 
 from pytest_qconform.hardware import archs
-from pytest_qconform.session.outcomes import OTHER_DEVICE_PREFIX
 from pytest_qconform.hardware.probe import Probe
+from pytest_qconform.session.outcomes import OTHER_DEVICE_PREFIX
 
 CPU_MACHINES: tuple[str, ...] = ("x86_64", "aarch64", "arm64", "ppc64le", "s390x")
 
@@ -69,8 +70,10 @@ def device_target(probe: Probe) -> Target | None:
         return None
     reason = None
     if probe.simulated:
-        reason = (f"simulated {probe.arch}: the probe is simulated (--qconform-simulate), "
-                  f"no {probe.arch} device exists in this run, so nothing was computed on it")
+        reason = (
+            f"simulated {probe.arch}: the probe is simulated (--qconform-simulate), "
+            f"no {probe.arch} device exists in this run, so nothing was computed on it"
+        )
     device = None if probe.simulated else f"cuda:{_use_worker_device()}"
     return Target(probe.device_kind, probe.arch, probe.family, device, probe.bf16, probe.default_blocksize, reason)
 
@@ -88,8 +91,9 @@ def worker_device_index(worker: str | None, device_count: int) -> int:
         return 0
     match = re.fullmatch(r"gw(\d+)", worker)
     if match is None:
-        raise ValueError(f"PYTEST_XDIST_WORKER={worker!r} is not a pytest-xdist worker id like 'gw3'; "
-                         "unset it outside pytest-xdist")
+        raise ValueError(
+            f"PYTEST_XDIST_WORKER={worker!r} is not a pytest-xdist worker id like 'gw3'; unset it outside pytest-xdist"
+        )
     return int(match.group(1)) % device_count
 
 
@@ -123,18 +127,38 @@ def absent_target(name: str, probe: Probe) -> Target:
     found = probe.summary()
     facts = archs.facts_for(name)
     if facts is not None:
-        return Target(facts.kind, facts.name, facts.family, None, facts.bf16, facts.default_blocksize,
-                      f"needs a {facts.kind} device of arch {facts.name}; this run found {found}")
+        return Target(
+            facts.kind,
+            facts.name,
+            facts.family,
+            None,
+            facts.bf16,
+            facts.default_blocksize,
+            f"needs a {facts.kind} device of arch {facts.name}; this run found {found}",
+        )
     if name in archs.FAMILIES:
         member = next(f for f in archs.KNOWN_ARCHS.values() if f.family == name)
-        return Target(member.kind, None, name, None, member.bf16, member.default_blocksize,
-                      f"needs a GPU of the {name} family; this run found {found}")
+        return Target(
+            member.kind,
+            None,
+            name,
+            None,
+            member.bf16,
+            member.default_blocksize,
+            f"needs a GPU of the {name} family; this run found {found}",
+        )
     if name in ("cuda", "rocm"):
         blocksize = archs.ROCM_DEFAULT_BLOCKSIZE if name == "rocm" else archs.CUDA_DEFAULT_BLOCKSIZE
-        return Target(name, None, None, None, True, blocksize,
-                      f"needs a {name} device; this run found {found}")
-    return Target("cpu", name, None, None, True, archs.CPU_DEFAULT_BLOCKSIZE,
-                  f"needs a CPU of machine type {name}; this run found {platform.machine()}")
+        return Target(name, None, None, None, True, blocksize, f"needs a {name} device; this run found {found}")
+    return Target(
+        "cpu",
+        name,
+        None,
+        None,
+        True,
+        archs.CPU_DEFAULT_BLOCKSIZE,
+        f"needs a CPU of machine type {name}; this run found {platform.machine()}",
+    )
 
 
 def build_targets(probe: Probe, markexpr: str = "") -> tuple[Target, ...]:
@@ -151,10 +175,15 @@ def build_targets(probe: Probe, markexpr: str = "") -> tuple[Target, ...]:
     if gpu is None:
         targets = [cpu]
     else:
-        why = (f"simulated {probe.arch} run" if probe.simulated else f"run on {probe.device_kind} {probe.arch}")
-        cpu = dataclasses.replace(cpu, torch_device=None, skip_reason=(
-            f"{OTHER_DEVICE_PREFIX} this is a {why}: a run reports on one device, so its CPU instances run "
-            "on a CPU runner (or here with the GPU hidden: CUDA_VISIBLE_DEVICES= / HIP_VISIBLE_DEVICES=)"))
+        why = f"simulated {probe.arch} run" if probe.simulated else f"run on {probe.device_kind} {probe.arch}"
+        cpu = dataclasses.replace(
+            cpu,
+            torch_device=None,
+            skip_reason=(
+                f"{OTHER_DEVICE_PREFIX} this is a {why}: a run reports on one device, so its CPU instances run "
+                "on a CPU runner (or here with the GPU hidden: CUDA_VISIBLE_DEVICES= / HIP_VISIBLE_DEVICES=)"
+            ),
+        )
         targets = [gpu, cpu]
     for name in requested_hardware(markexpr):
         if not any(name in t.marker_names for t in targets):

@@ -10,19 +10,20 @@ heatmap (``heatmap``). Stale reports (older than ``--max-age-days``), empty repo
 cells) and reports of different contract revisions are printed as warnings and written
 in the notes, never merged silently.
 """
+
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from pytest_qconform.compile import report as compile_report
-from pytest_qconform.report.atomic import write_text_atomically
 from pytest_qconform.matrix.markdown import readme_markdown, to_markdown, update_readme
 from pytest_qconform.matrix.model import Entry, Matrix, MatrixError, find_report_files, merge
 from pytest_qconform.matrix.versions import contract_revisions
+from pytest_qconform.report.atomic import write_text_atomically
 from pytest_qconform.report.run_report import ReportError, read_report
 
 __all__ = ["Entry", "Matrix", "MatrixError", "main", "merge"]
@@ -32,20 +33,34 @@ DEFAULT_MAX_AGE_DAYS = 30.0
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pytest_qconform.matrix.cli",
-        description="Merge pytest-qconform run reports into the compatibility matrix.")
-    parser.add_argument("paths", nargs="*", default=["reports/"], metavar="PATH",
-                        help="report files or folders scanned recursively for *.json (default: reports/)")
-    parser.add_argument("--readme", type=Path,
-                        help="replace the text between the qconform-matrix markers here with the summary")
+        description="Merge pytest-qconform run reports into the compatibility matrix.",
+    )
+    parser.add_argument(
+        "paths",
+        nargs="*",
+        default=["reports/"],
+        metavar="PATH",
+        help="report files or folders scanned recursively for *.json (default: reports/)",
+    )
+    parser.add_argument(
+        "--readme", type=Path, help="replace the text between the qconform-matrix markers here with the summary"
+    )
     parser.add_argument("--out", type=Path, help="write the summary and the full per-cell matrix to this file")
     parser.add_argument("--png", type=Path, help="write the summary heatmap PNG here (needs matplotlib)")
-    parser.add_argument("--step-summary", action="store_true",
-                        help="append the summary to the file named by $GITHUB_STEP_SUMMARY")
-    parser.add_argument("--ignore-invalid", action="store_true",
-                        help="skip malformed report files with a warning instead of failing")
-    parser.add_argument("--max-age-days", type=_age, default=DEFAULT_MAX_AGE_DAYS, metavar="N",
-                        help="flag reports created more than N days ago as stale (default: %(default)g; "
-                             "0 flags every report; they are still merged)")
+    parser.add_argument(
+        "--step-summary", action="store_true", help="append the summary to the file named by $GITHUB_STEP_SUMMARY"
+    )
+    parser.add_argument(
+        "--ignore-invalid", action="store_true", help="skip malformed report files with a warning instead of failing"
+    )
+    parser.add_argument(
+        "--max-age-days",
+        type=_age,
+        default=DEFAULT_MAX_AGE_DAYS,
+        metavar="N",
+        help="flag reports created more than N days ago as stale (default: %(default)g; "
+        "0 flags every report; they are still merged)",
+    )
     return parser
 
 
@@ -61,15 +76,23 @@ def _age(text: str) -> float:
 
 def _warnings(matrix: Matrix) -> list[str]:
     """One line per report the merge flags: stale, empty, of another contract revision."""
-    lines = [f"stale report {r.source or r.label}: created {r.created}, more than {matrix.max_age_days:g} days "
-             "ago (merged, and flagged in the notes)" for r in matrix.stale]
-    lines += [f"empty report {r.source or r.label}: zero cells"
-              + (f" ({len(r.benchmarks)} benchmarks only)" if r.benchmarks else "") + "; not merged"
-              for r in matrix.empty]
+    lines = [
+        f"stale report {r.source or r.label}: created {r.created}, more than {matrix.max_age_days:g} days "
+        "ago (merged, and flagged in the notes)"
+        for r in matrix.stale
+    ]
+    lines += [
+        f"empty report {r.source or r.label}: zero cells"
+        + (f" ({len(r.benchmarks)} benchmarks only)" if r.benchmarks else "")
+        + "; not merged"
+        for r in matrix.empty
+    ]
     revisions = contract_revisions(matrix.runs)
     if len(revisions) > 1:
-        said = "; ".join(f"{'no revision' if rev is None else f'revision {rev}'}: {', '.join(labels)}"
-                         for rev, labels in sorted(revisions.items(), key=lambda kv: -1 if kv[0] is None else kv[0]))
+        said = "; ".join(
+            f"{'no revision' if rev is None else f'revision {rev}'}: {', '.join(labels)}"
+            for rev, labels in sorted(revisions.items(), key=lambda kv: -1 if kv[0] is None else kv[0])
+        )
         lines.append(f"the merged reports were judged against different contract revisions ({said})")
     return lines
 
@@ -95,8 +118,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"{prog}: warning: skipping bad report {exc}", file=sys.stderr)
         summary_file = os.environ.get("GITHUB_STEP_SUMMARY") if args.step_summary else None
         if args.step_summary and not summary_file:
-            raise MatrixError("--step-summary: $GITHUB_STEP_SUMMARY is not set (it is set inside GitHub Actions); "
-                              "drop the option to run elsewhere")
+            raise MatrixError(
+                "--step-summary: $GITHUB_STEP_SUMMARY is not set (it is set inside GitHub Actions); "
+                "drop the option to run elsewhere"
+            )
         matrix = merge(reports, max_age_days=args.max_age_days)
         for line in _warnings(matrix):
             print(f"{prog}: warning: {line}", file=sys.stderr)
@@ -116,8 +141,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
                 render_heatmap(matrix, args.png)
             except ImportError as exc:
-                raise MatrixError(f"{args.png}: cannot draw the heatmap: {exc}; "
-                                  "install matplotlib (pip install 'pytest-qconform[matrix]')") from exc
+                raise MatrixError(
+                    f"{args.png}: cannot draw the heatmap: {exc}; "
+                    "install matplotlib (pip install 'pytest-qconform[matrix]')"
+                ) from exc
             written.append(str(args.png))
         if summary_file:
             with open(summary_file, "a", encoding="utf-8") as handle:
@@ -131,9 +158,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if not written:
         sys.stdout.write(markdown)
-    print(f"{prog}: merged {len(matrix.runs)} report(s) from {len(files)} file(s) "
-          f"({len(matrix.superseded)} superseded, {len(matrix.simulated)} simulated excluded)"
-          + (f" -> {', '.join(written)}" if written else ""), file=sys.stderr)
+    print(
+        f"{prog}: merged {len(matrix.runs)} report(s) from {len(files)} file(s) "
+        f"({len(matrix.superseded)} superseded, {len(matrix.simulated)} simulated excluded)"
+        + (f" -> {', '.join(written)}" if written else ""),
+        file=sys.stderr,
+    )
     return 0
 
 

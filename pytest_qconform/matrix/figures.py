@@ -1,4 +1,5 @@
 """Saving matplotlib figures reproducibly (same data, same PNG bytes), atomically."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -12,6 +12,7 @@ Where an arch was tested with several versions of a backend, the box also says w
 versions say (``matrix_versions``): ``≥ 0.50.0`` (the floor), ``same in all versions`` or a
 regression (``0.49.2 ✓ → 0.50.2 ✗``, drawn with a thick outline, so it shows at a glance).
 """
+
 from __future__ import annotations
 
 import math
@@ -39,8 +40,17 @@ HEAT_COLORS: dict[str, str] = {
 OTHER_COLOR = "#b0bec5"  # a status this version does not know (a newer report's)
 REGRESSION_EDGE = "#000000"  # outline of a box with a version regression
 DARK = frozenset({Verdict.PASS, Verdict.FAIL, Verdict.CRASHED, Verdict.TIMEOUT, DISAGREE})  # white text on these
-WORDS = {Verdict.PASS: Verdict.PASS, Verdict.FAIL: Verdict.FAIL, Verdict.KNOWN_FAILURE: "known", Verdict.CRASHED: Verdict.CRASHED, Verdict.TIMEOUT: Verdict.TIMEOUT,
-         "skipped": "skipped", "unavailable": "n/a", "not-claimed": "none", DISAGREE: "≠"}
+WORDS = {
+    Verdict.PASS: Verdict.PASS,
+    Verdict.FAIL: Verdict.FAIL,
+    Verdict.KNOWN_FAILURE: "known",
+    Verdict.CRASHED: Verdict.CRASHED,
+    Verdict.TIMEOUT: Verdict.TIMEOUT,
+    "skipped": "skipped",
+    "unavailable": "n/a",
+    "not-claimed": "none",
+    DISAGREE: "≠",
+}
 FONT_PT = 9
 DPI = 100
 BOX_W, BOX_H, LABEL_W, TITLE_H = 1.55, 0.48, 1.45, 0.45  # inches
@@ -102,8 +112,14 @@ def render_heatmap(matrix: Matrix, png_path: Path) -> Path:
         left = 0.1 + (index % abreast) * panel_w
         top = height - (index // abreast) * panel_h
         # Axes in inches: x = columns (0..len(cols)), y = operation rows from the top.
-        ax = fig.add_axes(((left + LABEL_W) / width, (top - panel_h + 0.05) / height,
-                           (BOX_W * len(cols)) / width, (panel_h - TITLE_H) / height))
+        ax = fig.add_axes(
+            (
+                (left + LABEL_W) / width,
+                (top - panel_h + 0.05) / height,
+                (BOX_W * len(cols)) / width,
+                (panel_h - TITLE_H) / height,
+            )
+        )
         ax.set_xlim(0, len(cols))
         ax.set_ylim(tallest + 1, 0)
         ax.axis("off")
@@ -115,24 +131,46 @@ def render_heatmap(matrix: Matrix, png_path: Path) -> Path:
             for x, arch in enumerate(cols):
                 entry = summary.entry((backend, operation), arch)
                 if entry is None:
-                    ax.add_patch(Rectangle((x + 0.03, y + 0.04), 0.94, 0.92, facecolor="white",
-                                           edgecolor="#cfd8dc", linewidth=0.8))
+                    ax.add_patch(
+                        Rectangle(
+                            (x + 0.03, y + 0.04), 0.94, 0.92, facecolor="white", edgecolor="#cfd8dc", linewidth=0.8
+                        )
+                    )
                     continue
                 state = entry.worst
                 found = by_operation.get((arch, backend, operation))
                 regressed = found is not None and bool(found.regressions)
-                ax.add_patch(Rectangle((x + 0.03, y + 0.04), 0.94, 0.92,
-                                       facecolor=HEAT_COLORS.get(state, OTHER_COLOR),
-                                       edgecolor=REGRESSION_EDGE if regressed else "none",
-                                       linewidth=2.5 if regressed else 0))
-                ax.text(x + 0.5, y + 0.5, box_label(entry, found), ha="center", va="center", fontsize=FONT_PT - 1,
-                        color="white" if state in DARK else "black", linespacing=1.15)
+                ax.add_patch(
+                    Rectangle(
+                        (x + 0.03, y + 0.04),
+                        0.94,
+                        0.92,
+                        facecolor=HEAT_COLORS.get(state, OTHER_COLOR),
+                        edgecolor=REGRESSION_EDGE if regressed else "none",
+                        linewidth=2.5 if regressed else 0,
+                    )
+                )
+                ax.text(
+                    x + 0.5,
+                    y + 0.5,
+                    box_label(entry, found),
+                    ha="center",
+                    va="center",
+                    fontsize=FONT_PT - 1,
+                    color="white" if state in DARK else "black",
+                    linespacing=1.15,
+                )
     states = [*VERDICTS, DISAGREE]
-    handles = [Patch(facecolor=HEAT_COLORS[s], label=WORDS[s] if s != DISAGREE else "runs disagree")
-               for s in states]
-    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=FONT_PT, frameon=False,
-               title="colour: the worst verdict of the operation's cells on that arch (its newest backend "
-                     "version); worst: the largest error of its pass/fail cells as a multiple of the bound;\n"
-                     "≥ v: works from backend version v; a ✓ → b ✗ (thick outline): passed in a, fails in b",
-               title_fontsize=FONT_PT - 1)
+    handles = [Patch(facecolor=HEAT_COLORS[s], label=WORDS[s] if s != DISAGREE else "runs disagree") for s in states]
+    fig.legend(
+        handles=handles,
+        loc="lower center",
+        ncol=4,
+        fontsize=FONT_PT,
+        frameon=False,
+        title="colour: the worst verdict of the operation's cells on that arch (its newest backend "
+        "version); worst: the largest error of its pass/fail cells as a multiple of the bound;\n"
+        "≥ v: works from backend version v; a ✓ → b ✗ (thick outline): passed in a, fails in b",
+        title_fontsize=FONT_PT - 1,
+    )
     return write_figure_png(fig, png_path)

@@ -3,17 +3,19 @@ one-screen summary for the README and a CI step summary, and the README's marked
 
 Deterministic: the same reports give the same bytes.
 """
+
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
-from pytest_qconform.report.atomic import write_text_atomically
 from pytest_qconform.compile.report import CompileCheck, matrix_lines
 from pytest_qconform.matrix.model import Entry, Matrix, MatrixError, known_archs, natural_key
 from pytest_qconform.matrix.summary import DISAGREE, Summary, SummaryEntry, summarize
 from pytest_qconform.matrix.versions import contract_revisions, other_differences, ranges
+from pytest_qconform.report.atomic import write_text_atomically
 from pytest_qconform.report.run_report import VERDICTS
 from pytest_qconform.report.tables import format_multiple
 from pytest_qconform.vocabulary import Verdict
@@ -32,8 +34,11 @@ SYMBOLS: dict[str, str] = {
     Verdict.NOT_CLAIMED: "∅",
     DISAGREE: "≠",
 }
-LEGEND_WORDS: dict[str, str] = {"known-failure": "known failure", "not-claimed": "the backend claims nothing the check needs",
-                                DISAGREE: "runs on the arch disagree"}
+LEGEND_WORDS: dict[str, str] = {
+    "known-failure": "known failure",
+    "not-claimed": "the backend claims nothing the check needs",
+    DISAGREE: "runs on the arch disagree",
+}
 
 
 def _md(text: Any) -> str:
@@ -94,9 +99,20 @@ def _versions_table(matrix: Matrix) -> list[str]:
             else:
                 versions.append("unavailable")
         suite = f"{run.suite.version} r{run.suite.contract_revision}" if run.suite else "-"
-        rows.append([run.arch, run.host, p["device_name"], str(p["torch"]), str(p.get("triton") or "-"),
-                     _accel_version(p), *versions, suite, run.created + (" (stale)" if id(run) in stale else ""),
-                     f"`{run.label}`"])
+        rows.append(
+            [
+                run.arch,
+                run.host,
+                p["device_name"],
+                str(p["torch"]),
+                str(p.get("triton") or "-"),
+                _accel_version(p),
+                *versions,
+                suite,
+                run.created + (" (stale)" if id(run) in stale else ""),
+                f"`{run.label}`",
+            ]
+        )
     return markdown_table(header, rows)
 
 
@@ -106,18 +122,22 @@ def _symbol_words() -> str:
 
 
 def _legend() -> str:
-    return (f"Legend: {_symbol_words()}. The number is the worst error as a multiple of its derived bound "
-            "(≤ 1 is within bound). A disagreement shows each verdict with its count. "
-            "Blank: no run on that arch covered the row.")
+    return (
+        f"Legend: {_symbol_words()}. The number is the worst error as a multiple of its derived bound "
+        "(≤ 1 is within bound). A disagreement shows each verdict with its count. "
+        "Blank: no run on that arch covered the row."
+    )
 
 
 def _notes(matrix: Matrix, compiled: CompileCheck | None) -> list[str]:
     """Disagreements, archs without a report (with what the compile check found for them),
     superseded and simulated reports."""
     out: list[str] = []
-    disagreements = [(row, arch, e) for (row, arch), e in sorted(matrix.entries.items(),
-                                                                  key=lambda kv: (kv[0][0], natural_key(kv[0][1])))
-                     if not e.agreed]
+    disagreements = [
+        (row, arch, e)
+        for (row, arch), e in sorted(matrix.entries.items(), key=lambda kv: (kv[0][0], natural_key(kv[0][1])))
+        if not e.agreed
+    ]
     if disagreements:
         out += ["", "**Disagreements** (runs on the same arch that give different verdicts; neither is picked):", ""]
         for row, arch, entry in disagreements:
@@ -133,19 +153,31 @@ def _notes(matrix: Matrix, compiled: CompileCheck | None) -> list[str]:
 
     out += _contract_notes(matrix)
     if matrix.stale:
-        out += ["", f"**Stale reports** (created more than {matrix.max_age_days:g} days before this merge; still "
-                    "counted: rerun them, or remove them if that runner is gone):", ""]
+        out += [
+            "",
+            f"**Stale reports** (created more than {matrix.max_age_days:g} days before this merge; still "
+            "counted: rerun them, or remove them if that runner is gone):",
+            "",
+        ]
         out += [f"- `{r.label}` ({r.arch}, created {r.created})" for r in matrix.stale]
     if matrix.empty:
-        out += ["", "**Empty reports** (zero cells, not merged: a `--benchmark-only` run, a selection that matched "
-                    "nothing, or a backend that never loaded):", ""]
-        out += [f"- `{r.label}` ({r.arch}, {r.created})" + (f": {len(r.benchmarks)} benchmarks only"
-                                                            if r.benchmarks else ": nothing at all")
-                for r in matrix.empty]
+        out += [
+            "",
+            "**Empty reports** (zero cells, not merged: a `--benchmark-only` run, a selection that matched "
+            "nothing, or a backend that never loaded):",
+            "",
+        ]
+        out += [
+            f"- `{r.label}` ({r.arch}, {r.created})"
+            + (f": {len(r.benchmarks)} benchmarks only" if r.benchmarks else ": nothing at all")
+            for r in matrix.empty
+        ]
     if matrix.superseded:
         out += ["", "**Superseded reports** (a newer report of the same arch, host and versions counts instead):", ""]
-        out += [f"- `{s.old.label}` ({s.old.created}), superseded by `{s.new.label}` ({s.new.created})"
-                for s in matrix.superseded]
+        out += [
+            f"- `{s.old.label}` ({s.old.created}), superseded by `{s.new.label}` ({s.new.created})"
+            for s in matrix.superseded
+        ]
     if matrix.simulated:
         out += ["", "**Excluded simulated reports** (simulated probe: nothing was computed on the device):", ""]
         out += [f"- `{r.label}` ({r.arch}, {r.created})" for r in matrix.simulated]
@@ -157,9 +189,13 @@ def _contract_notes(matrix: Matrix) -> list[str]:
     revisions = contract_revisions(matrix.runs)
     if len(revisions) < 2:
         return []
-    out = ["", "**Different contract revisions** (the reports were judged against different sets of checks, bounds "
-               "or axes: a verdict that differs between them may come from the contract, not the library; "
-               "docs/report-schema.md lists what changed):", ""]
+    out = [
+        "",
+        "**Different contract revisions** (the reports were judged against different sets of checks, bounds "
+        "or axes: a verdict that differs between them may come from the contract, not the library; "
+        "docs/report-schema.md lists what changed):",
+        "",
+    ]
     for revision in sorted(revisions, key=lambda r: -1 if r is None else r):
         said = "no revision (a report older than schema version 3)" if revision is None else f"revision {revision}"
         out.append(f"- {said}: " + ", ".join(f"`{label}`" for label in revisions[revision]))
@@ -170,20 +206,43 @@ def versions_markdown(matrix: Matrix) -> list[str]:
     """Per arch and backend tested with more than one version: the versions, the floor and
     the regressions (matrix_versions); one line when there is none."""
     found = [r for r in ranges(matrix) if r.compared]
-    head = ["**Versions** (per arch and backend tested with several of its versions: the newest version's verdicts "
-            "are shown above; a floor is the version from which every cell that passes now passed)", ""]
+    head = [
+        "**Versions** (per arch and backend tested with several of its versions: the newest version's verdicts "
+        "are shown above; a floor is the version from which every cell that passes now passed)",
+        "",
+    ]
     if not found:
         return head + ["Every arch and backend was tested with one version of it: no floor or regression to read."]
-    rows = [[r.arch, r.backend, ", ".join(str(v) for v in r.versions), r.floor_text()
-             + (f" ({r.failing_below} cells fail below)" if r.floor else ""),
-             r.regressions_text(), f"{r.failing_newest} ({r.known_newest} known failures)", "; ".join(other_differences(matrix, r.arch, r.backend))
-             or "-"] for r in found]
-    return head + markdown_table(["arch", "backend", "versions tested", "works from", "regressions",
-                                  "cells failing in the newest", "other versions that differ"], rows)
+    rows = [
+        [
+            r.arch,
+            r.backend,
+            ", ".join(str(v) for v in r.versions),
+            r.floor_text() + (f" ({r.failing_below} cells fail below)" if r.floor else ""),
+            r.regressions_text(),
+            f"{r.failing_newest} ({r.known_newest} known failures)",
+            "; ".join(other_differences(matrix, r.arch, r.backend)) or "-",
+        ]
+        for r in found
+    ]
+    return head + markdown_table(
+        [
+            "arch",
+            "backend",
+            "versions tested",
+            "works from",
+            "regressions",
+            "cells failing in the newest",
+            "other versions that differ",
+        ],
+        rows,
+    )
 
 
-_NO_RUNS = ("No run reports merged yet: run `pytest --qconform` on a runner, commit its report under `reports/`, "
-            "then `nox -s matrix`.")
+_NO_RUNS = (
+    "No run reports merged yet: run `pytest --qconform` on a runner, commit its report under `reports/`, "
+    "then `nox -s matrix`."
+)
 
 
 def _runs_and_summary(matrix: Matrix) -> list[str]:
@@ -227,17 +286,31 @@ def _coverage(matrix: Matrix) -> list[str]:
         for entry in report.coverage:
             by_backend.setdefault(entry.backend, []).append(entry)
         for backend, entries in sorted(by_backend.items()):
-            unchecked = [f"{e.operation}: " + "; ".join(f"{axis} {', '.join(found)}" for axis, found
-                                                        in sorted(e.unchecked.items()))
-                         for e in entries if e.unchecked]
-            rows.append([report.arch, backend, str(sum(e.instances for e in entries)), str(len(entries)),
-                         str(sum(len(e.pairs) for e in entries)), "<br>".join(unchecked) or "none"])
+            unchecked = [
+                f"{e.operation}: "
+                + "; ".join(f"{axis} {', '.join(found)}" for axis, found in sorted(e.unchecked.items()))
+                for e in entries
+                if e.unchecked
+            ]
+            rows.append(
+                [
+                    report.arch,
+                    backend,
+                    str(sum(e.instances for e in entries)),
+                    str(len(entries)),
+                    str(sum(len(e.pairs) for e in entries)),
+                    "<br>".join(unchecked) or "none",
+                ]
+            )
     if not rows:
         return []
-    return ["", "**Coverage** (checks with declared axes: instances that ran to a verdict, operations, value "
-                "pairs of two axes checked, and claimed values no instance checked)", "",
-            *markdown_table(["arch", "backend", "instances", "operations", "pairs", "unchecked claimed values"],
-                            rows)]
+    return [
+        "",
+        "**Coverage** (checks with declared axes: instances that ran to a verdict, operations, value "
+        "pairs of two axes checked, and claimed values no instance checked)",
+        "",
+        *markdown_table(["arch", "backend", "instances", "operations", "pairs", "unchecked claimed values"], rows),
+    ]
 
 
 _LINK = re.compile(r"^known failure \(([^()]*(?:\([^()]*\))?[^()]*)\): ")
@@ -247,7 +320,7 @@ def known_failure_text(reason: str) -> tuple[str, str]:
     """(what, link) from a known failure's cell reason ``known failure (<link>): <what> [...]``:
     ``what`` cut at its first top-level clause so that it fits one line."""
     match = _LINK.match(reason)
-    link, rest = (match.group(1), reason[match.end():]) if match else ("", reason)
+    link, rest = (match.group(1), reason[match.end() :]) if match else ("", reason)
     depth = 0
     for i, ch in enumerate(rest):
         depth += {"(": 1, ")": -1}.get(ch, 0)
@@ -266,11 +339,13 @@ def format_summary_entry(entry: SummaryEntry | None) -> str:
 
 
 def summary_legend() -> str:
-    return ("Each entry: how many of the backend's cells of that operation (one per format × dtype) ended in each "
-            "verdict on that arch "
-            f"({_symbol_words()}), then the worst error of the pass and fail cells as a multiple of its derived "
-            "bound (≤ 1 is within bound). Blank: the backend has no cell of that operation on that arch (not claimed, "
-            "or no run covered it).")
+    return (
+        "Each entry: how many of the backend's cells of that operation (one per format × dtype) ended in each "
+        "verdict on that arch "
+        f"({_symbol_words()}), then the worst error of the pass and fail cells as a multiple of its derived "
+        "bound (≤ 1 is within bound). Blank: the backend has no cell of that operation on that arch (not claimed, "
+        "or no run covered it)."
+    )
 
 
 def summary_markdown(summary: Summary) -> list[str]:
@@ -281,19 +356,27 @@ def summary_markdown(summary: Summary) -> list[str]:
     # number of operations, not with backends x operations, so it stays one screen tall.
     backends = sorted({backend for backend, _ in summary.rows}, key=natural_key)
     operations = sorted({operation for _, operation in summary.rows}, key=natural_key)
-    columns = [(backend, arch) for backend in backends for arch in summary.columns
-               if any(summary.entry((backend, op), arch) is not None for op in operations)]
-    rows = [[operation, *(format_summary_entry(summary.entry((backend, operation), arch)) for backend, arch in columns)]
-            for operation in operations]
+    columns = [
+        (backend, arch)
+        for backend in backends
+        for arch in summary.columns
+        if any(summary.entry((backend, op), arch) is not None for op in operations)
+    ]
+    rows = [
+        [operation, *(format_summary_entry(summary.entry((backend, operation), arch)) for backend, arch in columns)]
+        for operation in operations
+    ]
     out = markdown_table(["operation", *(f"{backend} · {arch}" for backend, arch in columns)], rows)
     out += ["", summary_legend()]
     if summary.known_failures:
-        out += ["", "**Known failures** (listed in `known_failures.toml`; README \"What it has found\"):", ""]
+        out += ["", '**Known failures** (listed in `known_failures.toml`; README "What it has found"):', ""]
         for group in summary.known_failures:
             what, link = known_failure_text(group.reason)
             source = f" ([source]({link.split(' ')[0]}))" if link.startswith("http") else ""
-            out.append(f"- {group.backend} · {group.operation} on {', '.join(group.archs)} ({len(group.cells)} cells: "
-                       f"{', '.join(group.cells)}): {what}{source}")
+            out.append(
+                f"- {group.backend} · {group.operation} on {', '.join(group.archs)} ({len(group.cells)} cells: "
+                f"{', '.join(group.cells)}): {what}{source}"
+            )
     return out
 
 
@@ -306,8 +389,10 @@ def update_readme(readme: Path, markdown: str) -> bool:
         raise MatrixError(f"{readme}: cannot read: {exc.strerror or exc}") from exc
     starts, ends = text.count(MARKER_START), text.count(MARKER_END)
     if starts != 1 or ends != 1:
-        raise MatrixError(f"{readme}: expected exactly one {MARKER_START} and one {MARKER_END} line, found "
-                          f"{starts} and {ends}; add the pair where the matrix should go")
+        raise MatrixError(
+            f"{readme}: expected exactly one {MARKER_START} and one {MARKER_END} line, found "
+            f"{starts} and {ends}; add the pair where the matrix should go"
+        )
     head, rest = text.split(MARKER_START)
     if MARKER_END in head:
         raise MatrixError(f"{readme}: {MARKER_END} comes before {MARKER_START}; swap them")

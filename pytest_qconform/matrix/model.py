@@ -16,6 +16,7 @@ floors and regressions. Reports older than ``max_age_days`` are counted and list
 stale. Output is deterministic (the only clock is ``now``, which only decides staleness)
 so regenerating an unchanged matrix changes no bytes in the repository.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -23,9 +24,10 @@ import json
 import math
 import os
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from pytest_qconform.report.run_report import VERDICTS, RunReport
 from pytest_qconform.report.versions import backend_version, version_key
@@ -116,8 +118,9 @@ def is_stale(report: RunReport, now: _dt.datetime, max_age_days: float) -> bool:
     return now - report.created_at > _dt.timedelta(days=max_age_days)
 
 
-def merge(reports: Iterable[RunReport], *, max_age_days: float | None = None,
-          now: _dt.datetime | None = None) -> Matrix:
+def merge(
+    reports: Iterable[RunReport], *, max_age_days: float | None = None, now: _dt.datetime | None = None
+) -> Matrix:
     """Merge reports (in any order) into a Matrix; see the module docstring for the rules.
     ``max_age_days``: reports created longer ago than this before ``now`` (default: the
     current time) are listed as stale; None lists none."""
@@ -148,28 +151,39 @@ def merge(reports: Iterable[RunReport], *, max_age_days: float | None = None,
     for report in counted:
         for cell in report.cells:
             per_cell.setdefault((cell.key, report.arch), []).append(
-                (cell.verdict, cell.worst_error_multiple, report.label, cell.reason,
-                 backend_version(report, cell.backend)))
+                (
+                    cell.verdict,
+                    cell.worst_error_multiple,
+                    report.label,
+                    cell.reason,
+                    backend_version(report, cell.backend),
+                )
+            )
     entries: dict[tuple[RowKey, str], Entry] = {}
     for key, found in per_cell.items():
-        history = tuple(sorted(((f[4], f[0], f[2]) for f in found),
-                               key=lambda h: (version_key(h[0]), VERDICTS.index(h[1]), h[2])))
+        history = tuple(
+            sorted(((f[4], f[0], f[2]) for f in found), key=lambda h: (version_key(h[0]), VERDICTS.index(h[1]), h[2]))
+        )
         newest_version = max(version_key(f[4]) for f in found)
-        current = sorted((f for f in found if version_key(f[4]) == newest_version), key=lambda f: (VERDICTS.index(f[0]), f[2]))
+        current = sorted(
+            (f for f in found if version_key(f[4]) == newest_version), key=lambda f: (VERDICTS.index(f[0]), f[2])
+        )
         multiples = [f[1] for f in current if f[1] is not None]
         worst = None
         if multiples:
             worst = math.nan if any(math.isnan(m) for m in multiples) else max(multiples)
-        entries[key] = Entry(tuple(f[0] for f in current), tuple(f[2] for f in current), worst,
-                             tuple(f[3] for f in current), history)
+        entries[key] = Entry(
+            tuple(f[0] for f in current), tuple(f[2] for f in current), worst, tuple(f[3] for f in current), history
+        )
 
     rows = tuple(sorted({row for row, _ in entries}))
     columns = tuple(sorted({r.arch for r in counted}, key=natural_key))
-    now = now or _dt.datetime.now(_dt.timezone.utc)
+    now = now or _dt.datetime.now(_dt.UTC)
     stale = tuple(r for r in counted if max_age_days is not None and is_stale(r, now, max_age_days))
     empty.sort(key=_run_order)
-    return Matrix(rows, columns, entries, tuple(counted), tuple(superseded), tuple(simulated), tuple(empty), stale,
-                  max_age_days)
+    return Matrix(
+        rows, columns, entries, tuple(counted), tuple(superseded), tuple(simulated), tuple(empty), stale, max_age_days
+    )
 
 
 def known_archs() -> tuple[str, ...]:

@@ -11,11 +11,12 @@ Verdicts are counted by name in ``VERDICTS`` order, and any other status a repor
 carry later is counted after them under its own name, so a new kind of row or status
 adds a count rather than a code path.
 """
+
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from pytest_qconform.matrix.model import Entry, Matrix, RowKey, natural_key
 from pytest_qconform.report.run_report import VERDICTS
@@ -101,7 +102,13 @@ def summarize(matrix: Matrix) -> Summary:
     archs_of: dict[tuple[str, str, tuple[str, ...], str], list[str]] = {}
     for (backend, operation, arch, reason), cells in known.items():
         archs_of.setdefault((backend, operation, tuple(sorted(cells)), reason), []).append(arch)
-    groups = tuple(sorted((KnownFailureGroup(b, op, tuple(sorted(archs, key=natural_key)), cells, reason)
-                           for (b, op, cells, reason), archs in archs_of.items()),
-                          key=lambda g: (g.backend, g.operation, [natural_key(a) for a in g.archs], g.cells)))
+    groups = tuple(
+        sorted(
+            (
+                KnownFailureGroup(b, op, tuple(sorted(archs, key=natural_key)), cells, reason)
+                for (b, op, cells, reason), archs in archs_of.items()
+            ),
+            key=lambda g: (g.backend, g.operation, [natural_key(a) for a in g.archs], g.cells),
+        )
+    )
     return Summary(rows, matrix.columns, entries, groups)

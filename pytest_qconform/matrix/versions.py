@@ -17,10 +17,11 @@ A floor is only as fine as the versions tested: ``>= 0.50.0`` means 0.49.2 faile
 which other versions (torch, Triton, CUDA/HIP, driver) differ between those runs, since
 the change may be theirs.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from pytest_qconform.matrix.model import Entry, Matrix, RowKey, natural_key
 from pytest_qconform.report.run_report import FAILING_VERDICTS, RunReport
@@ -79,8 +80,10 @@ class VersionRange:
         pairs: dict[tuple[str | None, str | None], int] = {}
         for found in self.regressions:
             pairs[(found.good, found.bad)] = pairs.get((found.good, found.bad), 0) + 1
-        text = "; ".join(f"{n} cell{'s' if n > 1 else ''} passed in {_v(good)}, fail in {_v(bad)}"
-                         for (good, bad), n in sorted(pairs.items(), key=lambda kv: -kv[1])[:limit])
+        text = "; ".join(
+            f"{n} cell{'s' if n > 1 else ''} passed in {_v(good)}, fail in {_v(bad)}"
+            for (good, bad), n in sorted(pairs.items(), key=lambda kv: -kv[1])[:limit]
+        )
         return text
 
 
@@ -100,8 +103,9 @@ def _by_version(entry: Entry) -> list[tuple[str | None, str]]:
     return sorted(states.items(), key=lambda item: version_key(item[0]))
 
 
-def version_range(arch: str, backend: str, operation: str | None,
-                  entries: Iterable[tuple[RowKey, Entry]]) -> VersionRange:
+def version_range(
+    arch: str, backend: str, operation: str | None, entries: Iterable[tuple[RowKey, Entry]]
+) -> VersionRange:
     """The floor and regressions of the given cells (one arch, one backend)."""
     entries = list(entries)
     versions = sorted({version for _, entry in entries for version, _, _ in entry.history}, key=version_key)
@@ -126,8 +130,17 @@ def version_range(arch: str, backend: str, operation: str | None,
             key = version_key(history[since][0])
             if floor_key is None or key > floor_key:
                 floor_key, floor = key, history[since][0]
-    return VersionRange(arch, backend, operation, tuple(versions), floor, failing_below, failing_newest,
-                        tuple(regressions), known_newest)
+    return VersionRange(
+        arch,
+        backend,
+        operation,
+        tuple(versions),
+        floor,
+        failing_below,
+        failing_newest,
+        tuple(regressions),
+        known_newest,
+    )
 
 
 def _verdict_in(entry: Entry, version: str | None) -> str:
@@ -140,8 +153,10 @@ def ranges(matrix: Matrix, by_operation: bool = False) -> tuple[VersionRange, ..
     grouped: dict[tuple[str, str, str | None], list[tuple[RowKey, Entry]]] = {}
     for (row, arch), entry in matrix.entries.items():
         grouped.setdefault((arch, row[0], row[1] if by_operation else None), []).append((row, entry))
-    found = [version_range(arch, backend, operation, sorted(entries))
-             for (arch, backend, operation), entries in grouped.items()]
+    found = [
+        version_range(arch, backend, operation, sorted(entries))
+        for (arch, backend, operation), entries in grouped.items()
+    ]
     return tuple(sorted(found, key=lambda r: (natural_key(r.arch), r.backend, r.operation or "")))
 
 
@@ -153,14 +168,17 @@ def other_differences(matrix: Matrix, arch: str, backend: str) -> tuple[str, ...
         return ()
     out = []
     for key in PROBE_KEYS:
-        values = sorted({str(run.probe.get(key)) for run in runs if run.probe.get(key) is not None},
-                        key=version_key)
+        values = sorted({str(run.probe.get(key)) for run in runs if run.probe.get(key) is not None}, key=version_key)
         if len(values) > 1:
             out.append(f"{key} {' / '.join(values)}")
     revisions = contract_revisions(runs)
     if len(revisions) > 1:
-        out.append("contract revision " + " / ".join("none" if r is None else str(r)
-                                                     for r in sorted(revisions, key=lambda r: -1 if r is None else r)))
+        out.append(
+            "contract revision "
+            + " / ".join(
+                "none" if r is None else str(r) for r in sorted(revisions, key=lambda r: -1 if r is None else r)
+            )
+        )
     return tuple(out)
 
 

@@ -3,6 +3,7 @@
 Run reports, the matrix Markdown, the README section and the heatmap all go through here,
 so a run killed mid-write leaves nothing a ``*.json`` scan would take for a report.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,9 +1,11 @@
 """One timed benchmark case of a run report (``pytest --qconform --benchmark-only``):
 the record, its schema check, and its ratio to bitsandbytes in the same run."""
+
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Any, Iterable
+from typing import Any
 
 from pytest_qconform.report.schema import SchemaError, count, json_object, positive, required, string, type_name
 
@@ -52,11 +54,14 @@ class Benchmark:
 
     def __post_init__(self) -> None:
         if self.operation not in BENCH_OPERATIONS:
-            raise ValueError(f"unknown benchmark operation {self.operation!r}; expected one of "
-                             f"{', '.join(BENCH_OPERATIONS)}")
+            raise ValueError(
+                f"unknown benchmark operation {self.operation!r}; expected one of {', '.join(BENCH_OPERATIONS)}"
+            )
         if self.median_s <= 0 or self.copy_bandwidth_bytes_per_s <= 0:
-            raise ValueError(f"median_s and copy_bandwidth_bytes_per_s must be > 0, got {self.median_s!r}, "
-                             f"{self.copy_bandwidth_bytes_per_s!r}")
+            raise ValueError(
+                f"median_s and copy_bandwidth_bytes_per_s must be > 0, got {self.median_s!r}, "
+                f"{self.copy_bandwidth_bytes_per_s!r}"
+            )
 
     @property
     def case_key(self) -> tuple[Any, ...]:
@@ -87,62 +92,97 @@ class Benchmark:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "backend": self.backend, "operation": self.operation, "format": self.format, "dtype": self.dtype,
-            "target": self.target, "shape": list(self.shape), "batch": self.batch, "median_s": self.median_s,
-            "timing": self.timing, "samples": self.samples, "copies": self.copies,
-            "rotated_bytes": self.rotated_bytes, "weight_bytes": self.weight_bytes,
-            "activation_bytes": self.activation_bytes, "output_bytes": self.output_bytes,
-            "bytes_moved": self.bytes_moved, "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
-            "copy_bandwidth_bytes_per_s": self.copy_bandwidth_bytes_per_s, "floor_s": self.floor_s,
-            "percent_of_floor": self.percent_of_floor, "host_median_s": self.host_median_s,
-            "launch_hidden": self.launch_hidden, "time_ratio_to_bitsandbytes": self.time_ratio_to_bitsandbytes,
-            "nodeid": self.nodeid, "eager_median_s": self.eager_median_s,
+            "backend": self.backend,
+            "operation": self.operation,
+            "format": self.format,
+            "dtype": self.dtype,
+            "target": self.target,
+            "shape": list(self.shape),
+            "batch": self.batch,
+            "median_s": self.median_s,
+            "timing": self.timing,
+            "samples": self.samples,
+            "copies": self.copies,
+            "rotated_bytes": self.rotated_bytes,
+            "weight_bytes": self.weight_bytes,
+            "activation_bytes": self.activation_bytes,
+            "output_bytes": self.output_bytes,
+            "bytes_moved": self.bytes_moved,
+            "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
+            "copy_bandwidth_bytes_per_s": self.copy_bandwidth_bytes_per_s,
+            "floor_s": self.floor_s,
+            "percent_of_floor": self.percent_of_floor,
+            "host_median_s": self.host_median_s,
+            "launch_hidden": self.launch_hidden,
+            "time_ratio_to_bitsandbytes": self.time_ratio_to_bitsandbytes,
+            "nodeid": self.nodeid,
+            "eager_median_s": self.eager_median_s,
         }
 
     @classmethod
-    def from_dict(cls, data: Any, where: str = "benchmark") -> "Benchmark":
+    def from_dict(cls, data: Any, where: str = "benchmark") -> Benchmark:
         """Validate and build; the derived fields (``bytes_moved``, ``bandwidth_bytes_per_s``,
         ``floor_s``, ``percent_of_floor``) must agree with the fields they derive from."""
         data = json_object(data, where)
         names = {key: string(data, key, where, nonempty=True) for key in ("backend", "format", "dtype", "target")}
         operation = string(data, "operation", where)
         if operation not in BENCH_OPERATIONS:
-            raise SchemaError(f"{where}.operation: unknown operation {operation!r}; expected one of "
-                              f"{', '.join(BENCH_OPERATIONS)}")
+            raise SchemaError(
+                f"{where}.operation: unknown operation {operation!r}; expected one of {', '.join(BENCH_OPERATIONS)}"
+            )
         timing = string(data, "timing", where)
         if timing not in BENCH_TIMINGS:
             raise SchemaError(f"{where}.timing: unknown timing {timing!r}; expected one of {', '.join(BENCH_TIMINGS)}")
         shape = required(data, "shape", where)
-        if (not isinstance(shape, list) or len(shape) != 2
-                or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in shape)):
+        if (
+            not isinstance(shape, list)
+            or len(shape) != 2
+            or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in shape)
+        ):
             raise SchemaError(f"{where}.shape: expected [N, K], two positive integers, got {shape!r}")
         batch = count(data, "batch", where, minimum=1, nullable=True)
         if (batch is None) != (operation != "matmul"):
-            raise SchemaError(f"{where}.batch: {operation} needs " + ("null" if operation != "matmul"
-                                                                        else "the activation rows (an integer >= 1)")
-                              + f", got {batch!r}")
+            raise SchemaError(
+                f"{where}.batch: {operation} needs "
+                + ("null" if operation != "matmul" else "the activation rows (an integer >= 1)")
+                + f", got {batch!r}"
+            )
         launch_hidden = required(data, "launch_hidden", where)
         if launch_hidden is not None and not isinstance(launch_hidden, bool):
-            raise SchemaError(f"{where}.launch_hidden: expected true, false or null, got "
-                              f"{type_name(launch_hidden)} {launch_hidden!r}")
+            raise SchemaError(
+                f"{where}.launch_hidden: expected true, false or null, got {type_name(launch_hidden)} {launch_hidden!r}"
+            )
         entry = cls(
-            operation=operation, shape=(shape[0], shape[1]), batch=batch, timing=timing,
-            median_s=positive(data, "median_s", where), samples=count(data, "samples", where, minimum=1),
-            copies=count(data, "copies", where, minimum=1), rotated_bytes=count(data, "rotated_bytes", where),
+            operation=operation,
+            shape=(shape[0], shape[1]),
+            batch=batch,
+            timing=timing,
+            median_s=positive(data, "median_s", where),
+            samples=count(data, "samples", where, minimum=1),
+            copies=count(data, "copies", where, minimum=1),
+            rotated_bytes=count(data, "rotated_bytes", where),
             weight_bytes=count(data, "weight_bytes", where, minimum=1),
             activation_bytes=count(data, "activation_bytes", where),
             output_bytes=count(data, "output_bytes", where, minimum=1),
             copy_bandwidth_bytes_per_s=positive(data, "copy_bandwidth_bytes_per_s", where),
-            host_median_s=positive(data, "host_median_s", where, nullable=True), launch_hidden=launch_hidden,
+            host_median_s=positive(data, "host_median_s", where, nullable=True),
+            launch_hidden=launch_hidden,
             time_ratio_to_bitsandbytes=positive(data, "time_ratio_to_bitsandbytes", where, nullable=True),
-            eager_median_s=(positive(data, "eager_median_s", where, nullable=True)  # absent before issue 27
-                            if "eager_median_s" in data else None),
-            nodeid=string(data, "nodeid", where), **names)
+            eager_median_s=(
+                positive(data, "eager_median_s", where, nullable=True)  # absent before issue 27
+                if "eager_median_s" in data
+                else None
+            ),
+            nodeid=string(data, "nodeid", where),
+            **names,
+        )
         for key in ("bytes_moved", "bandwidth_bytes_per_s", "floor_s", "percent_of_floor"):
             stored, derived = positive(data, key, where), float(getattr(entry, key))
             if abs(stored - derived) > _DERIVED_TOLERANCE * derived:
-                raise SchemaError(f"{where}.{key}: {stored!r} disagrees with the value derived from the entry's "
-                                  f"bytes and times ({derived!r}); the entry was edited or written by a broken tool")
+                raise SchemaError(
+                    f"{where}.{key}: {stored!r} disagrees with the value derived from the entry's "
+                    f"bytes and times ({derived!r}); the entry was edited or written by a broken tool"
+                )
         return entry
 
 
@@ -151,5 +191,7 @@ def with_bitsandbytes_ratios(entries: Iterable[Benchmark]) -> tuple[Benchmark, .
     same case (null where bitsandbytes has none; 1.0 for bitsandbytes itself)."""
     entries = tuple(entries)
     baseline = {e.case_key: e.median_s for e in entries if e.backend == RATIO_BASELINE}
-    return tuple(replace(e, time_ratio_to_bitsandbytes=(e.median_s / baseline[e.case_key]
-                                                         if e.case_key in baseline else None)) for e in entries)
+    return tuple(
+        replace(e, time_ratio_to_bitsandbytes=(e.median_s / baseline[e.case_key] if e.case_key in baseline else None))
+        for e in entries
+    )

@@ -8,6 +8,7 @@ alters what a verdict means. ``docs/report-schema.md`` ("Contract revisions") ke
 changelog and the rule for when to raise it. Every report written records both, so the
 matrix can say when it merges reports judged against different contracts.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,12 +34,13 @@ class Suite:
         return {"name": self.name, "version": self.version, "contract_revision": self.contract_revision}
 
     @classmethod
-    def from_dict(cls, data: Any, where: str = "suite") -> "Suite":
+    def from_dict(cls, data: Any, where: str = "suite") -> Suite:
         data = json_object(data, where)
         revision = required(data, "contract_revision", where)
         if isinstance(revision, bool) or not isinstance(revision, int) or revision < 1:
-            raise SchemaError(f"{where}.contract_revision: expected an integer >= 1, got "
-                              f"{type_name(revision)} {revision!r}")
+            raise SchemaError(
+                f"{where}.contract_revision: expected an integer >= 1, got {type_name(revision)} {revision!r}"
+            )
         return cls(string(data, "name", where, nonempty=True), string(data, "version", where, nonempty=True), revision)
 
     @property

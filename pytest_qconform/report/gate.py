@@ -32,6 +32,7 @@ each CI job a fresh ``--qconform-report-dir``.
 Exit status: 0 requirements met, 1 not met (each problem on its own line), 2 bad input
 (no report, unreadable report, bad pattern).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,9 +40,9 @@ import dataclasses
 import fnmatch
 import sys
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from pytest_qconform.report.run_report import FAILING_VERDICTS, VERDICTS, Cell, ReportError, RunReport, read_report
 from pytest_qconform.report.versions import MinVersion
@@ -49,7 +50,9 @@ from pytest_qconform.vocabulary import Verdict
 
 PROG = "qconform check"
 REQUIREMENTS: tuple[str, ...] = ("no-fail", "pass", "any")
-COMPUTED_VERDICTS: frozenset[str] = frozenset({Verdict.PASS, Verdict.FAIL, Verdict.KNOWN_FAILURE, Verdict.CRASHED, Verdict.TIMEOUT})
+COMPUTED_VERDICTS: frozenset[str] = frozenset(
+    {Verdict.PASS, Verdict.FAIL, Verdict.KNOWN_FAILURE, Verdict.CRASHED, Verdict.TIMEOUT}
+)
 PASSING_VERDICTS: frozenset[str] = frozenset({Verdict.PASS, Verdict.KNOWN_FAILURE, Verdict.NOT_CLAIMED})
 PATTERN_FIELDS: tuple[str, ...] = ("backend", "operation", "format", "dtype")
 
@@ -66,11 +69,13 @@ class CellPattern:
     parts: tuple[str, ...]
 
     @classmethod
-    def parse(cls, text: str) -> "CellPattern":
+    def parse(cls, text: str) -> CellPattern:
         parts = tuple(text.split("/"))
         if not 2 <= len(parts) <= len(PATTERN_FIELDS) or not all(parts):
-            raise GateUsageError(f"--expect-fail {text!r}: expected backend/operation[/format[/dtype]], each part "
-                                 "a name or a glob, e.g. 'torch-nf4-broken/dequantize' or 'mylib/matmul/nf4-*/bf16'")
+            raise GateUsageError(
+                f"--expect-fail {text!r}: expected backend/operation[/format[/dtype]], each part "
+                "a name or a glob, e.g. 'torch-nf4-broken/dequantize' or 'mylib/matmul/nf4-*/bf16'"
+            )
         return cls(text, parts)
 
     def matches(self, cell: Cell) -> bool:
@@ -89,8 +94,9 @@ def _describe(cell: Cell) -> str:
     return f"{'/'.join(cell.key)}: {cell.verdict}" + (f" ({first_line})" if first_line else "")
 
 
-def problems(report: RunReport, backends: Sequence[str] = (), require: str = "no-fail",
-             expect_fail: Sequence[CellPattern] = ()) -> list[str]:
+def problems(
+    report: RunReport, backends: Sequence[str] = (), require: str = "no-fail", expect_fail: Sequence[CellPattern] = ()
+) -> list[str]:
     """What in ``report`` contradicts the requirements; empty when it meets them."""
     if require not in REQUIREMENTS:
         raise GateUsageError(f"--require {require!r}: expected one of {', '.join(REQUIREMENTS)}")
@@ -105,16 +111,24 @@ def problems(report: RunReport, backends: Sequence[str] = (), require: str = "no
             who = f"backend {name!r}" if name else "any backend"
             why = _counts(mine)
             first = next((c.reason for c in mine if c.reason), "")
-            found.append(f"nothing was checked for {who}: no computed cell "
-                         + (f"({why}; e.g. {first})" if mine else "(the report has no cell for it: was it "
-                            "registered and selected with --qconform-backend?)"))
+            found.append(
+                f"nothing was checked for {who}: no computed cell "
+                + (
+                    f"({why}; e.g. {first})"
+                    if mine
+                    else "(the report has no cell for it: was it registered and selected with --qconform-backend?)"
+                )
+            )
     expected: set[tuple[str, str, str, str]] = set()
     for pattern in expect_fail:
         matched = [c for c in cells if pattern.matches(c)]
         if not matched:
             found.append(f"--expect-fail {pattern.text}: no cell matches")
-        found += [f"{_describe(c)}, expected fail (--expect-fail {pattern.text})" for c in matched
-                  if c.verdict != Verdict.FAIL]
+        found += [
+            f"{_describe(c)}, expected fail (--expect-fail {pattern.text})"
+            for c in matched
+            if c.verdict != Verdict.FAIL
+        ]
         expected.update(c.key for c in matched)
     for cell in cells:
         if cell.key in expected:
@@ -139,7 +153,8 @@ def reports_in(paths: Sequence[str | Path]) -> list[Path]:
                     f"{path}: expected exactly one run report (*.json), found {len(found)}"
                     + (f" ({names})" if found else "")
                     + ". A folder reused across runs keeps old reports, and an old one could pass a run that wrote "
-                      "none: give each job a fresh --qconform-report-dir, or name the report file")
+                    "none: give each job a fresh --qconform-report-dir, or name the report file"
+                )
             files += found
         elif path.is_file():
             files.append(path)
@@ -158,8 +173,9 @@ def meeting(report: RunReport, minimums: Sequence[MinVersion]) -> RunReport:
 
 def _found_versions(reports: Sequence[RunReport], minimums: Sequence[MinVersion]) -> str:
     """``bitsandbytes 0.49.2 in a.json``: what the reports were computed with instead."""
-    return "; ".join(f"{m.package} {m.found_in(r) or 'not recorded'} in {r.source or r.label}"
-                     for m in minimums for r in reports)
+    return "; ".join(
+        f"{m.package} {m.found_in(r) or 'not recorded'} in {r.source or r.label}" for m in minimums for r in reports
+    )
 
 
 def _summary(report: RunReport, backends: Sequence[str]) -> str:
@@ -168,23 +184,50 @@ def _summary(report: RunReport, backends: Sequence[str]) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m pytest_qconform check", description="Require things of pytest-qconform run reports: the CI gate.",
-                                     epilog="Exit 0: met; 1: not met; 2: bad input.")
-    parser.add_argument("reports", nargs="+", metavar="REPORT",
-                        help="run report files, or folders holding exactly one (the run's --qconform-report-dir)")
-    parser.add_argument("--backend", action="append", default=[], metavar="NAME",
-                        help="judge only this backend's cells (repeatable); each must have a computed cell")
-    parser.add_argument("--require", choices=REQUIREMENTS, default="no-fail", type=str.lower,
-                        help="no-fail (default): no fail, crashed or timeout cell; pass: every cell pass or "
-                             "known-failure (unavailable and skipped cells fail the gate too); any: only "
-                             "--expect-fail and 'something was computed'")
-    parser.add_argument("--expect-fail", action="append", default=[], metavar="CELL",
-                        help="backend/operation[/format[/dtype]] (globs): these cells must exist and fail "
-                             "(repeatable); they are exempt from --require")
-    parser.add_argument("--min-version", action="append", default=[], metavar="PACKAGE=VERSION",
-                        help="judge only cells computed with at least this version (repeatable): PACKAGE is a "
-                             "backend (its own cells) or torch, triton, cuda, hip, driver (every cell); fails when "
-                             "no cell meets it")
+    parser = argparse.ArgumentParser(
+        prog="python -m pytest_qconform check",
+        description="Require things of pytest-qconform run reports: the CI gate.",
+        epilog="Exit 0: met; 1: not met; 2: bad input.",
+    )
+    parser.add_argument(
+        "reports",
+        nargs="+",
+        metavar="REPORT",
+        help="run report files, or folders holding exactly one (the run's --qconform-report-dir)",
+    )
+    parser.add_argument(
+        "--backend",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="judge only this backend's cells (repeatable); each must have a computed cell",
+    )
+    parser.add_argument(
+        "--require",
+        choices=REQUIREMENTS,
+        default="no-fail",
+        type=str.lower,
+        help="no-fail (default): no fail, crashed or timeout cell; pass: every cell pass or "
+        "known-failure (unavailable and skipped cells fail the gate too); any: only "
+        "--expect-fail and 'something was computed'",
+    )
+    parser.add_argument(
+        "--expect-fail",
+        action="append",
+        default=[],
+        metavar="CELL",
+        help="backend/operation[/format[/dtype]] (globs): these cells must exist and fail "
+        "(repeatable); they are exempt from --require",
+    )
+    parser.add_argument(
+        "--min-version",
+        action="append",
+        default=[],
+        metavar="PACKAGE=VERSION",
+        help="judge only cells computed with at least this version (repeatable): PACKAGE is a "
+        "backend (its own cells) or torch, triton, cuda, hip, driver (every cell); fails when "
+        "no cell meets it",
+    )
     return parser
 
 
@@ -203,12 +246,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         wanted = ", ".join(m.text for m in minimums)
         for original, report in zip(reports, judged):
             if original.cells and not report.cells:
-                print(f"{PROG}: {original.source} ({original.arch}): left out: no cell computed with {wanted} "
-                      f"({_found_versions([original], minimums)})")
+                print(
+                    f"{PROG}: {original.source} ({original.arch}): left out: no cell computed with {wanted} "
+                    f"({_found_versions([original], minimums)})"
+                )
         reports = [report for original, report in zip(reports, judged) if report.cells or not original.cells]
         if not any(report.cells for report in reports):
-            print(f"{PROG}: no cell was computed with {wanted} ({_found_versions(judged, minimums)}): NOT MET",
-                  file=sys.stderr)
+            print(
+                f"{PROG}: no cell was computed with {wanted} ({_found_versions(judged, minimums)}): NOT MET",
+                file=sys.stderr,
+            )
             return 1
     for report in reports:
         found = problems(report, args.backend, args.require, patterns)

@@ -6,6 +6,7 @@ newer file is an error that names the file and the problem, never a guess), and
 versioned (``schema_version``). The schema is documented in ``docs/report-schema.md``.
 Reading never evaluates or unpickles anything: it is ``json.loads`` and type checks.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -13,14 +14,15 @@ import json
 import math
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
+from pytest_qconform.cases.coverage import Coverage
 from pytest_qconform.report.atomic import write_text_atomically
 from pytest_qconform.report.benchmarks import Benchmark
 from pytest_qconform.report.contract import Suite
-from pytest_qconform.cases.coverage import Coverage
 from pytest_qconform.report.schema import (
     SchemaError,
     json_object,
@@ -111,7 +113,7 @@ class Cell:
         }
 
     @classmethod
-    def from_dict(cls, data: Any, where: str = "cell") -> "Cell":
+    def from_dict(cls, data: Any, where: str = "cell") -> Cell:
         data = json_object(data, where)
         names = {key: string(data, key, where, nonempty=True) for key in ("backend", "operation", "format", "dtype")}
         verdict = string(data, "verdict", where)
@@ -126,8 +128,9 @@ class Cell:
             failure = json_object(failure, f"{where}.first_failure")
             failure = {key: string(failure, key, f"{where}.first_failure") for key in ("message", "repro")}
         reason = string(data, "reason", where)
-        return cls(verdict=verdict, cases=cases, worst_error_multiple=multiple, first_failure=failure,
-                   reason=reason, **names)
+        return cls(
+            verdict=verdict, cases=cases, worst_error_multiple=multiple, first_failure=failure, reason=reason, **names
+        )
 
 
 def _worst(multiples: Iterable[float | None]) -> float | None:
@@ -158,10 +161,14 @@ def fold_cell(cells: Iterable[Cell]) -> Cell:
     verdict = min((cell.verdict for cell in cells), key=VERDICTS.index)
     failure = next((cell.first_failure for cell in cells if cell.first_failure is not None), None)
     reason = next(cell.reason for cell in cells if cell.verdict == verdict)
-    return Cell(*key, verdict=verdict, cases=sum(cell.cases for cell in cells),
-                worst_error_multiple=_worst(cell.worst_error_multiple for cell in cells),
-                first_failure=failure, reason=reason)
-
+    return Cell(
+        *key,
+        verdict=verdict,
+        cases=sum(cell.cases for cell in cells),
+        worst_error_multiple=_worst(cell.worst_error_multiple for cell in cells),
+        first_failure=failure,
+        reason=reason,
+    )
 
 
 @dataclass(frozen=True)
@@ -177,8 +184,8 @@ class RunReport:
     cells: tuple[Cell, ...]
     created: str
     source: str = field(default="", compare=False)
-    benchmarks: tuple["Benchmark", ...] = ()
-    coverage: tuple["Coverage", ...] = ()  # what each declared axis was checked at (coverage.py)
+    benchmarks: tuple[Benchmark, ...] = ()
+    coverage: tuple[Coverage, ...] = ()  # what each declared axis was checked at (coverage.py)
     suite: Suite | None = None  # what judged the run (contract.py); None in reports older than version 3
 
     @property
@@ -226,7 +233,7 @@ class RunReport:
         return BENCHMARKS_SINCE_VERSION if self.benchmarks else 1
 
     @classmethod
-    def from_dict(cls, data: Any, source: str = "") -> "RunReport":
+    def from_dict(cls, data: Any, source: str = "") -> RunReport:
         """Validate and build; raises SchemaError naming the first field that is wrong."""
         if not isinstance(data, dict):
             raise SchemaError(f"top level: expected a JSON object, got {type_name(data)}")
@@ -237,11 +244,15 @@ class RunReport:
         if isinstance(version, bool) or not isinstance(version, int):
             raise SchemaError(f"report.schema_version: expected an integer, got {type_name(version)} {version!r}")
         if version > SCHEMA_VERSION:
-            raise SchemaError(f"schema_version {version} is newer than this pytest-qconform reads "
-                              f"(version {SCHEMA_VERSION}); upgrade pytest-qconform to read it")
+            raise SchemaError(
+                f"schema_version {version} is newer than this pytest-qconform reads "
+                f"(version {SCHEMA_VERSION}); upgrade pytest-qconform to read it"
+            )
         if version not in READABLE_VERSIONS:
-            raise SchemaError(f"unknown schema_version {version}; this pytest-qconform reads version "
-                              f"{' or '.join(map(str, READABLE_VERSIONS))}")
+            raise SchemaError(
+                f"unknown schema_version {version}; this pytest-qconform reads version "
+                f"{' or '.join(map(str, READABLE_VERSIONS))}"
+            )
         created = required(data, "created", "report")
         parse_created(created)
         probe = validate_probe(required(data, "probe", "report"))
@@ -252,9 +263,11 @@ class RunReport:
         benchmarks: tuple[Benchmark, ...] = ()
         if "benchmarks" in data:
             if version < BENCHMARKS_SINCE_VERSION:
-                raise SchemaError(f"report.benchmarks: not part of schema_version {version} (added in version "
-                                  f"{BENCHMARKS_SINCE_VERSION}); a report with benchmarks says schema_version "
-                                  f"{BENCHMARKS_SINCE_VERSION}")
+                raise SchemaError(
+                    f"report.benchmarks: not part of schema_version {version} (added in version "
+                    f"{BENCHMARKS_SINCE_VERSION}); a report with benchmarks says schema_version "
+                    f"{BENCHMARKS_SINCE_VERSION}"
+                )
             raw = data["benchmarks"]
             if not isinstance(raw, list):
                 raise SchemaError(f"report.benchmarks: expected a JSON array, got {type_name(raw)}")
@@ -268,15 +281,26 @@ class RunReport:
         suite = None
         if "suite" in data:
             if version < SUITE_SINCE_VERSION:
-                raise SchemaError(f"report.suite: not part of schema_version {version} (added in version "
-                                  f"{SUITE_SINCE_VERSION}); a report with a suite says schema_version "
-                                  f"{SUITE_SINCE_VERSION}")
+                raise SchemaError(
+                    f"report.suite: not part of schema_version {version} (added in version "
+                    f"{SUITE_SINCE_VERSION}); a report with a suite says schema_version "
+                    f"{SUITE_SINCE_VERSION}"
+                )
             suite = Suite.from_dict(data["suite"], "report.suite")
         elif version >= SUITE_SINCE_VERSION:
-            raise SchemaError(f"report: missing field 'suite' (required since schema_version {SUITE_SINCE_VERSION}: "
-                              "the suite version and contract revision the run was judged against)")
-        return cls(probe=probe, cells=cells, created=created, source=source, benchmarks=benchmarks,
-                   coverage=coverage, suite=suite)
+            raise SchemaError(
+                f"report: missing field 'suite' (required since schema_version {SUITE_SINCE_VERSION}: "
+                "the suite version and contract revision the run was judged against)"
+            )
+        return cls(
+            probe=probe,
+            cells=cells,
+            created=created,
+            source=source,
+            benchmarks=benchmarks,
+            coverage=coverage,
+            suite=suite,
+        )
 
 
 # ---------------------------------------------------------------- files
@@ -308,7 +332,7 @@ def write_report(report: RunReport, folder: Path) -> Path:
     counter = 0
     while path.exists():
         counter += 1
-        path = folder / f"{name[:-len('.json')]}-{counter}.json"
+        path = folder / f"{name[: -len('.json')]}-{counter}.json"
     write_text_atomically(path, text)
     return path
 
@@ -334,12 +358,18 @@ def read_report(path: str | os.PathLike[str]) -> RunReport:
         data = json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:
         # Truncated: the parser choked on nothing, on half a literal or half a number.
-        rest = text[exc.pos:].rstrip()
-        truncated = (exc.msg.startswith("Unterminated string") or re.fullmatch(r"[-+.eE0-9]*", rest) is not None
-                     or any(literal.startswith(rest) for literal in ("true", "false", "null")))
+        rest = text[exc.pos :].rstrip()
+        truncated = (
+            exc.msg.startswith("Unterminated string")
+            or re.fullmatch(r"[-+.eE0-9]*", rest) is not None
+            or any(literal.startswith(rest) for literal in ("true", "false", "null"))
+        )
         what = "truncated JSON" if truncated else "not valid JSON"
-        raise ReportError(path, f"{what} ({exc.msg}: line {exc.lineno} column {exc.colno}); "
-                                "regenerate it with pytest --qconform or remove it") from exc
+        raise ReportError(
+            path,
+            f"{what} ({exc.msg}: line {exc.lineno} column {exc.colno}); "
+            "regenerate it with pytest --qconform or remove it",
+        ) from exc
     except SchemaError as exc:
         raise ReportError(path, str(exc)) from exc
     try:

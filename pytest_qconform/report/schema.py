@@ -3,11 +3,13 @@
 Shared by the records of ``report`` (cells, probe) and ``bench_record`` (benchmarks), so
 every message has the same shape: ``where.key: expected ..., got <type> <value>``.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 DEVICE_KINDS: tuple[str, ...] = ("cpu", "cuda", "rocm")
 CREATED_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
@@ -17,11 +19,9 @@ class SchemaError(ValueError):
     """A dict does not follow the report schema; the message names the field."""
 
 
-
-
 def utc_now() -> str:
     """The current UTC time in the report's ``created`` format."""
-    return _dt.datetime.now(_dt.timezone.utc).strftime(CREATED_FORMAT)
+    return _dt.datetime.now(_dt.UTC).strftime(CREATED_FORMAT)
 
 
 def parse_created(created: str) -> _dt.datetime:
@@ -30,11 +30,10 @@ def parse_created(created: str) -> _dt.datetime:
         raise SchemaError(f"created: {created!r} is not a UTC ISO 8601 time like '2025-01-31T12:00:00Z'")
     for fmt in (CREATED_FORMAT, "%Y-%m-%dT%H:%M:%S.%fZ"):
         try:
-            return _dt.datetime.strptime(created, fmt).replace(tzinfo=_dt.timezone.utc)
+            return _dt.datetime.strptime(created, fmt).replace(tzinfo=_dt.UTC)
         except ValueError:
             continue
     raise SchemaError(f"created: {created!r} is not a UTC ISO 8601 time like '2025-01-31T12:00:00Z'")
-
 
 
 def type_name(value: Any) -> str:
@@ -112,7 +111,6 @@ def validate_probe(probe: Any, where: str = "probe") -> dict[str, Any]:
     return dict(data)
 
 
-
 def positive(data: Mapping[str, Any], key: str, where: str, *, nullable: bool = False) -> Any:
     value = required(data, key, where)
     if value is None and nullable:
@@ -131,5 +129,3 @@ def count(data: Mapping[str, Any], key: str, where: str, *, minimum: int = 0, nu
         expected = f"an integer >= {minimum}" + (" or null" if nullable else "")
         raise SchemaError(f"{where}.{key}: expected {expected}, got {type_name(value)} {value!r}")
     return value
-
-

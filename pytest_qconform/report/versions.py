@@ -9,6 +9,7 @@ Versions compare as PEP 440 versions (``0.49.2 < 0.50.0 < 0.50.0.dev0+rocm`` is 
 assumed: ``packaging`` decides); a version that does not parse sorts before every one
 that does, by its text, so an odd build string never hides a floor.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -65,12 +66,14 @@ class MinVersion:
     version: str
 
     @classmethod
-    def parse(cls, text: str) -> "MinVersion":
+    def parse(cls, text: str) -> MinVersion:
         package, sep, version = text.partition("=")
         package, version = package.strip(), version.strip().lstrip("=")
         if not sep or not package or not version:
-            raise ValueError(f"--min-version {text!r}: expected PACKAGE=VERSION, e.g. bitsandbytes=0.50.0 or "
-                             f"torch=2.5 (PACKAGE: a backend name or one of {', '.join(PROBE_KEYS)})")
+            raise ValueError(
+                f"--min-version {text!r}: expected PACKAGE=VERSION, e.g. bitsandbytes=0.50.0 or "
+                f"torch=2.5 (PACKAGE: a backend name or one of {', '.join(PROBE_KEYS)})"
+            )
         try:
             Version(version)
         except InvalidVersion as exc:

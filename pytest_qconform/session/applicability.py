@@ -14,6 +14,7 @@ lacks (``-m rocm`` on a CPU) are *not* deselected: they still end as skips that 
 what was needed and what was found. Nor are an unavailable backend's: its skips are its
 ``unavailable`` cells.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -22,11 +23,11 @@ from typing import Any
 
 import pytest
 
-from pytest_qconform.session import state
 from pytest_qconform.cases.claims import target_device, unclaimed
 from pytest_qconform.cases.instances import nothing_claimed
-from pytest_qconform.session.outcomes import OTHER_DEVICE_PREFIX
 from pytest_qconform.hardware.targets import Target, requested_hardware
+from pytest_qconform.session import state
+from pytest_qconform.session.outcomes import OTHER_DEVICE_PREFIX
 
 
 @dataclass
@@ -51,8 +52,10 @@ class NotHere:
             parts.append(f"{sum(self.not_claimed.values())} not claimed by their backend ({per})")
         if self.other_device:
             per = ", ".join(f"{target} {n}" for target, n in sorted(self.other_device.items()))
-            parts.append(f"{sum(self.other_device.values())} for another device ({per}; a run reports on one "
-                         f"device, this one on {self.probe}; -m selects them to see them skipped)")
+            parts.append(
+                f"{sum(self.other_device.values())} for another device ({per}; a run reports on one "
+                f"device, this one on {self.probe}; -m selects them to see them skipped)"
+            )
         return f"qconform: {self.total} instances not applying here were deselected: {'; '.join(parts)}"
 
 

@@ -17,6 +17,7 @@ fails too, the device is lost for this process:
 
 Registered by the plugin under ``--qconform`` only.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,7 @@ from pytest_qconform.vocabulary import Verdict
 
 LOST = pytest.StashKey[tuple[str, str, str]]()  # (device, nodeid of the test that lost it, the error)
 WORKER_EXIT_CODE = 75
-REMEDY = ("run with -n 1 --max-worker-restart=100 (pytest-xdist) so that such a fault costs one worker, "
-          "not the session")
+REMEDY = "run with -n 1 --max-worker-restart=100 (pytest-xdist) so that such a fault costs one worker, not the session"
 
 
 def device_error(device: str) -> str | None:
@@ -68,14 +68,21 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if lost is None or _device_of(item) != lost[0]:
         return
     device, nodeid, error = lost
-    pytest.fail(outcomes.short_circuit_message(
-        Verdict.CRASHED, "crash", nodeid, f"not run: {device} is unusable in this process after that test's fault "
-        f"({error}); {REMEDY}"), pytrace=False)
+    pytest.fail(
+        outcomes.short_circuit_message(
+            Verdict.CRASHED,
+            "crash",
+            nodeid,
+            f"not run: {device} is unusable in this process after that test's fault ({error}); {REMEDY}",
+        ),
+        pytrace=False,
+    )
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Generator[None, pytest.TestReport,
-                                                                                        pytest.TestReport]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     device = _device_of(item)
     if call.excinfo is None or device is None or item.config.stash.get(LOST, None) is not None:

@@ -1,4 +1,5 @@
 """Fixtures the suites use; registered by the plugin only when ``--qconform`` is given."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -6,10 +7,10 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_qconform.session import outcomes, state
 from pytest_qconform.backends.base import Backend
-from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 from pytest_qconform.hardware.targets import Target
+from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
+from pytest_qconform.session import outcomes, state
 
 
 @pytest.fixture(scope="session")
@@ -86,8 +87,12 @@ class Checker:
 
     def _where(self) -> str:
         key = outcomes.cell_key_of(self._item) or {}
-        parts = [f"backend={key.get('backend')}", f"format={key.get('format')}", f"dtype={key.get('dtype')}",
-                 f"target={key.get('target')}"]
+        parts = [
+            f"backend={key.get('backend')}",
+            f"format={key.get('format')}",
+            f"dtype={key.get('dtype')}",
+            f"target={key.get('target')}",
+        ]
         parts += [f"{k}={v}" for k, v in sorted(self.context.items())]
         repro = dict(self._item.user_properties).get(outcomes.REPRO_PROPERTY, "")
         return " ".join(parts) + f"\n  reproduce: {repro}"
@@ -95,8 +100,15 @@ class Checker:
     def record_multiple(self, multiple: float) -> None:
         self._item.user_properties.append((outcomes.MULTIPLE_PROPERTY, float(multiple)))
 
-    def within(self, actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor, what: str, *,
-               rounding_units: torch.Tensor | None = None) -> float:
+    def within(
+        self,
+        actual: torch.Tensor,
+        expected: torch.Tensor,
+        bound: torch.Tensor,
+        what: str,
+        *,
+        rounding_units: torch.Tensor | None = None,
+    ) -> float:
         """Assert |actual - expected| <= bound elementwise; return the worst multiple.
 
         Never both sides wrong: ``expected`` (float64, from the backend's stored state and
@@ -109,8 +121,9 @@ class Checker:
         from pytest_qconform.reference.bounds import rounding_direction_biased
 
         if tuple(actual.shape) != tuple(expected.shape):
-            raise AssertionError(f"{what}: shape {tuple(actual.shape)} != reference {tuple(expected.shape)}; "
-                                 + self._where())
+            raise AssertionError(
+                f"{what}: shape {tuple(actual.shape)} != reference {tuple(expected.shape)}; " + self._where()
+            )
         nonfinite = ~torch.isfinite(expected)
         if bool(nonfinite.any()):
             self.record_multiple(float("inf"))
@@ -118,13 +131,15 @@ class Checker:
             raise AssertionError(
                 f"{what}: the float64 reference is {expected.reshape(-1)[flat].item()!r} at flat index {flat} "
                 f"({int(nonfinite.sum().item())} non-finite elements) although every input is finite: the "
-                "backend's stored state holds NaN or inf; " + self._where())
+                "backend's stored state holds NaN or inf; " + self._where()
+            )
         multiple = self._judge(actual, expected, bound, what)
         if rounding_units is not None:
             biased = rounding_direction_biased(actual, expected, rounding_units)
             if biased:
-                raise AssertionError(f"{what}: within its bound, but not rounded to nearest: {biased}; "
-                                     + self._where())
+                raise AssertionError(
+                    f"{what}: within its bound, but not rounded to nearest: {biased}; " + self._where()
+                )
         return multiple
 
     def faithful(self, packed: PackedBnb4 | PackedHqq4, weight: torch.Tensor, what: str) -> None:
@@ -138,16 +153,23 @@ class Checker:
         nonfinite = faithful.nonfinite_stored_fields(packed)
         if nonfinite:
             self.record_multiple(float("inf"))
-            raise AssertionError(f"{what}: the stored state holds NaN or inf in {', '.join(nonfinite)} for a "
-                                 "finite input; " + self._where())
+            raise AssertionError(
+                f"{what}: the stored state holds NaN or inf in {', '.join(nonfinite)} for a "
+                "finite input; " + self._where()
+            )
         decoded = faithful.decode(packed, weight.device)
         # Judged, not recorded: a sanity bound, not the cell's worst multiple of an arithmetic bound.
-        self._judge(decoded, weight.detach().double().reshape(decoded.shape),
-                    faithful.faithful_bound(packed, weight).reshape(decoded.shape),
-                    f"{what}: the stored state decoded against the input it was quantized from", record=False)
+        self._judge(
+            decoded,
+            weight.detach().double().reshape(decoded.shape),
+            faithful.faithful_bound(packed, weight).reshape(decoded.shape),
+            f"{what}: the stored state decoded against the input it was quantized from",
+            record=False,
+        )
 
-    def _judge(self, actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor, what: str, *,
-               record: bool = True) -> float:
+    def _judge(
+        self, actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor, what: str, *, record: bool = True
+    ) -> float:
         """The worst error as a multiple of ``bound`` (recorded for the cell unless told
         not to); an AssertionError naming the worst element when it exceeds 1."""
         from pytest_qconform.reference.bounds import error_multiple
@@ -162,7 +184,8 @@ class Checker:
             raise AssertionError(
                 f"{what}: error is {multiple:.3g} x its bound (worst element flat index {flat}: "
                 f"got {actual.reshape(-1)[flat].item()!r}, reference {expected.reshape(-1)[flat].item()!r}, "
-                f"bound {bound.reshape(-1)[flat].item():.3g}); " + self._where())
+                f"bound {bound.reshape(-1)[flat].item():.3g}); " + self._where()
+            )
         return multiple
 
     def equal(self, actual: Any, expected: Any, what: str) -> None:
@@ -193,8 +216,10 @@ class Partners:
         available = other.availability()
         if not available.available:
             if not self.under_test(name):  # no byte source in this environment: nothing to check, no cell
-                pytest.skip(f"{outcomes.NOT_CLAIMED_PREFIX} interop partner {name} cannot load here "
-                            f"({available.reason}); install it to check this backend's reading of its bytes")
+                pytest.skip(
+                    f"{outcomes.NOT_CLAIMED_PREFIX} interop partner {name} cannot load here "
+                    f"({available.reason}); install it to check this backend's reading of its bytes"
+                )
             pytest.skip(f"{outcomes.UNAVAILABLE_PREFIX} interop partner {name}: {available.reason}")
         return other
 

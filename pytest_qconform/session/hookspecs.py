@@ -1,7 +1,9 @@
 """Hooks that other packages (or a conftest.py) implement to plug into pytest-qconform."""
+
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -10,7 +12,7 @@ if TYPE_CHECKING:
 
 
 @pytest.hookspec
-def pytest_qconform_backends(config: pytest.Config) -> "dict[str, Callable[[], Backend]] | None":
+def pytest_qconform_backends(config: pytest.Config) -> dict[str, Callable[[], Backend]] | None:
     """Return extra backends to test, as ``{name: factory}``; a factory builds a ``Backend``.
 
     Use this from a ``conftest.py`` for a backend that is not an installed package; an

@@ -12,6 +12,7 @@ before anything is computed, with the file and line of the offending key. An ent
 for a backend this runner does not have is fine (a shared file lists every runner's
 failures); it simply matches nothing here.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -25,8 +26,8 @@ import pytest
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from pytest_qconform.session import outcomes, state
 from pytest_qconform.hardware.targets import hardware_marker_names
+from pytest_qconform.session import outcomes, state
 
 PACKAGED = "pytest_qconform/session/known_failures.toml"
 REQUIRED = ("backend", "versions", "arch", "check", "reason", "link", "repro")
@@ -65,8 +66,14 @@ class KnownFailure:
     ends_process: str = "no"
     source: str = ""  # "file:line" of the entry, for messages
 
-    def matches(self, key: dict[str, str], version: str | None, target_markers: tuple[str, ...],
-                test_name: str, cpu_capability: str | None = None) -> bool:
+    def matches(
+        self,
+        key: dict[str, str],
+        version: str | None,
+        target_markers: tuple[str, ...],
+        test_name: str,
+        cpu_capability: str | None = None,
+    ) -> bool:
         """Whether a test with cell ``key`` on a target with ``target_markers`` is covered.
 
         Pre-releases and dev builds count as inside a range (``0.46.0.dev0`` matches
@@ -76,8 +83,11 @@ class KnownFailure:
             return False
         if self.arch != ANY and self.arch not in target_markers:
             return False
-        if self.cpu_capability != ANY and not ("cpu" in target_markers and cpu_capability is not None
-                                               and fnmatch.fnmatchcase(cpu_capability, self.cpu_capability)):
+        if self.cpu_capability != ANY and not (
+            "cpu" in target_markers
+            and cpu_capability is not None
+            and fnmatch.fnmatchcase(cpu_capability, self.cpu_capability)
+        ):
             return False
         if not (_glob(key["format"], self.format) and _glob(key["dtype"], self.dtype) and _glob(test_name, self.test)):
             return False
@@ -124,8 +134,9 @@ def _parse_entry(raw: dict, source: str, lines: list[str], span: tuple[int, int]
 
     missing = [k for k in REQUIRED if k not in raw]
     if missing:
-        raise KnownFailuresError(f"{where()}: known failure is missing {', '.join(missing)}; every entry needs "
-                                 f"{', '.join(REQUIRED)}")
+        raise KnownFailuresError(
+            f"{where()}: known failure is missing {', '.join(missing)}; every entry needs {', '.join(REQUIRED)}"
+        )
     for key in raw:
         if key not in REQUIRED + OPTIONAL:
             raise KnownFailuresError(f"{where(key)}: unknown key {key!r}; allowed: {', '.join(REQUIRED + OPTIONAL)}")
@@ -133,22 +144,36 @@ def _parse_entry(raw: dict, source: str, lines: list[str], span: tuple[int, int]
         if not isinstance(value, str) or not value.strip():
             raise KnownFailuresError(f"{where(key)}: {key} must be a non-empty string, got {value!r}")
     if raw.get("ends_process", "no") not in ("yes", "no"):
-        raise KnownFailuresError(f"{where('ends_process')}: ends_process must be \"yes\" or \"no\", got "
-                                 f"{raw['ends_process']!r}")
+        raise KnownFailuresError(
+            f'{where("ends_process")}: ends_process must be "yes" or "no", got {raw["ends_process"]!r}'
+        )
     try:
         versions = SpecifierSet("" if raw["versions"].strip() == ANY else raw["versions"])
     except InvalidSpecifier:
-        raise KnownFailuresError(f"{where('versions')}: versions {raw['versions']!r} is not a PEP 440 range "
-                                 "such as '>=0.2,<0.3' (or '*' for every version)") from None
+        raise KnownFailuresError(
+            f"{where('versions')}: versions {raw['versions']!r} is not a PEP 440 range "
+            "such as '>=0.2,<0.3' (or '*' for every version)"
+        ) from None
     if raw["arch"] not in _known_arches():
         raise KnownFailuresError(
             f"{where('arch')}: arch {raw['arch']!r} is not a known arch, family, device kind or CPU machine; "
-            f"use one of: {', '.join(sorted(_known_arches()))}")
+            f"use one of: {', '.join(sorted(_known_arches()))}"
+        )
     return KnownFailure(
-        backend=raw["backend"], versions=versions, arch=raw["arch"], check=raw["check"], reason=raw["reason"],
-        link=raw["link"], repro=raw["repro"], format=raw.get("format", ANY), dtype=raw.get("dtype", ANY),
-        test=raw.get("test", ANY), cpu_capability=raw.get("cpu_capability", ANY),
-        ends_process=raw.get("ends_process", "no"), source=where())
+        backend=raw["backend"],
+        versions=versions,
+        arch=raw["arch"],
+        check=raw["check"],
+        reason=raw["reason"],
+        link=raw["link"],
+        repro=raw["repro"],
+        format=raw.get("format", ANY),
+        dtype=raw.get("dtype", ANY),
+        test=raw.get("test", ANY),
+        cpu_capability=raw.get("cpu_capability", ANY),
+        ends_process=raw.get("ends_process", "no"),
+        source=where(),
+    )
 
 
 def parse(text: str, source: str) -> tuple[KnownFailure, ...]:
@@ -161,8 +186,10 @@ def parse(text: str, source: str) -> tuple[KnownFailure, ...]:
         raise KnownFailuresError(f"{source}{line}: not valid TOML: {exc}") from None
     unknown_top = sorted(set(data) - {"failure"})
     if unknown_top:
-        raise KnownFailuresError(f"{source}: unknown top-level key(s) {', '.join(map(repr, unknown_top))}; "
-                                 "write each entry as a [[failure]] table")
+        raise KnownFailuresError(
+            f"{source}: unknown top-level key(s) {', '.join(map(repr, unknown_top))}; "
+            "write each entry as a [[failure]] table"
+        )
     raw_entries = data.get("failure", [])
     if not isinstance(raw_entries, list):
         raise KnownFailuresError(f"{source}: 'failure' must be an array of tables: write [[failure]], not [failure]")
@@ -170,8 +197,9 @@ def parse(text: str, source: str) -> tuple[KnownFailure, ...]:
     spans = _entry_spans(lines)
     if len(spans) != len(raw_entries):
         # Inline arrays (failure = [{...}]) parse, but leave no line per entry to point at.
-        raise KnownFailuresError(f"{source}: write each known failure as its own [[failure]] table "
-                                 "(one per entry, not an inline array)")
+        raise KnownFailuresError(
+            f"{source}: write each known failure as its own [[failure]] table (one per entry, not an inline array)"
+        )
     return tuple(_parse_entry(raw, source, lines, span) for raw, span in zip(raw_entries, spans))
 
 
@@ -182,8 +210,7 @@ def load(extra_files: list[str] | tuple[str, ...]) -> tuple[KnownFailure, ...]:
     for name in extra_files:
         path = Path(name)
         if not path.is_file():
-            raise KnownFailuresError(f"--qconform-known-failures: no such file: {path} "
-                                     f"(resolved to {path.resolve()})")
+            raise KnownFailuresError(f"--qconform-known-failures: no such file: {path} (resolved to {path.resolve()})")
         entries += parse(path.read_text(encoding="utf-8"), str(path))
     return entries
 
@@ -209,12 +236,16 @@ def apply(config: pytest.Config, items: list[pytest.Item]) -> None:
         callspec = getattr(item, "callspec", None)
         target = callspec.params.get("qtarget") if callspec is not None else None
         # A test with no device parameter runs on the probe's device.
-        markers = target.marker_names if target is not None else tuple(
-            m for m in (probe.device_kind, probe.arch, probe.family) if m)
+        markers = (
+            target.marker_names
+            if target is not None
+            else tuple(m for m in (probe.device_kind, probe.arch, probe.family) if m)
+        )
         for entry in entries:
             if entry.matches(key, status.version if status else None, markers, item.name, probe.cpu_capability):
-                item.add_marker(pytest.mark.xfail(strict=True, reason=entry.xfail_reason(),
-                                                  run=entry.ends_process != "yes"))
+                item.add_marker(
+                    pytest.mark.xfail(strict=True, reason=entry.xfail_reason(), run=entry.ends_process != "yes")
+                )
                 item.repr_failure = _native_repr_failure(item)  # type: ignore[method-assign]
                 break
 
@@ -227,6 +258,8 @@ def _native_repr_failure(item: pytest.Item):
     CPU run with 42 known failures, measured). A known failure that fails as listed is
     reported with its reason only, so nobody reads that traceback; an unexpected pass
     has no traceback, and a failure in a fixture is formatted by pytest as usual."""
+
     def repr_failure(excinfo: pytest.ExceptionInfo[BaseException], style: str | None = None):
         return item._repr_failure_py(excinfo, style="native")
+
     return repr_failure

@@ -6,6 +6,7 @@ computes the right numbers, so it is reported ``skipped`` with the reason
 phase is covered: an out-of-memory error while setting up a fixture is a real fault.
 Registered by the plugin under ``--qconform`` only.
 """
+
 from __future__ import annotations
 
 from collections.abc import Generator

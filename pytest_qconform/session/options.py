@@ -6,6 +6,7 @@ so a typo cannot select nothing and pass. Options given without ``--qconform`` a
 usage error too (``check_inactive``): without it the plugin does nothing, and a CI job
 that forgot the flag must not end in a quiet "no tests ran".
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,8 +22,10 @@ from pytest_qconform.vocabulary import DtypeLabel
 
 DTYPE_NAMES: tuple[str, ...] = tuple(label.value for label in DtypeLabel)
 # What --qconform-dtype also accepts: torch's names, with or without "torch.".
-DTYPE_ALIASES: dict[str, str] = {**vocabulary.DTYPE_ALIASES,
-                                 **{f"torch.{name}": label for name, label in vocabulary.DTYPE_ALIASES.items()}}
+DTYPE_ALIASES: dict[str, str] = {
+    **vocabulary.DTYPE_ALIASES,
+    **{f"torch.{name}": label for name, label in vocabulary.DTYPE_ALIASES.items()},
+}
 FORMATS: tuple[str, ...] = ("nf4", "fp4", "hqq4")
 PROFILES: tuple[str, ...] = ("ci", "thorough")
 BENCH_SHAPES: tuple[str, ...] = ("full", "small")
@@ -36,6 +39,7 @@ LOCAL_REPORT_DIR = ".qconform/reports"
 
 def choice(allowed: tuple[str, ...], aliases: dict[str, str] | None = None) -> Callable[[str], str]:
     """An argparse ``type``: the allowed value ``text`` names, in any case, or an error listing them."""
+
     def parse(text: str) -> str:
         key = text.strip().lower()
         value = (aliases or {}).get(key, key)
@@ -64,52 +68,129 @@ def _simulate_default() -> str | None:
 def _options() -> tuple[tuple[str, dict[str, Any]], ...]:
     """(flag, argparse keywords) of every option that only means something with --qconform."""
     return (
-        ("--qconform-backend", dict(action="append", default=[], metavar="NAME",
-                                    help="test only this backend (repeatable); default: every registered backend")),
-        ("--qconform-format", dict(action="append", default=[], metavar="FORMAT", type=choice(FORMATS),
-                                   help="test only this format: nf4, fp4 or hqq4 (repeatable)")),
-        ("--qconform-dtype", dict(action="append", default=[], metavar="{bf16,fp16,fp32}",
-                                  type=choice(DTYPE_NAMES, DTYPE_ALIASES),
-                                  help="test only this output/compute dtype (repeatable; bfloat16, float16, float32 "
-                                       "too)")),
-        ("--qconform-profile", dict(default=None, type=choice(PROFILES), metavar="{ci,thorough}",
-                                    help="hypothesis profile: ci (fast, default) or thorough (nightly); ini "
-                                         "qconform_profile")),
-        ("--qconform-hypothesis-db", dict(default=None, metavar="PATH",
-                                          help="hypothesis example database folder: failing examples are saved "
-                                               "there and replayed first in later runs (keep it between CI runs); "
-                                               "the draws then vary per run. 'none': no database. ini "
-                                               "qconform_hypothesis_db (default: none for ci, "
-                                               "<rootdir>/.hypothesis/examples for thorough)")),
-        ("--qconform-report-dir", dict(default=None, metavar="DIR",
-                                       help="folder for the run report JSON; ini qconform_report_dir (default: "
-                                            f"{LOCAL_REPORT_DIR}, which ignores itself in git). CI: a fresh folder "
-                                            "per job")),
+        (
+            "--qconform-backend",
+            dict(
+                action="append",
+                default=[],
+                metavar="NAME",
+                help="test only this backend (repeatable); default: every registered backend",
+            ),
+        ),
+        (
+            "--qconform-format",
+            dict(
+                action="append",
+                default=[],
+                metavar="FORMAT",
+                type=choice(FORMATS),
+                help="test only this format: nf4, fp4 or hqq4 (repeatable)",
+            ),
+        ),
+        (
+            "--qconform-dtype",
+            dict(
+                action="append",
+                default=[],
+                metavar="{bf16,fp16,fp32}",
+                type=choice(DTYPE_NAMES, DTYPE_ALIASES),
+                help="test only this output/compute dtype (repeatable; bfloat16, float16, float32 too)",
+            ),
+        ),
+        (
+            "--qconform-profile",
+            dict(
+                default=None,
+                type=choice(PROFILES),
+                metavar="{ci,thorough}",
+                help="hypothesis profile: ci (fast, default) or thorough (nightly); ini qconform_profile",
+            ),
+        ),
+        (
+            "--qconform-hypothesis-db",
+            dict(
+                default=None,
+                metavar="PATH",
+                help="hypothesis example database folder: failing examples are saved "
+                "there and replayed first in later runs (keep it between CI runs); "
+                "the draws then vary per run. 'none': no database. ini "
+                "qconform_hypothesis_db (default: none for ci, "
+                "<rootdir>/.hypothesis/examples for thorough)",
+            ),
+        ),
+        (
+            "--qconform-report-dir",
+            dict(
+                default=None,
+                metavar="DIR",
+                help="folder for the run report JSON; ini qconform_report_dir (default: "
+                f"{LOCAL_REPORT_DIR}, which ignores itself in git). CI: a fresh folder "
+                "per job",
+            ),
+        ),
         ("--qconform-no-report", dict(action="store_true", default=False, help="do not write a run report")),
-        ("--qconform-known-failures", dict(action="append", default=[], metavar="FILE",
-                                           help="extra known-failures TOML file (repeatable), added to the packaged "
-                                                "one")),
-        ("--qconform-simulate", dict(default=_simulate_default(), metavar="ARCH",
-                                     help="TESTING AID: pretend the probe found ARCH (e.g. gfx1200) to test gating; "
-                                          "tests on it are skipped, nothing is computed on it (env "
-                                          "QCONFORM_SIMULATE)")),
-        ("--qconform-bench-shapes", dict(default="full", type=choice(BENCH_SHAPES), metavar="{full,small}",
-                                         help="weight shapes of the benchmark suite (run with --benchmark-only): "
-                                              "full (4096x4096, 8192x8192, 14336x4096; skipped on the CPU, too slow) "
-                                              "or small (the same shapes / 32, which also run on the CPU)")),
-        ("--qconform-warmup-workers", dict(type=_non_negative_int, default=None, metavar="N",
-                                           help="on a GPU, processes that compile our Triton kernels in the "
-                                                "background while the session runs (default: half the CPUs, at most "
-                                                "8 and one per 4 GiB of GPU memory; 0: off)")),
-        ("--qconform-after-crash", dict(default=None, type=choice(AFTER_CRASH_RULES),
-                                        metavar="{operation,backend,continue}",
-                                        help="after a backend crashes or times out: end its remaining tests of "
-                                             "that operation at once with the same verdict (operation, default), "
-                                             "all its remaining tests (backend), or run them all (continue)")),
-        ("--qconform-record-kernel-calls", dict(default=None, metavar="FILE",
-                                                help="MAINTAINERS: write the calls this run makes to our Triton "
-                                                     "kernels to FILE (the warm-up's call log, see nox -s "
-                                                     "kernel-calls)")),
+        (
+            "--qconform-known-failures",
+            dict(
+                action="append",
+                default=[],
+                metavar="FILE",
+                help="extra known-failures TOML file (repeatable), added to the packaged one",
+            ),
+        ),
+        (
+            "--qconform-simulate",
+            dict(
+                default=_simulate_default(),
+                metavar="ARCH",
+                help="TESTING AID: pretend the probe found ARCH (e.g. gfx1200) to test gating; "
+                "tests on it are skipped, nothing is computed on it (env "
+                "QCONFORM_SIMULATE)",
+            ),
+        ),
+        (
+            "--qconform-bench-shapes",
+            dict(
+                default="full",
+                type=choice(BENCH_SHAPES),
+                metavar="{full,small}",
+                help="weight shapes of the benchmark suite (run with --benchmark-only): "
+                "full (4096x4096, 8192x8192, 14336x4096; skipped on the CPU, too slow) "
+                "or small (the same shapes / 32, which also run on the CPU)",
+            ),
+        ),
+        (
+            "--qconform-warmup-workers",
+            dict(
+                type=_non_negative_int,
+                default=None,
+                metavar="N",
+                help="on a GPU, processes that compile our Triton kernels in the "
+                "background while the session runs (default: half the CPUs, at most "
+                "8 and one per 4 GiB of GPU memory; 0: off)",
+            ),
+        ),
+        (
+            "--qconform-after-crash",
+            dict(
+                default=None,
+                type=choice(AFTER_CRASH_RULES),
+                metavar="{operation,backend,continue}",
+                help="after a backend crashes or times out: end its remaining tests of "
+                "that operation at once with the same verdict (operation, default), "
+                "all its remaining tests (backend), or run them all (continue)",
+            ),
+        ),
+        (
+            "--qconform-record-kernel-calls",
+            dict(
+                default=None,
+                metavar="FILE",
+                help="MAINTAINERS: write the calls this run makes to our Triton "
+                "kernels to FILE (the warm-up's call log, see nox -s "
+                "kernel-calls)",
+            ),
+        ),
     )
 
 
@@ -125,17 +206,23 @@ def check_inactive(config: pytest.Config) -> None:
             f"{', '.join(given)} {'only works' if len(given) == 1 else 'only work'} with {ACTIVATING_OPTION}, "
             "which is missing: without it pytest-qconform "
             f"runs nothing. Add {ACTIVATING_OPTION} to run the conformance suites, or drop "
-            + ("the option." if len(given) == 1 else "the options."))
+            + ("the option." if len(given) == 1 else "the options.")
+        )
 
 
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("qconform", "pytest-qconform: 4-bit quantization conformance")
-    group.addoption(ACTIVATING_OPTION, action="store_true", default=False,
-                    help="run the conformance suites shipped with pytest-qconform (off: the plugin changes nothing)")
+    group.addoption(
+        ACTIVATING_OPTION,
+        action="store_true",
+        default=False,
+        help="run the conformance suites shipped with pytest-qconform (off: the plugin changes nothing)",
+    )
     for flag, kwargs in _options():
         group.addoption(flag, **kwargs)
     parser.addini("qconform_report_dir", "folder for run reports", default=LOCAL_REPORT_DIR)
     parser.addini("qconform_profile", "hypothesis profile (ci or thorough)", default="ci")
-    parser.addini("qconform_hypothesis_db", "hypothesis example database folder, relative to the rootdir, or none",
-                  default="")
+    parser.addini(
+        "qconform_hypothesis_db", "hypothesis example database folder, relative to the rootdir, or none", default=""
+    )
     parser.addini("qconform_backends", "backends to test (default: all)", type="args", default=[])

@@ -11,6 +11,7 @@ stopped by pytest-timeout (in-process with ``--timeout-method=signal``: a failur
 killed, which xdist reports as a crash). ``crash_case`` turns the former into
 ``crashed`` or ``timeout`` from what the recorder remembered of the test.
 """
+
 from __future__ import annotations
 
 import re
@@ -85,7 +86,7 @@ def skip_reason(report: pytest.TestReport) -> str:
     longrepr = report.longrepr
     if isinstance(longrepr, tuple) and len(longrepr) == 3:
         reason = str(longrepr[2])
-        return reason[len("Skipped: "):] if reason.startswith("Skipped: ") else reason
+        return reason[len("Skipped: ") :] if reason.startswith("Skipped: ") else reason
     return str(longrepr or "")
 
 
@@ -106,8 +107,10 @@ def is_short_circuited(message: str) -> bool:
 
 
 def _unexpected_pass(reason: str) -> str:
-    return (f"passed unexpectedly: this test is listed as a known failure ({reason}); "
-            "if it is fixed, remove or narrow that known-failures entry")
+    return (
+        f"passed unexpectedly: this test is listed as a known failure ({reason}); "
+        "if it is fixed, remove or narrow that known-failures entry"
+    )
 
 
 def verdict_of(report: pytest.TestReport) -> tuple[Verdict, str] | None:
@@ -118,7 +121,7 @@ def verdict_of(report: pytest.TestReport) -> tuple[Verdict, str] | None:
         return Verdict.FAIL, _unexpected_pass(str(report.wasxfail))
     if report.failed:
         if isinstance(report.longrepr, str) and report.longrepr.startswith(XPASS_STRICT_PREFIX):
-            return Verdict.FAIL, _unexpected_pass(report.longrepr[len(XPASS_STRICT_PREFIX):].strip())
+            return Verdict.FAIL, _unexpected_pass(report.longrepr[len(XPASS_STRICT_PREFIX) :].strip())
         message = _failure_message(report)
         short_circuited = _SHORT_CIRCUIT.search(message)
         if short_circuited:
@@ -152,10 +155,20 @@ def case_from_report(report: pytest.TestReport) -> Case | None:
     if found is None:
         return None
     verdict, message = found
-    return Case(report.nodeid, key["backend"], key["operation"], key["format"], key["dtype"], key["target"],
-                verdict, props.get(MULTIPLE_PROPERTY), message, str(props.get(REPRO_PROPERTY, "")),
-                tuple(sorted(dict(props.get(AXES_PROPERTY) or {}).items())),
-                tuple(sorted((axis, tuple(found)) for axis, found in dict(props.get(CLAIMED_AXES_PROPERTY) or {}).items())))
+    return Case(
+        report.nodeid,
+        key["backend"],
+        key["operation"],
+        key["format"],
+        key["dtype"],
+        key["target"],
+        verdict,
+        props.get(MULTIPLE_PROPERTY),
+        message,
+        str(props.get(REPRO_PROPERTY, "")),
+        tuple(sorted(dict(props.get(AXES_PROPERTY) or {}).items())),
+        tuple(sorted((axis, tuple(found)) for axis, found in dict(props.get(CLAIMED_AXES_PROPERTY) or {}).items())),
+    )
 
 
 def identity_of(report: pytest.TestReport) -> tuple[dict[str, str], str] | None:
@@ -170,24 +183,37 @@ def is_worker_crash(report: pytest.TestReport) -> bool:
     return bool(report.failed and isinstance(report.longrepr, str) and WORKER_CRASH_MARK in report.longrepr)
 
 
-def crash_case(report: pytest.TestReport, key: dict[str, str], repro: str, elapsed_s: float | None,
-               timeout_s: float | None) -> Case:
+def crash_case(
+    report: pytest.TestReport, key: dict[str, str], repro: str, elapsed_s: float | None, timeout_s: float | None
+) -> Case:
     """The case of a test whose worker died: ``timeout`` when it ran for at least the
     pytest-timeout limit (the thread method kills the process), else ``crashed`` (a
     segfault, an abort, a GPU exception). The message names the test and its cell."""
-    where = (f"{report.nodeid} (backend={key['backend']} operation={key['operation']} format={key['format']} "
-             f"dtype={key['dtype']} target={key['target']})")
+    where = (
+        f"{report.nodeid} (backend={key['backend']} operation={key['operation']} format={key['format']} "
+        f"dtype={key['dtype']} target={key['target']})"
+    )
     ran = f" after {elapsed_s:.1f} s" if elapsed_s is not None else ""
     if timeout_s and elapsed_s is not None and elapsed_s >= timeout_s:
         verdict = Verdict.TIMEOUT
-        message = (f"timed out{ran} (limit {timeout_s:g} s): pytest-timeout killed the worker while running "
-                   f"{where}")
+        message = f"timed out{ran} (limit {timeout_s:g} s): pytest-timeout killed the worker while running {where}"
     else:
         verdict = Verdict.CRASHED
-        message = (f"the test process died{ran} (segfault, abort or device exception) while running {where}; "
-                   f"{report.longrepr}")
-    return Case(report.nodeid, key["backend"], key["operation"], key["format"], key["dtype"], key["target"],
-                verdict, None, message, repro)
+        message = (
+            f"the test process died{ran} (segfault, abort or device exception) while running {where}; {report.longrepr}"
+        )
+    return Case(
+        report.nodeid,
+        key["backend"],
+        key["operation"],
+        key["format"],
+        key["dtype"],
+        key["target"],
+        verdict,
+        None,
+        message,
+        repro,
+    )
 
 
 def worse(a: Case | None, b: Case) -> Case:

@@ -3,6 +3,7 @@
 Thin on purpose: every decision is delegated to a module with one job (probe, targets,
 outcomes, report). Without ``--qconform`` the plugin only registers its markers.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,10 +11,11 @@ from typing import Any
 
 import pytest
 
+from pytest_qconform.hardware.targets import hardware_marker_names
+
 # Only what every pytest start needs: without --qconform nothing here imports torch or a
 # backend (``state`` and everything under it are imported inside the hooks that need them).
 from pytest_qconform.session import hookspecs, options, outcomes
-from pytest_qconform.hardware.targets import hardware_marker_names
 from pytest_qconform.vocabulary import DtypeLabel
 
 
@@ -40,13 +42,22 @@ def _register_markers(config: pytest.Config) -> None:
     for name, help_text in hardware_marker_names().items():
         config.addinivalue_line("markers", f"{name}: {help_text}")
     config.addinivalue_line("markers", "qconform_operation(name): the matrix operation a conformance test checks")
-    config.addinivalue_line("markers", "qconform_dtype(label): the dtype (bf16, fp16, fp32) of a conformance test "
-                            "that is not parametrized over dtypes, for its matrix cell")
-    config.addinivalue_line("markers", "qconform_axes(*axes, **only): the axes a conformance check depends on "
-                            "(pytest_qconform.cases.axes); its instances are a covering array of them, from each "
-                            "backend's claims; keyword arguments restrict an axis to some values")
-    config.addinivalue_line("markers", "qconform_benchmark: a benchmark (runs only with --benchmark-only); its "
-                                       "timings go to the report's benchmarks, not to matrix cells")
+    config.addinivalue_line(
+        "markers",
+        "qconform_dtype(label): the dtype (bf16, fp16, fp32) of a conformance test "
+        "that is not parametrized over dtypes, for its matrix cell",
+    )
+    config.addinivalue_line(
+        "markers",
+        "qconform_axes(*axes, **only): the axes a conformance check depends on "
+        "(pytest_qconform.cases.axes); its instances are a covering array of them, from each "
+        "backend's claims; keyword arguments restrict an axis to some values",
+    )
+    config.addinivalue_line(
+        "markers",
+        "qconform_benchmark: a benchmark (runs only with --benchmark-only); its "
+        "timings go to the report's benchmarks, not to matrix cells",
+    )
 
 
 def suites_dir() -> Path:
@@ -98,8 +109,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
         instances.parametrize(metafunc, axes_marker)
     elif "qtarget" in metafunc.fixturenames:
-        params = [pytest.param(t, id=t.id, marks=[getattr(pytest.mark, m) for m in t.marker_names])
-                  for t in config.stash[state.TARGETS]]
+        params = [
+            pytest.param(t, id=t.id, marks=[getattr(pytest.mark, m) for m in t.marker_names])
+            for t in config.stash[state.TARGETS]
+        ]
         metafunc.parametrize("qtarget", params, indirect=True)
     if "qbackend" in metafunc.fixturenames and axes_marker is None:
         names = sorted(config.stash[state.BACKEND_FACTORIES].keys())
@@ -136,8 +149,13 @@ def _cell_key(item: pytest.Item) -> dict[str, str] | None:
     from pytest_qconform.cases.instances import nothing_claimed
 
     if nothing_claimed(item):  # the check's one cell for a backend that claims nothing it needs
-        return {"backend": str(params["qbackend"]), "operation": operation, "format": "-", "dtype": "-",
-                "target": target.id if target is not None else "-"}
+        return {
+            "backend": str(params["qbackend"]),
+            "operation": operation,
+            "format": "-",
+            "dtype": "-",
+            "target": target.id if target is not None else "-",
+        }
     return {
         "backend": str(params["qbackend"]),
         "operation": operation,

@@ -1,5 +1,6 @@
 """Collects each test's outcome into matrix cases (and each benchmark's timing) and writes
 the run report at the end."""
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -67,8 +68,7 @@ class RunRecorder:
                 return  # died before its setup reported: no cell to charge (pytest reports the crash)
             start = self.started.get(report.nodeid)
             elapsed = time.monotonic() - start if start is not None else None
-            case: outcomes.Case | None = outcomes.crash_case(report, *identity, elapsed,
-                                                             _timeout_limit(self.config))
+            case: outcomes.Case | None = outcomes.crash_case(report, *identity, elapsed, _timeout_limit(self.config))
         else:
             identity = outcomes.identity_of(report)
             if identity is not None:
@@ -89,39 +89,57 @@ class RunRecorder:
         grouped: dict[tuple[str, str, str, str], list] = {}
         for case in self.config.stash[state.CASES].values():
             failed = case.verdict in FAILING
-            cell = Cell(backend=case.backend, operation=case.operation, format=case.format, dtype=case.dtype,
-                        verdict=case.verdict, cases=1, worst_error_multiple=case.worst_error_multiple,
-                        first_failure={"message": case.message, "repro": case.repro} if failed else None,
-                        reason=case.message if not failed else "")
+            cell = Cell(
+                backend=case.backend,
+                operation=case.operation,
+                format=case.format,
+                dtype=case.dtype,
+                verdict=case.verdict,
+                cases=1,
+                worst_error_multiple=case.worst_error_multiple,
+                first_failure={"message": case.message, "repro": case.repro} if failed else None,
+                reason=case.message if not failed else "",
+            )
             grouped.setdefault(case.cell_key, []).append(cell)
         return [fold_cell(group) for _, group in sorted(grouped.items())]
 
     def _why_nothing_was_checked(self) -> str:
         """Why a run recorded no cell, and what to try: for a run that must fail on it."""
         if self.collected == 0:
-            what = (f"all {self.deselected} collected tests were deselected (by -k, -m, --qconform-format, "
-                    "--qconform-dtype, or as not applying here: see above)" if self.deselected
-                    else "no test was collected")
+            what = (
+                f"all {self.deselected} collected tests were deselected (by -k, -m, --qconform-format, "
+                "--qconform-dtype, or as not applying here: see above)"
+                if self.deselected
+                else "no test was collected"
+            )
         elif self.uncounted_skips:
-            what = (f"{len(self.uncounted_skips)} of the {self.collected} selected tests were skipped as not "
-                    f"applying here (not claimed by the backend, or for another device), e.g. "
-                    f"{self.uncounted_skips[0]!r}")
+            what = (
+                f"{len(self.uncounted_skips)} of the {self.collected} selected tests were skipped as not "
+                f"applying here (not claimed by the backend, or for another device), e.g. "
+                f"{self.uncounted_skips[0]!r}"
+            )
         else:
-            what = (f"the {self.collected} selected tests record no matrix cell (benchmarks, and tests without the "
-                    "qbackend fixture, do not)")
-        return (f"qconform: nothing was checked, so this run fails (exit code {int(pytest.ExitCode.NO_TESTS_COLLECTED)})"
-                f": no conformance cell was recorded; {what} (probe: {state.probe(self.config).summary()}). "
-                "`pytest --qconform --collect-only -q` lists the tests, `python -m pytest_qconform doctor` what "
-                "this machine has.")
+            what = (
+                f"the {self.collected} selected tests record no matrix cell (benchmarks, and tests without the "
+                "qbackend fixture, do not)"
+            )
+        return (
+            f"qconform: nothing was checked, so this run fails (exit code {int(pytest.ExitCode.NO_TESTS_COLLECTED)})"
+            f": no conformance cell was recorded; {what} (probe: {state.probe(self.config).summary()}). "
+            "`pytest --qconform --collect-only -q` lists the tests, `python -m pytest_qconform doctor` what "
+            "this machine has."
+        )
 
     def _never_ran(self) -> str | None:
         """Under pytest-xdist: tests collected but never reported (xdist gave up), or None."""
         missing = sorted(self.scheduled - self.reported)
         if not missing:
             return None
-        return (f"qconform: {len(missing)} of {len(self.scheduled)} collected tests never ran, so they have no "
-                "verdict and this run fails: pytest-xdist stopped (after --max-worker-restart worker crashes, or "
-                f"interrupted); first: {missing[0]}. Allow more restarts, or see docs/fault-isolation.md.")
+        return (
+            f"qconform: {len(missing)} of {len(self.scheduled)} collected tests never ran, so they have no "
+            "verdict and this run fails: pytest-xdist stopped (after --max-worker-restart worker crashes, or "
+            f"interrupted); first: {missing[0]}. Allow more restarts, or see docs/fault-isolation.md."
+        )
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
@@ -130,28 +148,38 @@ class RunRecorder:
         if self.never_ran and exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         timing_only = self.config.getoption("benchmark_only", False)  # pytest-benchmark: no cells by design
-        if (not worker and not timing_only and not self.config.getoption("collectonly")
-                and not self.config.stash[state.CASES]
-                and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)):
+        if (
+            not worker
+            and not timing_only
+            and not self.config.getoption("collectonly")
+            and not self.config.stash[state.CASES]
+            and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)
+        ):
             self.nothing_checked = self._why_nothing_was_checked()
             session.exitstatus = pytest.ExitCode.NO_TESTS_COLLECTED
-        if (worker or self.config.getoption("qconform_no_report")
-                or self.config.getoption("collectonly")):  # nothing ran: nothing to report
+        if (
+            worker or self.config.getoption("qconform_no_report") or self.config.getoption("collectonly")
+        ):  # nothing ran: nothing to report
             return
         from pytest_qconform.report.benchmarks import Benchmark, with_bitsandbytes_ratios
         from pytest_qconform.report.run_report import RunReport, write_report
 
         folder = _report_folder(self.config)
         created = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        benchmarks = with_bitsandbytes_ratios(Benchmark.from_dict(data, f"benchmark of {data.get('nodeid')}")
-                                              for data in self.benchmarks)
+        benchmarks = with_bitsandbytes_ratios(
+            Benchmark.from_dict(data, f"benchmark of {data.get('nodeid')}") for data in self.benchmarks
+        )
         from pytest_qconform.cases.coverage import from_cases
-
         from pytest_qconform.report.contract import current_suite
 
-        report = RunReport(probe=state.probe(self.config).to_dict(), cells=tuple(self.cells()), created=created,
-                           benchmarks=benchmarks, coverage=from_cases(self.config.stash[state.CASES].values()),
-                           suite=current_suite())
+        report = RunReport(
+            probe=state.probe(self.config).to_dict(),
+            cells=tuple(self.cells()),
+            created=created,
+            benchmarks=benchmarks,
+            coverage=from_cases(self.config.stash[state.CASES].values()),
+            suite=current_suite(),
+        )
         self.config.stash[state.REPORT_PATH] = str(write_report(report, folder))
         self.report = report
 
@@ -204,6 +232,7 @@ def _report_folder(config: pytest.Config) -> Path:
         top.mkdir(parents=True, exist_ok=True)
         ignore = top / ".gitignore"
         if not ignore.exists():
-            ignore.write_text("# Written by pytest-qconform: local run reports are not evidence (see README).\n*\n",
-                              encoding="utf-8")
+            ignore.write_text(
+                "# Written by pytest-qconform: local run reports are not evidence (see README).\n*\n", encoding="utf-8"
+            )
     return folder

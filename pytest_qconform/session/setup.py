@@ -1,4 +1,5 @@
 """What ``--qconform`` sets up once per session: probe, backends, targets, hypothesis profile."""
+
 from __future__ import annotations
 
 import os
@@ -7,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from pytest_qconform.backends import adapter_rules
-from pytest_qconform.session import startup_notes, state
 from pytest_qconform.hardware.probe import BackendStatus, probe_hardware
 from pytest_qconform.hardware.targets import build_targets
+from pytest_qconform.session import startup_notes, state
 
 
 def _select_backends(config: pytest.Config, factories: dict) -> dict:
@@ -22,7 +23,8 @@ def _select_backends(config: pytest.Config, factories: dict) -> dict:
     if unknown:
         raise pytest.UsageError(
             f"--qconform-backend: unknown backend {', '.join(map(repr, unknown))}; "
-            f"known backends: {', '.join(sorted(factories))}")
+            f"known backends: {', '.join(sorted(factories))}"
+        )
     return {n: factories[n] for n in wanted}
 
 

@@ -16,6 +16,7 @@ The other backends are never affected. Under pytest-xdist the controller sees a 
 worker's crash; it appends the trip to a small JSON-lines file that every worker reads
 before each test (the path travels in ``workerinput``), so a restarted worker knows.
 """
+
 from __future__ import annotations
 
 import json
@@ -89,9 +90,17 @@ class ShortCircuit:
         trip = self._tripped(key["backend"], key["operation"])
         if trip is None:
             return
-        scope = (f"{key['backend']}'s remaining tests" if self.rule == "backend"
-                 else f"{key['backend']}'s remaining {key['operation']} tests")
-        pytest.fail(outcomes.short_circuit_message(
-            trip["verdict"], _NOUN[trip["verdict"]], trip["nodeid"],
-            f"not run: {scope} end at once (--qconform-after-crash={self.rule}; 'continue' runs them)"),
-            pytrace=False)
+        scope = (
+            f"{key['backend']}'s remaining tests"
+            if self.rule == "backend"
+            else f"{key['backend']}'s remaining {key['operation']} tests"
+        )
+        pytest.fail(
+            outcomes.short_circuit_message(
+                trip["verdict"],
+                _NOUN[trip["verdict"]],
+                trip["nodeid"],
+                f"not run: {scope} end at once (--qconform-after-crash={self.rule}; 'continue' runs them)",
+            ),
+            pytrace=False,
+        )

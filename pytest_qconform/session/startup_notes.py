@@ -7,14 +7,15 @@ where they look like errors of the run. ``captured()`` records them instead: the
 into the probe (each backend's ``notes`` in the run report) and the header sums them up
 in one line. Nothing is dropped: a note keeps the category, the place and the message.
 """
+
 from __future__ import annotations
 
 import logging
 import warnings
 from collections import Counter
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 MAX_LINE = 240
 
@@ -61,4 +62,4 @@ def one_line(notes_by_source: dict[str, tuple[str, ...]]) -> str | None:
     counts = Counter(_short(note) for notes in notes_by_source.values() for note in notes)
     distinct = "; ".join(f"{n}x {note}" if n > 1 else note for note, n in counts.most_common())
     line = f"start-up: {total} warning(s) while loading ({sources}; kept in the probe's notes): {distinct}"
-    return line if len(line) <= MAX_LINE else line[:MAX_LINE - 3] + "..."
+    return line if len(line) <= MAX_LINE else line[: MAX_LINE - 3] + "..."

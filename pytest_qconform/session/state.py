@@ -1,5 +1,6 @@
 """Typed session state in ``config.stash`` (no module globals: xdist workers and repeated
 in-process runs each get their own)."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -7,9 +8,9 @@ from collections.abc import Callable
 import pytest
 
 from pytest_qconform.backends.base import Backend
-from pytest_qconform.session.outcomes import Case
 from pytest_qconform.hardware.probe import Probe
 from pytest_qconform.hardware.targets import Target
+from pytest_qconform.session.outcomes import Case
 
 PROBE = pytest.StashKey[Probe]()
 TARGETS = pytest.StashKey[tuple[Target, ...]]()
@@ -54,6 +55,7 @@ def _build(name: str, factory: Callable[[], Backend]) -> Backend:
         made.availability()
     except Exception as exc:
         lines = str(exc).strip().splitlines()
-        return UnavailableBackend(name, f"could not be built: {type(exc).__name__}: "
-                                        f"{lines[0] if lines else '(no message)'}")
+        return UnavailableBackend(
+            name, f"could not be built: {type(exc).__name__}: {lines[0] if lines else '(no message)'}"
+        )
     return made

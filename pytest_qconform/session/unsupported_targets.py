@@ -5,6 +5,7 @@ recorded message (and fails the day it is not), and the ``triton-nf4`` adapter, 
 reports itself unavailable on such a device with the reason instead of failing every test
 on the first compile.
 """
+
 from __future__ import annotations
 
 import tomllib
@@ -40,8 +41,10 @@ def unsupported_targets(path: Path = UNSUPPORTED_TARGETS) -> dict[str, Unsupport
                     raise ValueError(f"unknown arch {arch!r}")
                 out[arch] = Unsupported(arch, str(entry["triton"]), str(entry["message"]), str(entry["reason"]))
         except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{path}: [[target]] {index + 1}: needs archs (known archs), triton, message and "
-                             f"reason: {type(exc).__name__}: {exc}") from None
+            raise ValueError(
+                f"{path}: [[target]] {index + 1}: needs archs (known archs), triton, message and "
+                f"reason: {type(exc).__name__}: {exc}"
+            ) from None
     return out
 
 

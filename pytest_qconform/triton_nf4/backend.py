@@ -21,6 +21,7 @@ Under ``torch.compile`` the same kernels are reached through custom operators
 (``triton_nf4_ops``: dynamo cannot trace a kernel launcher, least of all the interpreter);
 eager calls and CUDA-graph capture call them directly.
 """
+
 from __future__ import annotations
 
 import copy
@@ -28,11 +29,10 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
-from numpy.typing import DTypeLike
 import torch
+from numpy.typing import DTypeLike
 
 from pytest_qconform.backends import _torch_util
-from pytest_qconform.triton_nf4 import ops as triton_nf4_ops, plans as triton_nf4_plans
 from pytest_qconform.backends._torch_util import import_failure, to_numpy
 from pytest_qconform.backends.base import (
     Availability,
@@ -42,6 +42,8 @@ from pytest_qconform.backends.base import (
     QuantSpec,
 )
 from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
+from pytest_qconform.triton_nf4 import ops as triton_nf4_ops
+from pytest_qconform.triton_nf4 import plans as triton_nf4_plans
 
 PATH_OPERATIONS: tuple[str, ...] = ("dequantize", "matmul", "layer-forward")  # claimed compiled and captured
 DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
@@ -60,6 +62,7 @@ _QUANT_TYPES = ("nf4", "fp4")
 FUSED_MAX_ROWS = 16
 INTERPRETED_BLOCKSIZES: tuple[int, ...] = (64, 128)  # claimed on the CPU (Triton's interpreter)
 INTERPRETED_MAX_OUT_FEATURES = 4096
+
 
 @dataclass(frozen=True)
 class Nf4State:
@@ -88,17 +91,24 @@ class Nf4State:
 
     def kernel_args(self) -> dict[str, Any]:
         """Keyword arguments every kernel entry point takes."""
-        return {"blocksize": self.blocksize, "shape": self.shape, "code": self.code,
-                "nested_absmax": self.nested_absmax, "nested_code": self.nested_code,
-                "nested_blocksize": self.nested_blocksize, "offset": self.offset}
+        return {
+            "blocksize": self.blocksize,
+            "shape": self.shape,
+            "code": self.code,
+            "nested_absmax": self.nested_absmax,
+            "nested_code": self.nested_code,
+            "nested_blocksize": self.nested_blocksize,
+            "offset": self.offset,
+        }
 
 
 class _Nf4Linear(torch.autograd.Function):
     """``y = x W^T + b`` through the kernels; gradients for x and bias (W is frozen)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, bias: torch.Tensor | None, backend: TritonNf4Backend,
-                state: Nf4State) -> torch.Tensor:
+    def forward(
+        ctx: Any, x: torch.Tensor, bias: torch.Tensor | None, backend: TritonNf4Backend, state: Nf4State
+    ) -> torch.Tensor:
         ctx.backend, ctx.state, ctx.has_bias = backend, state, bias is not None
         return backend.linear(x, state, bias)
 
@@ -168,10 +178,15 @@ class TritonNf4Backend(Backend):
 
             problem = stdlib_problem()  # triton imported before the interpreter was asked for
             return Availability(False, version, f"{self.name}: {problem}") if problem else Availability(True, version)
-        return Availability(False, version, (
-            f"{self.name}: no GPU, and the kernels were not built for Triton's interpreter: set TRITON_INTERPRET=1 "
-            "in the environment before triton and pytest_qconform.triton_nf4.kernels are first imported (pytest-qconform "
-            "sets it itself on GPU-less machines when it configures before anything imports triton)"))
+        return Availability(
+            False,
+            version,
+            (
+                f"{self.name}: no GPU, and the kernels were not built for Triton's interpreter: set TRITON_INTERPRET=1 "
+                "in the environment before triton and pytest_qconform.triton_nf4.kernels are first imported (pytest-qconform "
+                "sets it itself on GPU-less machines when it configures before anything imports triton)"
+            ),
+        )
 
     def capabilities(self, device: torch.device) -> Capabilities:
         from pytest_qconform.triton_nf4 import kernels
@@ -185,13 +200,25 @@ class TritonNf4Backend(Backend):
         # there it claims no weight wider than INTERPRETED_MAX_OUT_FEATURES.
         blocksizes = tuple(kernels.SUPPORTED_BLOCKSIZES) if device.type != "cpu" else INTERPRETED_BLOCKSIZES
         max_out = None if device.type != "cpu" else INTERPRETED_MAX_OUT_FEATURES
-        return Capabilities(formats=_QUANT_TYPES, blocksizes=blocksizes, double_quant=True, max_out_features=max_out,
-                            dtypes=DTYPES, devices=devices, backward=True, serialize=True,
-                            max_gemv_rows=min(FUSED_MAX_ROWS, kernels.MAX_ROWS), out_arguments=("dequantize",),
-                            compiled=PATH_OPERATIONS, captured=PATH_OPERATIONS,
-                            dispatch_rows=(kernels.nf4_gemv.MMA_MIN_ROWS,  # per-row kernels -> tensor cores
-                                           kernels.nf4_gemv.PER_ROW_MAX_ROWS + 1,  # no tensor cores: -> GEMM
-                                           min(FUSED_MAX_ROWS, kernels.MAX_ROWS) + 1))  # -> dequantize + GEMM
+        return Capabilities(
+            formats=_QUANT_TYPES,
+            blocksizes=blocksizes,
+            double_quant=True,
+            max_out_features=max_out,
+            dtypes=DTYPES,
+            devices=devices,
+            backward=True,
+            serialize=True,
+            max_gemv_rows=min(FUSED_MAX_ROWS, kernels.MAX_ROWS),
+            out_arguments=("dequantize",),
+            compiled=PATH_OPERATIONS,
+            captured=PATH_OPERATIONS,
+            dispatch_rows=(
+                kernels.nf4_gemv.MMA_MIN_ROWS,  # per-row kernels -> tensor cores
+                kernels.nf4_gemv.PER_ROW_MAX_ROWS + 1,  # no tensor cores: -> GEMM
+                min(FUSED_MAX_ROWS, kernels.MAX_ROWS) + 1,
+            ),
+        )  # -> dequantize + GEMM
 
     # -- quantize / dequantize / matmul ------------------------------------------------------
     def quantize(self, weight: torch.Tensor, spec: QuantSpec) -> Quantized:
@@ -199,8 +226,9 @@ class TritonNf4Backend(Backend):
             raise ValueError(f"{self.name}: format {spec.format!r} is not supported; the kernels read nf4 and fp4")
         from pytest_qconform.triton_nf4.kernels.nf4_quantize import quantize_4bit
 
-        packed, absmax = quantize_4bit(weight, blocksize=spec.blocksize,
-                                       boundaries=self.code_boundaries(spec.format, weight.device))
+        packed, absmax = quantize_4bit(
+            weight, blocksize=spec.blocksize, boundaries=self.code_boundaries(spec.format, weight.device)
+        )
         code = self._table(spec.format, weight.device)[0].clone()  # each state owns its table
         nested: dict[str, Any] = {}
         if spec.double_quant:
@@ -213,8 +241,9 @@ class TritonNf4Backend(Backend):
     def dequantize(self, q: Quantized, dtype: torch.dtype) -> torch.Tensor:
         return self.dequantize_with(q, dtype)
 
-    def dequantize_with(self, q: Quantized, dtype: torch.dtype, *, out: torch.Tensor | None = None,
-                        absmax: torch.Tensor | None = None) -> torch.Tensor:
+    def dequantize_with(
+        self, q: Quantized, dtype: torch.dtype, *, out: torch.Tensor | None = None, absmax: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """``kernels.dequantize_4bit(..., out=out)``; the kernels take no explicit absmax form."""
         from pytest_qconform.triton_nf4 import kernels
 
@@ -267,16 +296,19 @@ class TritonNf4Backend(Backend):
         plan = state.plans.get(key)
         if plan is not None:
             return plan(x, bias)
+
         def buffered(dtype: torch.dtype) -> torch.Tensor:
             return self.buffered_weight(state, dtype)
 
-        y = triton_nf4_ops.fused_or_dequantized(x, state.packed, state.absmax, state.kernel_args(), bias, buffered,
-                                                FUSED_MAX_ROWS)
+        y = triton_nf4_ops.fused_or_dequantized(
+            x, state.packed, state.absmax, state.kernel_args(), bias, buffered, FUSED_MAX_ROWS
+        )
         self._remember(state, key, lambda: triton_nf4_plans.linear_plan(x, state, bias, FUSED_MAX_ROWS, buffered))
         return y
 
-    def matmul(self, x: torch.Tensor, q: Quantized, bias: torch.Tensor | None,
-               compute_dtype: torch.dtype) -> torch.Tensor:
+    def matmul(
+        self, x: torch.Tensor, q: Quantized, bias: torch.Tensor | None, compute_dtype: torch.dtype
+    ) -> torch.Tensor:
         """x and bias cast to ``compute_dtype``; the result cast back to x's dtype."""
         inp_dtype = x.dtype
         if inp_dtype != compute_dtype:  # a no-op .to() still costs host time per call
@@ -294,8 +326,12 @@ class TritonNf4Backend(Backend):
         state: Nf4State = q.handle
         nested = state.double_quant
         return PackedBnb4(
-            quant_type=state.quant_type, blocksize=state.blocksize, shape=state.shape,
-            packed=to_numpy(state.packed).reshape(-1), absmax=to_numpy(state.absmax), code=to_numpy(state.code),
+            quant_type=state.quant_type,
+            blocksize=state.blocksize,
+            shape=state.shape,
+            packed=to_numpy(state.packed).reshape(-1),
+            absmax=to_numpy(state.absmax),
+            code=to_numpy(state.code),
             nested_absmax=to_numpy(state.nested_absmax) if state.nested_absmax is not None else None,
             nested_code=to_numpy(state.nested_code) if state.nested_code is not None else None,
             nested_blocksize=state.nested_blocksize if nested else None,
@@ -311,47 +347,83 @@ class TritonNf4Backend(Backend):
 
         nested: dict[str, Any] = {}
         if packed.double_quant:
-            nested = {"nested_absmax": tensor(packed.nested_absmax, np.float32),
-                      "nested_code": tensor(packed.nested_code, np.float32),
-                      "nested_blocksize": int(packed.nested_blocksize or _torch_util.NESTED_BLOCKSIZE),
-                      "offset": float(packed.offset or 0.0)}
+            nested = {
+                "nested_absmax": tensor(packed.nested_absmax, np.float32),
+                "nested_code": tensor(packed.nested_code, np.float32),
+                "nested_blocksize": int(packed.nested_blocksize or _torch_util.NESTED_BLOCKSIZE),
+                "offset": float(packed.offset or 0.0),
+            }
         absmax = tensor(packed.absmax, np.uint8 if packed.double_quant else np.float32)
-        state = Nf4State(packed.quant_type, int(packed.blocksize), tuple(int(n) for n in packed.shape),
-                         tensor(packed.packed, np.uint8), absmax, tensor(packed.code, np.float32), **nested)
+        state = Nf4State(
+            packed.quant_type,
+            int(packed.blocksize),
+            tuple(int(n) for n in packed.shape),
+            tensor(packed.packed, np.uint8),
+            absmax,
+            tensor(packed.code, np.float32),
+            **nested,
+        )
         spec = QuantSpec(packed.quant_type, int(packed.blocksize), packed.double_quant)
         return Quantized(self.name, spec, state.shape, torch.device(device), state)
 
     def serialize(self, q: Quantized) -> dict[str, torch.Tensor]:
         """Every tensor of the state plus its scalars as 0-d/1-d tensors (safetensors-ready)."""
         state: Nf4State = q.handle
-        out = {"format_version": torch.tensor(STATE_FORMAT_VERSION), "packed": state.packed, "absmax": state.absmax,
-               "code": state.code, "blocksize": torch.tensor(state.blocksize), "shape": torch.tensor(state.shape),
-               "quant_type": torch.tensor(_QUANT_TYPES.index(state.quant_type))}
+        out = {
+            "format_version": torch.tensor(STATE_FORMAT_VERSION),
+            "packed": state.packed,
+            "absmax": state.absmax,
+            "code": state.code,
+            "blocksize": torch.tensor(state.blocksize),
+            "shape": torch.tensor(state.shape),
+            "quant_type": torch.tensor(_QUANT_TYPES.index(state.quant_type)),
+        }
         if state.nested_absmax is not None and state.nested_code is not None:
-            out.update({"nested_absmax": state.nested_absmax, "nested_code": state.nested_code,
-                        "nested_blocksize": torch.tensor(state.nested_blocksize),
-                        "offset": torch.tensor(state.offset, dtype=torch.float64)})
+            out.update(
+                {
+                    "nested_absmax": state.nested_absmax,
+                    "nested_code": state.nested_code,
+                    "nested_blocksize": torch.tensor(state.nested_blocksize),
+                    "offset": torch.tensor(state.offset, dtype=torch.float64),
+                }
+            )
         return out
 
     def load(self, state: dict[str, torch.Tensor], device: torch.device) -> Quantized:
         where = f"{self.name}.load"
-        missing = [k for k in ("format_version", "packed", "absmax", "code", "blocksize", "shape", "quant_type")
-                   if k not in state]
+        missing = [
+            k
+            for k in ("format_version", "packed", "absmax", "code", "blocksize", "shape", "quant_type")
+            if k not in state
+        ]
         if missing:
-            raise ValueError(f"{where}: checkpoint lacks {missing}; without its blocksize it cannot be decoded "
-                             "safely (the platform default may differ). Save it with serialize().")
+            raise ValueError(
+                f"{where}: checkpoint lacks {missing}; without its blocksize it cannot be decoded "
+                "safely (the platform default may differ). Save it with serialize()."
+            )
         version = int(state["format_version"])
         if version != STATE_FORMAT_VERSION:
             raise ValueError(f"{where}: checkpoint format_version {version}, this version reads {STATE_FORMAT_VERSION}")
         nested: dict[str, Any] = {}
         if "nested_absmax" in state:
-            nested = {"nested_absmax": state["nested_absmax"].to(device), "nested_code": state["nested_code"].to(device),
-                      "nested_blocksize": int(state["nested_blocksize"]), "offset": float(state["offset"])}
+            nested = {
+                "nested_absmax": state["nested_absmax"].to(device),
+                "nested_code": state["nested_code"].to(device),
+                "nested_blocksize": int(state["nested_blocksize"]),
+                "offset": float(state["offset"]),
+            }
         quant_type = _QUANT_TYPES[int(state["quant_type"])]
         blocksize = int(state["blocksize"])
         shape = tuple(int(n) for n in state["shape"].reshape(-1).tolist())
-        loaded = Nf4State(quant_type, blocksize, shape, state["packed"].to(device), state["absmax"].to(device),
-                          state["code"].to(device), **nested)
+        loaded = Nf4State(
+            quant_type,
+            blocksize,
+            shape,
+            state["packed"].to(device),
+            state["absmax"].to(device),
+            state["code"].to(device),
+            **nested,
+        )
         spec = QuantSpec(quant_type, blocksize, loaded.double_quant)
         return Quantized(self.name, spec, shape, torch.device(device), loaded)
 

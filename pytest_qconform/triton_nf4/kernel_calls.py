@@ -25,14 +25,16 @@ Command line (what the warm-up workers run; prints one JSON summary line)::
 
     python -m pytest_qconform.triton_nf4.kernel_calls replay FILE [--shard I --shards N] [--device cuda]
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -50,14 +52,25 @@ class CallLogError(ValueError):
 def encode(value: Any) -> Any:
     """JSON form of one argument (see the module docstring)."""
     if isinstance(value, torch.Tensor):
-        return {"tensor": {"shape": list(value.shape), "stride": list(value.stride()),
-                           "dtype": dtype_name(value.dtype),
-                           "align": value.data_ptr() % _ALIGNMENT}}
+        return {
+            "tensor": {
+                "shape": list(value.shape),
+                "stride": list(value.stride()),
+                "dtype": dtype_name(value.dtype),
+                "align": value.data_ptr() % _ALIGNMENT,
+            }
+        }
     if isinstance(value, torch.dtype):
         return {"dtype": dtype_name(value)}
     if type(value).__name__ == "CodeBoundaries":  # the quantize kernel's view of a code table
-        return {"boundaries": {"midpoints": encode(value.midpoints), "rank_codes": encode(value.rank_codes),
-                               "zero_rank": value.zero_rank, "negative_zero_code": value.negative_zero_code}}
+        return {
+            "boundaries": {
+                "midpoints": encode(value.midpoints),
+                "rank_codes": encode(value.rank_codes),
+                "zero_rank": value.zero_rank,
+                "negative_zero_code": value.negative_zero_code,
+            }
+        }
     if isinstance(value, (tuple, list)):
         return {"tuple": [encode(v) for v in value]}
     if isinstance(value, float):
@@ -101,8 +114,12 @@ def decode(value: Any, device: torch.device) -> Any:
             from pytest_qconform.triton_nf4.kernels.nf4_quantize import CodeBoundaries
 
             found = value["boundaries"]
-            return CodeBoundaries(decode(found["midpoints"], device), decode(found["rank_codes"], device),
-                                  int(found["zero_rank"]), int(found["negative_zero_code"]))
+            return CodeBoundaries(
+                decode(found["midpoints"], device),
+                decode(found["rank_codes"], device),
+                int(found["zero_rank"]),
+                int(found["negative_zero_code"]),
+            )
         raise CallLogError(f"unknown argument form {sorted(value)}")
     return value
 
@@ -133,12 +150,11 @@ class Recorder:
 
         return logged
 
-    def __enter__(self) -> "Recorder":
+    def __enter__(self) -> Recorder:
         from pytest_qconform.triton_nf4 import kernels
         from pytest_qconform.triton_nf4.kernels import weight_buffer
 
-        for owner, name in ((kernels, "dequantize_4bit"), (kernels, "gemv_4bit"),
-                            (weight_buffer, "dequantize_4bit")):
+        for owner, name in ((kernels, "dequantize_4bit"), (kernels, "gemv_4bit"), (weight_buffer, "dequantize_4bit")):
             original = getattr(owner, name)
             self._patched.append((owner, name, original))
             setattr(owner, name, self._wrap(name, original))
@@ -165,10 +181,16 @@ def load(path: Path) -> list[dict]:
     if not isinstance(calls, list):
         raise CallLogError(f"{path}: expected an object with a 'calls' list")
     for index, entry in enumerate(calls):
-        if not (isinstance(entry, dict) and entry.get("fn") in ENTRY_POINTS
-                and isinstance(entry.get("args"), list) and isinstance(entry.get("kwargs"), dict)):
-            raise CallLogError(f"{path}: call {index} is not {{'fn': one of {ENTRY_POINTS}, 'args': [...], "
-                               f"'kwargs': {{...}}}}: {str(entry)[:120]}")
+        if not (
+            isinstance(entry, dict)
+            and entry.get("fn") in ENTRY_POINTS
+            and isinstance(entry.get("args"), list)
+            and isinstance(entry.get("kwargs"), dict)
+        ):
+            raise CallLogError(
+                f"{path}: call {index} is not {{'fn': one of {ENTRY_POINTS}, 'args': [...], "
+                f"'kwargs': {{...}}}}: {str(entry)[:120]}"
+            )
     return calls
 
 
@@ -189,8 +211,12 @@ def replay(calls: list[dict], device: torch.device) -> dict:
             first_error = first_error or f"{entry['fn']}: {type(exc).__name__}: {exc}"[:300]
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return {"calls": len(calls), "failed": failed, "first_error": first_error,
-            "seconds": round(time.perf_counter() - start, 2)}
+    return {
+        "calls": len(calls),
+        "failed": failed,
+        "first_error": first_error,
+        "seconds": round(time.perf_counter() - start, 2),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= options.shard < options.shards:
         parser.error(f"--shard must be in [0, {options.shards}), got {options.shard}")
     try:
-        calls = load(options.calls)[options.shard::options.shards]
+        calls = load(options.calls)[options.shard :: options.shards]
     except CallLogError as exc:
         print(json.dumps({"error": str(exc)}))
         return 2

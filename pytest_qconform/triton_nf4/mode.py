@@ -13,6 +13,7 @@ conftest.py is imported) when ``--qconform`` runs without a GPU, and the triton-
 backend reports itself unavailable, with this module's reason, when triton was imported
 even earlier (by a ``-p`` plugin, or by the process that called ``pytest.main``).
 """
+
 from __future__ import annotations
 
 import os
@@ -54,7 +55,9 @@ def stdlib_problem() -> str | None:
     compiled = sorted(name for name, value in vars(standard).items() if type(value) is JITFunction)
     if not compiled:
         return None
-    return (f"triton was imported before {INTERPRET_ENV}=1 was set (by a -p plugin, or by the process that started "
-            f"pytest), so its standard library ({', '.join(compiled[:3])}, ...) was built for the compiler and the "
-            "interpreted kernels cannot call it. Set TRITON_INTERPRET=1 in the environment of the pytest command, "
-            "or import triton (and bitsandbytes) only in conftest.py files")
+    return (
+        f"triton was imported before {INTERPRET_ENV}=1 was set (by a -p plugin, or by the process that started "
+        f"pytest), so its standard library ({', '.join(compiled[:3])}, ...) was built for the compiler and the "
+        "interpreted kernels cannot call it. Set TRITON_INTERPRET=1 in the environment of the pytest command, "
+        "or import triton (and bitsandbytes) only in conftest.py files"
+    )

@@ -16,17 +16,23 @@ owns its memory).
 
 Registered once, when ``triton_nf4`` is imported (the namespace ``qconform``).
 """
+
 # No ``from __future__ import annotations``: custom_op reads the parameter types as objects.
 import math
 from collections.abc import Callable
-from typing import Optional
 
 import torch
 
 
-def fused_or_dequantized(x: torch.Tensor, packed: torch.Tensor, absmax: torch.Tensor, kernel_args: dict,
-                         bias: Optional[torch.Tensor], dequantized: Callable[[torch.dtype], torch.Tensor],
-                         fused_max_rows: int) -> torch.Tensor:
+def fused_or_dequantized(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    absmax: torch.Tensor,
+    kernel_args: dict,
+    bias: torch.Tensor | None,
+    dequantized: Callable[[torch.dtype], torch.Tensor],
+    fused_max_rows: int,
+) -> torch.Tensor:
     """The adapter's forward route: as many rows as the fused ``gemv_4bit`` serves faster
     (at most ``fused_max_rows``) go through it; more rows multiply ``dequantized(x.dtype)``
     with ``torch.matmul``. ``kernel_args``: ``Nf4State.kernel_args()``."""
@@ -40,15 +46,30 @@ def fused_or_dequantized(x: torch.Tensor, packed: torch.Tensor, absmax: torch.Te
 
 
 def _kernel_args(code, nested_absmax, nested_code, blocksize, shape, nested_blocksize, offset) -> dict:
-    return {"blocksize": blocksize, "shape": tuple(shape), "code": code, "nested_absmax": nested_absmax,
-            "nested_code": nested_code, "nested_blocksize": nested_blocksize, "offset": offset}
+    return {
+        "blocksize": blocksize,
+        "shape": tuple(shape),
+        "code": code,
+        "nested_absmax": nested_absmax,
+        "nested_code": nested_code,
+        "nested_blocksize": nested_blocksize,
+        "offset": offset,
+    }
 
 
 @torch.library.custom_op("qconform::nf4_dequantize", mutates_args=())
-def nf4_dequantize(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor,
-                   nested_absmax: Optional[torch.Tensor], nested_code: Optional[torch.Tensor], blocksize: int,
-                   shape: list[int], nested_blocksize: int, offset: Optional[float],
-                   out_dtype: torch.dtype) -> torch.Tensor:
+def nf4_dequantize(
+    packed: torch.Tensor,
+    absmax: torch.Tensor,
+    code: torch.Tensor,
+    nested_absmax: torch.Tensor | None,
+    nested_code: torch.Tensor | None,
+    blocksize: int,
+    shape: list[int],
+    nested_blocksize: int,
+    offset: float | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
     """``kernels.dequantize_4bit`` into a fresh tensor."""
     from pytest_qconform.triton_nf4 import kernels
 
@@ -62,29 +83,66 @@ def _(packed, absmax, code, nested_absmax, nested_code, blocksize, shape, nested
 
 
 @torch.library.custom_op("qconform::nf4_linear", mutates_args=())
-def nf4_linear(x: torch.Tensor, bias: Optional[torch.Tensor], packed: torch.Tensor, absmax: torch.Tensor,
-               code: torch.Tensor, nested_absmax: Optional[torch.Tensor], nested_code: Optional[torch.Tensor],
-               blocksize: int, shape: list[int], nested_blocksize: int, offset: Optional[float],
-               fused_max_rows: int) -> torch.Tensor:
+def nf4_linear(
+    x: torch.Tensor,
+    bias: torch.Tensor | None,
+    packed: torch.Tensor,
+    absmax: torch.Tensor,
+    code: torch.Tensor,
+    nested_absmax: torch.Tensor | None,
+    nested_code: torch.Tensor | None,
+    blocksize: int,
+    shape: list[int],
+    nested_blocksize: int,
+    offset: float | None,
+    fused_max_rows: int,
+) -> torch.Tensor:
     """``fused_or_dequantized``, the weight dequantized afresh."""
     from pytest_qconform.triton_nf4 import kernels
 
     kernel_args = _kernel_args(code, nested_absmax, nested_code, blocksize, shape, nested_blocksize, offset)
     return fused_or_dequantized(
-        x, packed, absmax, kernel_args, bias,
-        lambda dtype: kernels.dequantize_4bit(packed, absmax, out_dtype=dtype, **kernel_args), fused_max_rows)
+        x,
+        packed,
+        absmax,
+        kernel_args,
+        bias,
+        lambda dtype: kernels.dequantize_4bit(packed, absmax, out_dtype=dtype, **kernel_args),
+        fused_max_rows,
+    )
 
 
 @nf4_linear.register_fake
-def _(x, bias, packed, absmax, code, nested_absmax, nested_code, blocksize, shape, nested_blocksize, offset,
-      fused_max_rows):
+def _(
+    x,
+    bias,
+    packed,
+    absmax,
+    code,
+    nested_absmax,
+    nested_code,
+    blocksize,
+    shape,
+    nested_blocksize,
+    offset,
+    fused_max_rows,
+):
     return x.new_empty((*x.shape[:-1], shape[0]))
 
 
 def state_args(state) -> tuple:
     """The operators' arguments for ``state`` (a ``triton_nf4.Nf4State``), after x and bias."""
-    return (state.packed, state.absmax, state.code, state.nested_absmax, state.nested_code, state.blocksize,
-            list(state.shape), state.nested_blocksize, state.offset)
+    return (
+        state.packed,
+        state.absmax,
+        state.code,
+        state.nested_absmax,
+        state.nested_code,
+        state.blocksize,
+        list(state.shape),
+        state.nested_blocksize,
+        state.offset,
+    )
 
 
 def dequantize(state, dtype: torch.dtype) -> torch.Tensor:
@@ -92,6 +150,6 @@ def dequantize(state, dtype: torch.dtype) -> torch.Tensor:
     return nf4_dequantize(*state_args(state), dtype)
 
 
-def linear(x: torch.Tensor, state, bias: Optional[torch.Tensor], fused_max_rows: int) -> torch.Tensor:
+def linear(x: torch.Tensor, state, bias: torch.Tensor | None, fused_max_rows: int) -> torch.Tensor:
     """``x W^T + b`` for ``state`` (``triton_nf4.Nf4State``) through the operator."""
     return nf4_linear(x, bias, *state_args(state), fused_max_rows)

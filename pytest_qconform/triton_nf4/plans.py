@@ -17,6 +17,7 @@ is immutable (a frozen dataclass whose tensors the adapter never writes), so its
 never go stale, and ``Nf4State.__deepcopy__`` gives a copy empty plans (a copied plan
 would read the original's tensors).
 """
+
 from __future__ import annotations
 
 import math
@@ -37,8 +38,13 @@ def tensor_key(t: torch.Tensor | None) -> Hashable:
     return (t.dtype, t.shape, t.stride(), t.data_ptr() % _ALIGNMENT, t.device)
 
 
-def linear_plan(x: torch.Tensor, state: Any, bias: torch.Tensor | None, fused_max_rows: int,
-                buffered: Callable[[torch.dtype], torch.Tensor]) -> Plan | None:
+def linear_plan(
+    x: torch.Tensor,
+    state: Any,
+    bias: torch.Tensor | None,
+    fused_max_rows: int,
+    buffered: Callable[[torch.dtype], torch.Tensor],
+) -> Plan | None:
     """``plan(x, bias) -> x W^T + b`` for activations keyed like ``x`` and ``bias`` (the
     route ``triton_nf4_ops.fused_or_dequantized`` takes, decided once), or None where the
     entry points' own handling of empty operands is the right path."""

@@ -22,6 +22,7 @@ the cache folder deletes the marker with it.
 ``--qconform-record-kernel-calls FILE`` writes the call log of a run (to refresh the
 packaged one after the suites change: ``nox -s kernel-calls``).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -34,8 +35,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_qconform.session import state
 from pytest_qconform.hardware.probe import Probe
+from pytest_qconform.session import state
 
 TRITON_BACKEND = "triton-nf4"
 MAX_DEFAULT_WORKERS = 8
@@ -99,8 +100,11 @@ def fingerprint(probe: Probe, calls_path: Path) -> str:
     kernel_sources = sorted((Path(__file__).parent / "kernels").glob("*.py"))
     for path in (calls_path, *kernel_sources):
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    triton_env = sorted((k, v) for k, v in os.environ.items()
-                        if k.startswith("TRITON_") and k not in ("TRITON_CACHE_DIR", "TRITON_HOME"))
+    triton_env = sorted(
+        (k, v)
+        for k, v in os.environ.items()
+        if k.startswith("TRITON_") and k not in ("TRITON_CACHE_DIR", "TRITON_HOME")
+    )
     digest.update(json.dumps([probe.triton, probe.torch, probe.device_kind, probe.arch, triton_env]).encode())
     return digest.hexdigest()[:20]
 
@@ -130,19 +134,33 @@ class Warmup:
         self.processes: list[subprocess.Popen] = []
         self.results: list[dict] = []
         self.stopped_early: str | None = None
-        command = [sys.executable, "-m", "pytest_qconform.triton_nf4.kernel_calls", "replay", str(calls_path),
-                   "--shards", str(workers), "--device", device]
+        command = [
+            sys.executable,
+            "-m",
+            "pytest_qconform.triton_nf4.kernel_calls",
+            "replay",
+            str(calls_path),
+            "--shards",
+            str(workers),
+            "--device",
+            device,
+        ]
         try:
             for shard in range(workers):
-                self.processes.append(subprocess.Popen(
-                    [*command, "--shard", str(shard)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
+                self.processes.append(
+                    subprocess.Popen(
+                        [*command, "--shard", str(shard)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+                    )
+                )
         except OSError:
             self.stop("a worker could not start")
             raise
 
     def header(self) -> str:
-        return (f"qconform triton warm-up: {self.workers} processes replaying {self.calls} logged kernel calls "
-                f"({self.calls_path.name})")
+        return (
+            f"qconform triton warm-up: {self.workers} processes replaying {self.calls} logged kernel calls "
+            f"({self.calls_path.name})"
+        )
 
     def stop(self, why: str | None = None) -> None:
         """Collect finished workers' summaries, terminate the rest (idempotent)."""
@@ -163,16 +181,23 @@ class Warmup:
 
     def complete(self) -> bool:
         """Every worker replayed its whole share without an error."""
-        return (len(self.results) == self.workers and self.stopped_early is None
-                and all(r.get("failed") == 0 for r in self.results))
+        return (
+            len(self.results) == self.workers
+            and self.stopped_early is None
+            and all(r.get("failed") == 0 for r in self.results)
+        )
 
     def _write_marker(self) -> None:
         if self.marker is None:
             return
         try:
             self.marker.parent.mkdir(parents=True, exist_ok=True)
-            self.marker.write_text(json.dumps({"calls": self.calls, "log": self.calls_path.name,
-                                               "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
+            self.marker.write_text(
+                json.dumps(
+                    {"calls": self.calls, "log": self.calls_path.name, "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+                )
+                + "\n"
+            )
         except OSError:
             pass  # a read-only cache only means the next session warms up again
         self.marker = None
@@ -190,12 +215,16 @@ class Warmup:
     def summary(self) -> str:
         finished = [r for r in self.results if "calls" in r]
         failed = sum(r["failed"] for r in finished)
-        errors = [r.get("first_error") or r.get("error") for r in self.results if r.get("first_error") or r.get("error")]
+        errors = [
+            r.get("first_error") or r.get("error") for r in self.results if r.get("first_error") or r.get("error")
+        ]
         if not self.stopped_early:  # a worker that was not stopped and left no summary crashed
             errors += [f"a worker exited with code {r['exit']} and no summary" for r in self.results if "exit" in r]
-        line = (f"qconform triton warm-up: {len(finished)} of {self.workers} processes finished "
-                f"({sum(r['calls'] for r in finished)} calls, {failed} failed; slowest "
-                f"{max((r['seconds'] for r in finished), default=0):.1f} s)")
+        line = (
+            f"qconform triton warm-up: {len(finished)} of {self.workers} processes finished "
+            f"({sum(r['calls'] for r in finished)} calls, {failed} failed; slowest "
+            f"{max((r['seconds'] for r in finished), default=0):.1f} s)"
+        )
         if self.stopped_early:
             line += f"; the rest stopped: {self.stopped_early}"
         if errors:
@@ -206,15 +235,16 @@ class Warmup:
         return self.header()
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        uses_triton = any(getattr(getattr(item, "callspec", None), "params", {}).get("qbackend") == TRITON_BACKEND
-                          for item in session.items)
+        uses_triton = any(
+            getattr(getattr(item, "callspec", None), "params", {}).get("qbackend") == TRITON_BACKEND
+            for item in session.items
+        )
         if not uses_triton:
             self.stop(f"no {TRITON_BACKEND} test selected")
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         self.stop("the session ended first")
         terminalreporter.write_line(self.summary())
-
 
 
 def start_warmup(config: pytest.Config) -> None:
@@ -237,15 +267,21 @@ def start_warmup(config: pytest.Config) -> None:
         return
     marker = marker_path(probe, kernel_calls.DEFAULT_RUN_CALLS)
     if marker.exists():
-        config.pluginmanager.register(HeaderNote(
-            f"qconform triton warm-up: not needed, Triton's cache already holds the logged kernels ({marker})"),
-            "qconform-triton-warmup")
+        config.pluginmanager.register(
+            HeaderNote(
+                f"qconform triton warm-up: not needed, Triton's cache already holds the logged kernels ({marker})"
+            ),
+            "qconform-triton-warmup",
+        )
         return
     workers = config.getoption("qconform_warmup_workers")
     try:
-        warmup = Warmup(kernel_calls.DEFAULT_RUN_CALLS,
-                        workers if workers is not None else default_workers(os.cpu_count(), _gpu_bytes()),
-                        "cuda", marker)
+        warmup = Warmup(
+            kernel_calls.DEFAULT_RUN_CALLS,
+            workers if workers is not None else default_workers(os.cpu_count(), _gpu_bytes()),
+            "cuda",
+            marker,
+        )
     except (kernel_calls.CallLogError, OSError) as exc:  # an optimization: never the session's end
         config.pluginmanager.register(HeaderNote(f"qconform triton warm-up: off, {exc}"), "qconform-triton-warmup")
         return

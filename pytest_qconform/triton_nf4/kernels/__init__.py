@@ -20,10 +20,21 @@ them only when compiling for an NVIDIA GPU; a ROCm build and the interpreter tak
 code instead (table loads; the products from the other lanes' values), so the same
 source compiles for ROCm. ROCm builds are not routed to the tensor-core kernel.
 """
+
 from pytest_qconform.triton_nf4.kernels.nf4_dequant import SUPPORTED_BLOCKSIZES, dequantize_4bit, interpreter_active
 from pytest_qconform.triton_nf4.kernels.nf4_gemv import MAX_ROWS, fused_rows_limit, gemv_4bit
 from pytest_qconform.triton_nf4.kernels.nf4_quantize import CodeBoundaries, code_boundaries, quantize_4bit
 from pytest_qconform.triton_nf4.kernels.weight_buffer import WeightBuffer
 
-__all__ = ["MAX_ROWS", "SUPPORTED_BLOCKSIZES", "CodeBoundaries", "WeightBuffer", "code_boundaries", "dequantize_4bit", "fused_rows_limit", "gemv_4bit", "quantize_4bit",
-           "interpreter_active"]
+__all__ = [
+    "MAX_ROWS",
+    "SUPPORTED_BLOCKSIZES",
+    "CodeBoundaries",
+    "WeightBuffer",
+    "code_boundaries",
+    "dequantize_4bit",
+    "fused_rows_limit",
+    "gemv_4bit",
+    "quantize_4bit",
+    "interpreter_active",
+]

@@ -16,6 +16,7 @@ Triton's caches) and keeps the ``CompiledKernel`` it returns. Triton's interpret
 returns none, and a kernel whose constexprs do not all follow its runtime parameters
 cannot be bound this way: those keep the ordinary launch on every call.
 """
+
 from __future__ import annotations
 
 import inspect

@@ -15,6 +15,7 @@ Blocksize is even (>= 32), so both nibbles of a byte share one block: the kernel
 2-D tile of ``[blocks, blocksize // 2]`` bytes, loads absmax once per block row and emits both
 nibbles of every byte with one interleave.
 """
+
 from __future__ import annotations
 
 import math
@@ -153,8 +154,15 @@ def _dequantize_4bit_kernel(
         remaining = 2 * BYTES
         packed = tl.load(packed_ptr + first_byte + byte).to(tl.int32)
     absmax = load_block_absmax(
-        absmax_ptr, block, block < num_blocks, nested_absmax_ptr, nested_code_ptr, offset,
-        NESTED_BLOCKSIZE, DOUBLE_QUANT, MASKED,
+        absmax_ptr,
+        block,
+        block < num_blocks,
+        nested_absmax_ptr,
+        nested_code_ptr,
+        offset,
+        NESTED_BLOCKSIZE,
+        DOUBLE_QUANT,
+        MASKED,
     )
     # Global-load lookups (L1 hits); a shared-memory gather (``lookup``) measured the same
     # here (bench/notes.md v4): this kernel is bound by its stores.
@@ -230,7 +238,9 @@ def check_packed_state(
         if absmax.dtype != torch.uint8:
             raise ValueError(f"{where}: double-quantized absmax must be uint8 codes, got {absmax.dtype}")
         if nested_code.numel() != 256 or nested_code.dtype != torch.float32:
-            raise ValueError(f"{where}: nested_code must be float32[256], got {nested_code.dtype}[{nested_code.numel()}]")
+            raise ValueError(
+                f"{where}: nested_code must be float32[256], got {nested_code.dtype}[{nested_code.numel()}]"
+            )
         if nested_blocksize <= 0:
             raise ValueError(f"{where}: nested_blocksize must be positive, got {nested_blocksize}")
         if nested_absmax.dtype != torch.float32 or nested_absmax.numel() < math.ceil(num_blocks / nested_blocksize):
@@ -285,8 +295,15 @@ def dequantize_4bit(
     if out_dtype not in OUT_DTYPES:
         raise ValueError(f"{where}: out_dtype must be one of {OUT_DTYPES}, got {out_dtype}")
     check_packed_state(
-        packed, absmax, blocksize=blocksize, numel=numel, code=code, nested_absmax=nested_absmax,
-        nested_code=nested_code, nested_blocksize=nested_blocksize, where=where,
+        packed,
+        absmax,
+        blocksize=blocksize,
+        numel=numel,
+        code=code,
+        nested_absmax=nested_absmax,
+        nested_code=nested_code,
+        nested_blocksize=nested_blocksize,
+        where=where,
     )
     device = packed.device
     if out is None:
@@ -299,14 +316,26 @@ def dequantize_4bit(
     if numel == 0:
         return out
     check_launchable(device, where)
-    plan_dequantize(packed, absmax, out_dtype, {
-        "blocksize": blocksize, "shape": shape, "code": code, "nested_absmax": nested_absmax,
-        "nested_code": nested_code, "nested_blocksize": nested_blocksize, "offset": offset})(out)
+    plan_dequantize(
+        packed,
+        absmax,
+        out_dtype,
+        {
+            "blocksize": blocksize,
+            "shape": shape,
+            "code": code,
+            "nested_absmax": nested_absmax,
+            "nested_code": nested_code,
+            "nested_blocksize": nested_blocksize,
+            "offset": offset,
+        },
+    )(out)
     return out
 
 
-def plan_dequantize(packed: torch.Tensor, absmax: torch.Tensor, out_dtype: torch.dtype,
-                    kernel_args: Mapping[str, Any]) -> Callable[[torch.Tensor], None]:
+def plan_dequantize(
+    packed: torch.Tensor, absmax: torch.Tensor, out_dtype: torch.dtype, kernel_args: Mapping[str, Any]
+) -> Callable[[torch.Tensor], None]:
     """The launch of ``dequantize_4bit`` for this state and dtype, decided and bound once:
     ``plan(out)`` decodes into ``out`` (contiguous, the state's shape, ``out_dtype`` and
     device; not checked). ``kernel_args``: ``dequantize_4bit``'s keyword arguments from
@@ -328,23 +357,38 @@ def plan_dequantize(packed: torch.Tensor, absmax: torch.Tensor, out_dtype: torch
     blocks_per_program = max(1, bytes_per_program // half_blocksize)
     num_blocks = math.ceil(numel / blocksize)
     if num_blocks + blocks_per_program >= 2**31:
-        raise ValueError(f"kernels.dequantize_4bit: {num_blocks} blocks exceed the kernel's int32 block index; "
-                         "use a larger blocksize")
+        raise ValueError(
+            f"kernels.dequantize_4bit: {num_blocks} blocks exceed the kernel's int32 block index; "
+            "use a larger blocksize"
+        )
     bf16_bits = out_dtype == torch.bfloat16 and interpreter_active()
-    launch = BoundLaunch(_dequantize_4bit_kernel, (math.ceil(num_blocks / blocks_per_program),), dict(
-        HALF_BLOCKSIZE=half_blocksize,
-        BLOCKS_PER_PROGRAM=blocks_per_program,
-        NESTED_BLOCKSIZE=nested_blocksize,
-        DOUBLE_QUANT=double_quant,
-        BF16_BITS=bf16_bits,
-        MASKED=numel % (2 * blocks_per_program * half_blocksize) != 0,
-        num_warps=num_warps,
-        enable_fp_fusion=False,  # keep nested_code * scale + offset two roundings, like bitsandbytes
-    ))
+    launch = BoundLaunch(
+        _dequantize_4bit_kernel,
+        (math.ceil(num_blocks / blocks_per_program),),
+        dict(
+            HALF_BLOCKSIZE=half_blocksize,
+            BLOCKS_PER_PROGRAM=blocks_per_program,
+            NESTED_BLOCKSIZE=nested_blocksize,
+            DOUBLE_QUANT=double_quant,
+            BF16_BITS=bf16_bits,
+            MASKED=numel % (2 * blocks_per_program * half_blocksize) != 0,
+            num_warps=num_warps,
+            enable_fp_fusion=False,  # keep nested_code * scale + offset two roundings, like bitsandbytes
+        ),
+    )
     code_arg = code.contiguous()
 
     def run(out: torch.Tensor) -> None:
-        launch(packed_flat, absmax_flat, code_arg, out.view(torch.int16) if bf16_bits else out,
-               nested_absmax_arg, nested_code_arg, offset_value, numel, num_blocks)
+        launch(
+            packed_flat,
+            absmax_flat,
+            code_arg,
+            out.view(torch.int16) if bf16_bits else out,
+            nested_absmax_arg,
+            nested_code_arg,
+            offset_value,
+            numel,
+            num_blocks,
+        )
 
     return run

@@ -21,6 +21,7 @@ or else the word kernel (BLOCK_N features per program). Otherwise the elementwis
 decodes every weight from its flat index. Kernel versions and their timings:
 bench/notes.md.
 """
+
 from __future__ import annotations
 
 import functools
@@ -136,13 +137,27 @@ def load_weight_tile(
         block_ok = ((n0 + row) < N)[:, None] & (block_in_row < BLOCKS_PER_ROW)[None, :]
         if DOUBLE_QUANT:  # nested groups count blocks from the start of absmax: index from there
             absmax = load_block_absmax(
-                absmax_ptr, first_block + block, block_ok, nested_absmax_ptr, nested_code, offset,
-                NESTED_BLOCKSIZE, DOUBLE_QUANT, MASKED,
+                absmax_ptr,
+                first_block + block,
+                block_ok,
+                nested_absmax_ptr,
+                nested_code,
+                offset,
+                NESTED_BLOCKSIZE,
+                DOUBLE_QUANT,
+                MASKED,
             )
         else:
             absmax = load_block_absmax(
-                absmax_ptr + first_block, block, block_ok, nested_absmax_ptr, nested_code, offset,
-                NESTED_BLOCKSIZE, DOUBLE_QUANT, MASKED,
+                absmax_ptr + first_block,
+                block,
+                block_ok,
+                nested_absmax_ptr,
+                nested_code,
+                offset,
+                NESTED_BLOCKSIZE,
+                DOUBLE_QUANT,
+                MASKED,
             )
         packed_tile = packed_ptr + first_block * HALF + byte
         if MASKED:
@@ -161,8 +176,14 @@ def load_weight_tile(
         packed = tl.load(packed_ptr + (flat >> 1), mask=w_mask, other=0).to(tl.int32)
         nibble = (packed >> (4 - 4 * (flat & 1).to(tl.int32))) & 15
         absmax = load_block_absmax(
-            absmax_ptr, flat // BLOCKSIZE, w_mask, nested_absmax_ptr, nested_code, offset,
-            NESTED_BLOCKSIZE, DOUBLE_QUANT,
+            absmax_ptr,
+            flat // BLOCKSIZE,
+            w_mask,
+            nested_absmax_ptr,
+            nested_code,
+            offset,
+            NESTED_BLOCKSIZE,
+            DOUBLE_QUANT,
         )
         w = tl.load(code + nibble) * absmax
     return w
@@ -204,8 +225,23 @@ def _gemv_4bit_kernel(
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         w = load_weight_tile(
-            packed_ptr, absmax_ptr, code_ptr, nested_absmax_ptr, nested_code_ptr, offset, n0, k0, N, K,
-            BLOCKSIZE, NESTED_BLOCKSIZE, DOUBLE_QUANT, ALIGNED, MASKED, BLOCK_N, BLOCK_K,
+            packed_ptr,
+            absmax_ptr,
+            code_ptr,
+            nested_absmax_ptr,
+            nested_code_ptr,
+            offset,
+            n0,
+            k0,
+            N,
+            K,
+            BLOCKSIZE,
+            NESTED_BLOCKSIZE,
+            DOUBLE_QUANT,
+            ALIGNED,
+            MASKED,
+            BLOCK_N,
+            BLOCK_K,
         )
         k = k0 + tl.arange(0, BLOCK_K)
         if MASKED:
@@ -236,8 +272,9 @@ def lane_code_table(like, code_ptr):
     tensor's layout and converted it, moving values to other lanes (bench/notes.md v6c).
     Computed from a tensor the loop uses (the loaded words), it has the loop's layout.
     """
-    lane = tl.inline_asm_elementwise("mov.u32 $0, %laneid;", "=r,r", [like.to(tl.int32)], dtype=tl.int32,
-                                     is_pure=True, pack=1)
+    lane = tl.inline_asm_elementwise(
+        "mov.u32 $0, %laneid;", "=r,r", [like.to(tl.int32)], dtype=tl.int32, is_pure=True, pack=1
+    )
     return tl.load(code_ptr + (lane & 15)).to(tl.int32, bitcast=True)
 
 
@@ -248,8 +285,12 @@ def shuffle_code(lane_code, nibble):
     and lanes n and n + 16 hold the same value, so a nibble with other bits above it
     (``word >> shift``) needs no mask."""
     return tl.inline_asm_elementwise(
-        "shfl.sync.idx.b32 $0, $1, $2, 0x1f, -1;", "=r,r,r", [lane_code, nibble.to(tl.int32, bitcast=True)],
-        dtype=tl.int32, is_pure=True, pack=1,
+        "shfl.sync.idx.b32 $0, $1, $2, 0x1f, -1;",
+        "=r,r,r",
+        [lane_code, nibble.to(tl.int32, bitcast=True)],
+        dtype=tl.int32,
+        is_pure=True,
+        pack=1,
     ).to(tl.float32, bitcast=True)
 
 
@@ -346,13 +387,27 @@ def _gemv_4bit_words_kernel(
         block = block_row + ((w0 + tl.arange(0, GROUPS) * GROUP) // WORDS_PER_BLOCK)[None, :]  # [BN, G]
         if DOUBLE_QUANT:
             absmax = load_block_absmax(
-                absmax_ptr, first_block + block, row_ok[:, None], nested_absmax_ptr, nested_code_ptr, offset,
-                NESTED_BLOCKSIZE, DOUBLE_QUANT, MASKED,
+                absmax_ptr,
+                first_block + block,
+                row_ok[:, None],
+                nested_absmax_ptr,
+                nested_code_ptr,
+                offset,
+                NESTED_BLOCKSIZE,
+                DOUBLE_QUANT,
+                MASKED,
             )
         else:
             absmax = load_block_absmax(
-                absmax_ptr, block, row_ok[:, None], nested_absmax_ptr, nested_code_ptr, offset,
-                NESTED_BLOCKSIZE, DOUBLE_QUANT, MASKED,
+                absmax_ptr,
+                block,
+                row_ok[:, None],
+                nested_absmax_ptr,
+                nested_code_ptr,
+                offset,
+                NESTED_BLOCKSIZE,
+                DOUBLE_QUANT,
+                MASKED,
             )
         current = current.to(tl.uint32, bitcast=True)  # logical shifts
         if X_PACKED:  # x[8w : 8w + 8] as two int64 of four 16-bit values each
@@ -434,8 +489,9 @@ def pair_code_sums(pairs, lane_code, code_ptr, x, X_DTYPE: tl.constexpr, SHUFFLE
     applied). Little-endian: the low 32 bits are the pair's first word; ``x`` is what
     ``_rows_step_x`` returns."""
     a_low, a_high, b_low, b_high = x
-    return (word_code_sums(pairs.to(tl.int32), lane_code, code_ptr, a_low, a_high, X_DTYPE, SHUFFLE)
-            + word_code_sums((pairs >> 32).to(tl.int32), lane_code, code_ptr, b_low, b_high, X_DTYPE, SHUFFLE))
+    return word_code_sums(pairs.to(tl.int32), lane_code, code_ptr, a_low, a_high, X_DTYPE, SHUFFLE) + word_code_sums(
+        (pairs >> 32).to(tl.int32), lane_code, code_ptr, b_low, b_high, X_DTYPE, SHUFFLE
+    )
 
 
 @triton.jit
@@ -444,12 +500,16 @@ def _rows_of_item(item, M, N):
     items ``group * M + m`` put the M programs that read one row group next to each other."""
     group = item // M
     last = N - 1
-    return item % M, (
-        tl.minimum(4 * group, last).to(tl.int64),
-        tl.minimum(4 * group + 1, last).to(tl.int64),
-        tl.minimum(4 * group + 2, last).to(tl.int64),
-        tl.minimum(4 * group + 3, last).to(tl.int64),
-    ), 4 * group
+    return (
+        item % M,
+        (
+            tl.minimum(4 * group, last).to(tl.int64),
+            tl.minimum(4 * group + 1, last).to(tl.int64),
+            tl.minimum(4 * group + 2, last).to(tl.int64),
+            tl.minimum(4 * group + 3, last).to(tl.int64),
+        ),
+        4 * group,
+    )
 
 
 @triton.jit(do_not_specialize=["word_step"])
@@ -531,17 +591,49 @@ def _gemv_4bit_rows_kernel(
         next_x = _rows_step_x(x_quads + m_next.to(tl.int64) * quads_per_x_row + 4 * at_next, x_first)
         block = (step * WORDS + 2 * p) // WORDS_PER_BLOCK
         acc0 += pair_code_sums(pairs0, lane_code, code_ptr, x, X_DTYPE, SHUFFLE) * load_block_absmax(
-            absmax_ptr, rows[0] * blocks_per_row + block, None, nested_absmax_ptr, nested_code_ptr, offset,
-            NESTED_BLOCKSIZE, DOUBLE_QUANT, MASKED=False)
+            absmax_ptr,
+            rows[0] * blocks_per_row + block,
+            None,
+            nested_absmax_ptr,
+            nested_code_ptr,
+            offset,
+            NESTED_BLOCKSIZE,
+            DOUBLE_QUANT,
+            MASKED=False,
+        )
         acc1 += pair_code_sums(pairs1, lane_code, code_ptr, x, X_DTYPE, SHUFFLE) * load_block_absmax(
-            absmax_ptr, rows[1] * blocks_per_row + block, None, nested_absmax_ptr, nested_code_ptr, offset,
-            NESTED_BLOCKSIZE, DOUBLE_QUANT, MASKED=False)
+            absmax_ptr,
+            rows[1] * blocks_per_row + block,
+            None,
+            nested_absmax_ptr,
+            nested_code_ptr,
+            offset,
+            NESTED_BLOCKSIZE,
+            DOUBLE_QUANT,
+            MASKED=False,
+        )
         acc2 += pair_code_sums(pairs2, lane_code, code_ptr, x, X_DTYPE, SHUFFLE) * load_block_absmax(
-            absmax_ptr, rows[2] * blocks_per_row + block, None, nested_absmax_ptr, nested_code_ptr, offset,
-            NESTED_BLOCKSIZE, DOUBLE_QUANT, MASKED=False)
+            absmax_ptr,
+            rows[2] * blocks_per_row + block,
+            None,
+            nested_absmax_ptr,
+            nested_code_ptr,
+            offset,
+            NESTED_BLOCKSIZE,
+            DOUBLE_QUANT,
+            MASKED=False,
+        )
         acc3 += pair_code_sums(pairs3, lane_code, code_ptr, x, X_DTYPE, SHUFFLE) * load_block_absmax(
-            absmax_ptr, rows[3] * blocks_per_row + block, None, nested_absmax_ptr, nested_code_ptr, offset,
-            NESTED_BLOCKSIZE, DOUBLE_QUANT, MASKED=False)
+            absmax_ptr,
+            rows[3] * blocks_per_row + block,
+            None,
+            nested_absmax_ptr,
+            nested_code_ptr,
+            offset,
+            NESTED_BLOCKSIZE,
+            DOUBLE_QUANT,
+            MASKED=False,
+        )
         if step == steps - 1:
             out_row = out_ptr + m.to(tl.int64) * N + first_row
             _store_row(out_row, acc0, bias_ptr, first_row, N, HAS_BIAS, BF16_BITS)
@@ -603,7 +695,7 @@ def ptx_shuffle_ok(device: torch.device) -> bool:
     return device.type == "cuda" and torch.version.hip is None and not interpreter_active()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _multiprocessor_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
@@ -617,8 +709,11 @@ def _mma_available(x2: torch.Tensor, packed_flat: torch.Tensor, K: int) -> bool:
     """Whether the tensor-core kernel can read [M, K] ``x2`` and the weight here: on an
     NVIDIA GPU that runs its PTX, or in the interpreter (which runs the same kernel without
     PTX, so the CPU tests check this route)."""
-    return ((nf4_mma.mma_ptx_ok(x2.device) or interpreter_active())
-            and nf4_mma.x_readable(x2) and nf4_mma.weight_readable(packed_flat, K))
+    return (
+        (nf4_mma.mma_ptx_ok(x2.device) or interpreter_active())
+        and nf4_mma.x_readable(x2)
+        and nf4_mma.weight_readable(packed_flat, K)
+    )
 
 
 def mma_route(x2: torch.Tensor, packed_flat: torch.Tensor, K: int) -> bool:
@@ -673,8 +768,15 @@ def gemv_4bit(
     if x.dim() == 0 or x.shape[-1] != K:
         raise ValueError(f"{where}: x must be [..., K={K}] for a weight of shape {shape}, got {tuple(x.shape)}")
     check_packed_state(
-        packed, absmax, blocksize=blocksize, numel=N * K, code=code, nested_absmax=nested_absmax,
-        nested_code=nested_code, nested_blocksize=nested_blocksize, where=where,
+        packed,
+        absmax,
+        blocksize=blocksize,
+        numel=N * K,
+        code=code,
+        nested_absmax=nested_absmax,
+        nested_code=nested_code,
+        nested_blocksize=nested_blocksize,
+        where=where,
     )
     if x.device != packed.device:
         raise ValueError(f"{where}: x is on {x.device} but the packed weight is on {packed.device}")
@@ -696,15 +798,28 @@ def gemv_4bit(
     check_launchable(x.device, where)
     if N * K >= 2**31 * min(blocksize, 64):
         raise ValueError(f"{where}: a weight of {N} x {K} exceeds the kernel's int32 block index")
-    plan = plan_gemv(x2, packed, absmax, bias is not None, {
-        "blocksize": blocksize, "shape": (N, K), "code": code, "nested_absmax": nested_absmax,
-        "nested_code": nested_code, "nested_blocksize": nested_blocksize, "offset": offset})
+    plan = plan_gemv(
+        x2,
+        packed,
+        absmax,
+        bias is not None,
+        {
+            "blocksize": blocksize,
+            "shape": (N, K),
+            "code": code,
+            "nested_absmax": nested_absmax,
+            "nested_code": nested_code,
+            "nested_blocksize": nested_blocksize,
+            "offset": offset,
+        },
+    )
     plan(x2, out, bias.reshape(-1).contiguous() if bias is not None else None)
     return out.reshape(*x.shape[:-1], N)
 
 
-def plan_gemv(x2: torch.Tensor, packed: torch.Tensor, absmax: torch.Tensor, has_bias: bool,
-              kernel_args: Mapping[str, Any]) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], None]:
+def plan_gemv(
+    x2: torch.Tensor, packed: torch.Tensor, absmax: torch.Tensor, has_bias: bool, kernel_args: Mapping[str, Any]
+) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], None]:
     """The launches of ``gemv_4bit`` for [M, K] activations like ``x2`` (dtype, shape,
     strides, data-pointer alignment: what the kernel choice and Triton's specialization
     read), decided and bound once: ``plan(x2, out, bias)`` writes ``out`` [M, N] (fresh,
@@ -728,9 +843,20 @@ def plan_gemv(x2: torch.Tensor, packed: torch.Tensor, absmax: torch.Tensor, has_
     multiprocessors = _multiprocessors(device) if on_gpu else 1
     if mma_route(x2, packed_flat, K):
         return nf4_mma.plan_gemm_4bit_mma(
-            x2, packed_flat, absmax_flat, N, has_bias=has_bias, blocksize=blocksize,
-            nested_absmax=nested_absmax_arg, nested_code=nested_code_arg, nested_blocksize=nested_blocksize,
-            offset=offset_value, double_quant=double_quant, code=code_arg, multiprocessors=multiprocessors)
+            x2,
+            packed_flat,
+            absmax_flat,
+            N,
+            has_bias=has_bias,
+            blocksize=blocksize,
+            nested_absmax=nested_absmax_arg,
+            nested_code=nested_code_arg,
+            nested_blocksize=nested_blocksize,
+            offset=offset_value,
+            double_quant=double_quant,
+            code=code_arg,
+            multiprocessors=multiprocessors,
+        )
     shuffle = ptx_shuffle_ok(device)
     bf16_bits = x2.dtype == torch.bfloat16 and interpreter_active()
     block_n, block_k, num_warps = _GPU_TILE if on_gpu else _INTERPRETER_TILE
@@ -765,9 +891,20 @@ def plan_gemv(x2: torch.Tensor, packed: torch.Tensor, absmax: torch.Tensor, has_
         words_per_step, rows_warps = rows_words
         programs = _ROWS_PROGRAMS_PER_SM * multiprocessors if on_gpu else _INTERPRETER_ROWS_PROGRAMS
         weight = packed_flat.view(torch.int64)
-        rows_launch = BoundLaunch(_gemv_4bit_rows_kernel, (_balanced_grid(row_groups, programs),), dict(
-            BLOCKSIZE=blocksize, NESTED_BLOCKSIZE=nested_blocksize, DOUBLE_QUANT=double_quant, HAS_BIAS=has_bias,
-            BF16_BITS=bf16_bits, WORDS=words_per_step, SHUFFLE=shuffle, num_warps=rows_warps))
+        rows_launch = BoundLaunch(
+            _gemv_4bit_rows_kernel,
+            (_balanced_grid(row_groups, programs),),
+            dict(
+                BLOCKSIZE=blocksize,
+                NESTED_BLOCKSIZE=nested_blocksize,
+                DOUBLE_QUANT=double_quant,
+                HAS_BIAS=has_bias,
+                BF16_BITS=bf16_bits,
+                WORDS=words_per_step,
+                SHUFFLE=shuffle,
+                num_warps=rows_warps,
+            ),
+        )
         tail: tuple = (nested_absmax_arg, nested_code_arg, offset_value, M, N, K, stride_xm, 1)
         launch = rows_launch
     elif words_block_k and words_ok:
@@ -777,12 +914,22 @@ def plan_gemv(x2: torch.Tensor, packed: torch.Tensor, absmax: torch.Tensor, has_
         meta.update(BLOCK_N=block_n, BLOCK_K=words_block_k, num_warps=words_warps, MASKED=N % block_n != 0)
         del meta["ALIGNED"]
         weight = packed_flat.view(torch.int32)
-        launch = BoundLaunch(_gemv_4bit_words_kernel, (math.ceil(N / block_n) * M,), dict(
-            meta, GROUP=min(blocksize, words_block_k) // 8, PREFETCH=prefetch,
-            GATHER=_WORDS_LOOKUP == "gather" or (_WORDS_LOOKUP == "shuffle" and not (shuffle and prefetch)),
-            SHUFFLE=_WORDS_LOOKUP == "shuffle" and shuffle and prefetch,
-            X_PACKED=_X_PACKED and x2.dtype != torch.float32 and stride_xk == 1 and stride_xm % 4 == 0
-            and x2.data_ptr() % 8 == 0))
+        launch = BoundLaunch(
+            _gemv_4bit_words_kernel,
+            (math.ceil(N / block_n) * M,),
+            dict(
+                meta,
+                GROUP=min(blocksize, words_block_k) // 8,
+                PREFETCH=prefetch,
+                GATHER=_WORDS_LOOKUP == "gather" or (_WORDS_LOOKUP == "shuffle" and not (shuffle and prefetch)),
+                SHUFFLE=_WORDS_LOOKUP == "shuffle" and shuffle and prefetch,
+                X_PACKED=_X_PACKED
+                and x2.dtype != torch.float32
+                and stride_xk == 1
+                and stride_xm % 4 == 0
+                and x2.data_ptr() % 8 == 0,
+            ),
+        )
         tail = (nested_absmax_arg, nested_code_arg, offset_value, M, N, K, stride_xm, stride_xk)
     else:
         weight = packed_flat
@@ -790,7 +937,14 @@ def plan_gemv(x2: torch.Tensor, packed: torch.Tensor, absmax: torch.Tensor, has_
         tail = (nested_absmax_arg, nested_code_arg, offset_value, M, N, K, stride_xm, stride_xk)
 
     def run(x2: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None) -> None:
-        launch(x2, weight, absmax_flat, code_arg, bias if bias is not None else absmax_flat,
-               out.view(torch.int16) if bf16_bits else out, *tail)
+        launch(
+            x2,
+            weight,
+            absmax_flat,
+            code_arg,
+            bias if bias is not None else absmax_flat,
+            out.view(torch.int16) if bf16_bits else out,
+            *tail,
+        )
 
     return run

@@ -33,6 +33,7 @@ compiles for any target and the CPU tests run the same indexing. The matmul rout
 only NVIDIA GPUs of compute capability 8.0+ here (``mma_route_ok``). Versions and
 timings: bench/notes.md "v11" and "v13".
 """
+
 from __future__ import annotations
 
 import math
@@ -74,8 +75,13 @@ def _code_value(lane_code, code_ptr, shifted, PTX: tl.constexpr):
     the lane; lanes n and n + 16 hold the same value, so no mask), or a table load."""
     if PTX:
         return tl.inline_asm_elementwise(
-            "shfl.sync.idx.b32 $0, $1, $2, 0x1f, -1;", "=r,r,r", [lane_code, shifted], dtype=tl.int32,
-            is_pure=True, pack=1).to(tl.float32, bitcast=True)
+            "shfl.sync.idx.b32 $0, $1, $2, 0x1f, -1;",
+            "=r,r,r",
+            [lane_code, shifted],
+            dtype=tl.int32,
+            is_pure=True,
+            pack=1,
+        ).to(tl.float32, bitcast=True)
     return tl.load(code_ptr + (shifted & 15))
 
 
@@ -85,10 +91,12 @@ def _pack2(low, high, X_FP16: tl.constexpr, PTX: tl.constexpr):
     bf16 (fp16 with X_FP16): one register of an mma fragment."""
     if PTX:
         if X_FP16:
-            return tl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $1, $2;", "=r,f,f", [high, low],
-                                             dtype=tl.int32, is_pure=True, pack=1)
-        return tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", [high, low],
-                                         dtype=tl.int32, is_pure=True, pack=1)
+            return tl.inline_asm_elementwise(
+                "cvt.rn.f16x2.f32 $0, $1, $2;", "=r,f,f", [high, low], dtype=tl.int32, is_pure=True, pack=1
+            )
+        return tl.inline_asm_elementwise(
+            "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", [high, low], dtype=tl.int32, is_pure=True, pack=1
+        )
     if X_FP16:
         low_bits = low.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
         high_bits = high.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
@@ -138,28 +146,58 @@ def _mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, NUM_WARPS: tl.constexpr, X_FP16
         if X_FP16:
             return tl.inline_asm_elementwise(
                 "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, "
-                "{$10,$11,$12,$13};", "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
-                dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
+                "{$10,$11,$12,$13};",
+                "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f",
+                [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
+                dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
+                is_pure=True,
+                pack=1,
+            )
         return tl.inline_asm_elementwise(
             "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, "
-            "{$10,$11,$12,$13};", "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
-            dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
+            "{$10,$11,$12,$13};",
+            "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f",
+            [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
+            dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
+            is_pure=True,
+            pack=1,
+        )
     # Without PTX: the fragments as matrices (A's quarters, B transposed), the product
     # summed in fp32 and handed back in D's fragment layout.
     b_low = _fragment_matrix(b0, NUM_WARPS, X_FP16)[:, None, :, :]  # [w, 1, n, k 0-7]
     b_high = _fragment_matrix(b1, NUM_WARPS, X_FP16)[:, None, :, :]  # k 8-15
-    top = tl.sum(_fragment_matrix(a0, NUM_WARPS, X_FP16)[:, :, None, :] * b_low
-                 + _fragment_matrix(a2, NUM_WARPS, X_FP16)[:, :, None, :] * b_high, axis=3)  # [w, row, n]
-    bottom = tl.sum(_fragment_matrix(a1, NUM_WARPS, X_FP16)[:, :, None, :] * b_low
-                    + _fragment_matrix(a3, NUM_WARPS, X_FP16)[:, :, None, :] * b_high, axis=3)
+    top = tl.sum(
+        _fragment_matrix(a0, NUM_WARPS, X_FP16)[:, :, None, :] * b_low
+        + _fragment_matrix(a2, NUM_WARPS, X_FP16)[:, :, None, :] * b_high,
+        axis=3,
+    )  # [w, row, n]
+    bottom = tl.sum(
+        _fragment_matrix(a1, NUM_WARPS, X_FP16)[:, :, None, :] * b_low
+        + _fragment_matrix(a3, NUM_WARPS, X_FP16)[:, :, None, :] * b_high,
+        axis=3,
+    )
     top_even, top_odd = _lane_columns(top, NUM_WARPS)
     bottom_even, bottom_odd = _lane_columns(bottom, NUM_WARPS)
     return c0 + top_even, c1 + top_odd, c2 + bottom_even, c3 + bottom_odd
 
 
 @triton.jit
-def _tile_loads(pairs_ptr, absmax_ptr, nested_absmax_ptr, nested_code_ptr, offset, row0, row1, c, t, valid, K,
-                BLOCKSIZE: tl.constexpr, NESTED_BLOCKSIZE: tl.constexpr, DOUBLE_QUANT: tl.constexpr):
+def _tile_loads(
+    pairs_ptr,
+    absmax_ptr,
+    nested_absmax_ptr,
+    nested_code_ptr,
+    offset,
+    row0,
+    row1,
+    c,
+    t,
+    valid,
+    K,
+    BLOCKSIZE: tl.constexpr,
+    NESTED_BLOCKSIZE: tl.constexpr,
+    DOUBLE_QUANT: tl.constexpr,
+):
     """Chunk ``c`` of a lane's two weight rows (int64 rows, clamped): its 8 packed bytes of
     each (8 * t .. 8 * t + 7 of the chunk's 32) and their absmax (one block: 16 columns
     starting on a multiple of 16 never straddle one). Zeros where not ``valid``."""
@@ -167,10 +205,26 @@ def _tile_loads(pairs_ptr, absmax_ptr, nested_absmax_ptr, nested_code_ptr, offse
     unit0 = tl.load(pairs_ptr + row0 * (K // 16) + at, mask=valid, other=0)
     unit1 = tl.load(pairs_ptr + row1 * (K // 16) + at, mask=valid, other=0)
     column = _CHUNK * c + 16 * t
-    scale0 = load_block_absmax(absmax_ptr, (row0 * K + column) // BLOCKSIZE, valid, nested_absmax_ptr,
-                               nested_code_ptr, offset, NESTED_BLOCKSIZE, DOUBLE_QUANT)
-    scale1 = load_block_absmax(absmax_ptr, (row1 * K + column) // BLOCKSIZE, valid, nested_absmax_ptr,
-                               nested_code_ptr, offset, NESTED_BLOCKSIZE, DOUBLE_QUANT)
+    scale0 = load_block_absmax(
+        absmax_ptr,
+        (row0 * K + column) // BLOCKSIZE,
+        valid,
+        nested_absmax_ptr,
+        nested_code_ptr,
+        offset,
+        NESTED_BLOCKSIZE,
+        DOUBLE_QUANT,
+    )
+    scale1 = load_block_absmax(
+        absmax_ptr,
+        (row1 * K + column) // BLOCKSIZE,
+        valid,
+        nested_absmax_ptr,
+        nested_code_ptr,
+        offset,
+        NESTED_BLOCKSIZE,
+        DOUBLE_QUANT,
+    )
     return unit0, unit1, scale0, scale1
 
 
@@ -179,48 +233,102 @@ def _x_loads(x_quads, x_row, x_ok, c, t):
     """B's registers for the chunk's 4 products from one row of x (``x_row``, in int64
     quads): columns 16 t + 4 q .. + 3 for q = 0..3, zeros where not ``x_ok``."""
     at = x_row + 16 * c + 4 * t
-    return (tl.load(x_quads + at, mask=x_ok, other=0), tl.load(x_quads + at + 1, mask=x_ok, other=0),
-            tl.load(x_quads + at + 2, mask=x_ok, other=0), tl.load(x_quads + at + 3, mask=x_ok, other=0))
+    return (
+        tl.load(x_quads + at, mask=x_ok, other=0),
+        tl.load(x_quads + at + 1, mask=x_ok, other=0),
+        tl.load(x_quads + at + 2, mask=x_ok, other=0),
+        tl.load(x_quads + at + 3, mask=x_ok, other=0),
+    )
 
 
 @triton.jit
-def _a_registers(unit0, unit1, scale0, scale1, q: tl.constexpr, lane_code, code_ptr, X_FP16: tl.constexpr,
-                 PTX: tl.constexpr):
+def _a_registers(
+    unit0, unit1, scale0, scale1, q: tl.constexpr, lane_code, code_ptr, X_FP16: tl.constexpr, PTX: tl.constexpr
+):
     """A's 4 registers of product q: columns +0, +1 (a0, a1) and +2, +3 (a2, a3) of rows g
     (``unit0``) and g + 8 (``unit1``): bytes 2q and 2q + 1 of each unit, the high nibble
     first (even flat index), each ``code * absmax`` in fp32 rounded to x's dtype."""
     SHIFT: tl.constexpr = 16 * (q % 2)  # byte 2q of the unit is byte (2q) % 4 of word q // 2
     w0 = (unit0 >> (32 * (q // 2))).to(tl.int32)
     w1 = (unit1 >> (32 * (q // 2))).to(tl.int32)
-    a0 = _pack2(_code_value(lane_code, code_ptr, w0 >> (SHIFT + 4), PTX) * scale0,
-                _code_value(lane_code, code_ptr, w0 >> SHIFT, PTX) * scale0, X_FP16, PTX)
-    a2 = _pack2(_code_value(lane_code, code_ptr, w0 >> (SHIFT + 12), PTX) * scale0,
-                _code_value(lane_code, code_ptr, w0 >> (SHIFT + 8), PTX) * scale0, X_FP16, PTX)
-    a1 = _pack2(_code_value(lane_code, code_ptr, w1 >> (SHIFT + 4), PTX) * scale1,
-                _code_value(lane_code, code_ptr, w1 >> SHIFT, PTX) * scale1, X_FP16, PTX)
-    a3 = _pack2(_code_value(lane_code, code_ptr, w1 >> (SHIFT + 12), PTX) * scale1,
-                _code_value(lane_code, code_ptr, w1 >> (SHIFT + 8), PTX) * scale1, X_FP16, PTX)
+    a0 = _pack2(
+        _code_value(lane_code, code_ptr, w0 >> (SHIFT + 4), PTX) * scale0,
+        _code_value(lane_code, code_ptr, w0 >> SHIFT, PTX) * scale0,
+        X_FP16,
+        PTX,
+    )
+    a2 = _pack2(
+        _code_value(lane_code, code_ptr, w0 >> (SHIFT + 12), PTX) * scale0,
+        _code_value(lane_code, code_ptr, w0 >> (SHIFT + 8), PTX) * scale0,
+        X_FP16,
+        PTX,
+    )
+    a1 = _pack2(
+        _code_value(lane_code, code_ptr, w1 >> (SHIFT + 4), PTX) * scale1,
+        _code_value(lane_code, code_ptr, w1 >> SHIFT, PTX) * scale1,
+        X_FP16,
+        PTX,
+    )
+    a3 = _pack2(
+        _code_value(lane_code, code_ptr, w1 >> (SHIFT + 12), PTX) * scale1,
+        _code_value(lane_code, code_ptr, w1 >> (SHIFT + 8), PTX) * scale1,
+        X_FP16,
+        PTX,
+    )
     return a0, a1, a2, a3
 
 
 @triton.jit
-def _tile_products(unit0, unit1, scale0, scale1, xa, xb, d0, d1, d2, d3, e0, e1, e2, e3, lane_code, code_ptr,
-                   NUM_WARPS: tl.constexpr, X_GROUPS: tl.constexpr, X_FP16: tl.constexpr, PTX: tl.constexpr):
+def _tile_products(
+    unit0,
+    unit1,
+    scale0,
+    scale1,
+    xa,
+    xb,
+    d0,
+    d1,
+    d2,
+    d3,
+    e0,
+    e1,
+    e2,
+    e3,
+    lane_code,
+    code_ptr,
+    NUM_WARPS: tl.constexpr,
+    X_GROUPS: tl.constexpr,
+    X_FP16: tl.constexpr,
+    PTX: tl.constexpr,
+):
     """One chunk of one 16-row tile against x rows 0-7 (``xa``, into d) and 8-15 (``xb``,
     into e, when X_GROUPS is 2): 4 products each, A decoded once for both."""
     for q in tl.static_range(4):
         a0, a1, a2, a3 = _a_registers(unit0, unit1, scale0, scale1, q, lane_code, code_ptr, X_FP16, PTX)
-        d0, d1, d2, d3 = _mma(a0, a1, a2, a3, xa[q].to(tl.int32), (xa[q] >> 32).to(tl.int32), d0, d1, d2, d3,
-                              NUM_WARPS, X_FP16, PTX)
+        d0, d1, d2, d3 = _mma(
+            a0, a1, a2, a3, xa[q].to(tl.int32), (xa[q] >> 32).to(tl.int32), d0, d1, d2, d3, NUM_WARPS, X_FP16, PTX
+        )
         if X_GROUPS == 2:
-            e0, e1, e2, e3 = _mma(a0, a1, a2, a3, xb[q].to(tl.int32), (xb[q] >> 32).to(tl.int32), e0, e1, e2, e3,
-                                  NUM_WARPS, X_FP16, PTX)
+            e0, e1, e2, e3 = _mma(
+                a0, a1, a2, a3, xb[q].to(tl.int32), (xb[q] >> 32).to(tl.int32), e0, e1, e2, e3, NUM_WARPS, X_FP16, PTX
+            )
     return d0, d1, d2, d3, e0, e1, e2, e3
 
 
 @triton.jit
-def _store_sums(out_ptr, bias_ptr, acc, n, m, M, N, NUM_WARPS: tl.constexpr, HAS_BIAS: tl.constexpr,
-                SPLIT_SUMS: tl.constexpr, BF16_BITS: tl.constexpr):
+def _store_sums(
+    out_ptr,
+    bias_ptr,
+    acc,
+    n,
+    m,
+    M,
+    N,
+    NUM_WARPS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SPLIT_SUMS: tl.constexpr,
+    BF16_BITS: tl.constexpr,
+):
     """Sum one accumulator over the warps and store it at rows ``m`` of x, weight rows ``n``
     (both [32], by lane): the fp32 sum (SPLIT_SUMS: ``out_ptr`` is this split's [M, N]
     slab) or, plus the bias, rounded to the output dtype."""
@@ -235,8 +343,22 @@ def _store_sums(out_ptr, bias_ptr, acc, n, m, M, N, NUM_WARPS: tl.constexpr, HAS
 
 
 @triton.jit
-def _store_tile(out_ptr, bias_ptr, d0, d1, d2, d3, first_row, first_m, M, N, NUM_WARPS: tl.constexpr,
-                HAS_BIAS: tl.constexpr, SPLIT_SUMS: tl.constexpr, BF16_BITS: tl.constexpr):
+def _store_tile(
+    out_ptr,
+    bias_ptr,
+    d0,
+    d1,
+    d2,
+    d3,
+    first_row,
+    first_m,
+    M,
+    N,
+    NUM_WARPS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SPLIT_SUMS: tl.constexpr,
+    BF16_BITS: tl.constexpr,
+):
     """One (16 weight rows, 8 rows of x) tile: lane (g, t) holds D rows g, g + 8 (weight rows
     ``first_row + g``, + 8) and columns 2t, 2t + 1 (rows ``first_m + 2 t``, + 1 of x)."""
     lane = tl.arange(0, 32)
@@ -312,34 +434,107 @@ def _gemm_4bit_mma_kernel(
             xb = _x_loads(x_quads, xb_row, valid & (g + 8 < M), c, t)
         else:
             xb = xa
-        unit0, unit1, scale0, scale1 = _tile_loads(pairs_ptr, absmax_ptr, nested_absmax_ptr, nested_code_ptr, offset,
-                                                   row0, row1, c, t, valid, K, BLOCKSIZE, NESTED_BLOCKSIZE,
-                                                   DOUBLE_QUANT)
-        d0, d1, d2, d3, e0, e1, e2, e3 = _tile_products(unit0, unit1, scale0, scale1, xa, xb, d0, d1, d2, d3, e0, e1,
-                                                        e2, e3, lane_code, code_ptr, NUM_WARPS, X_GROUPS,
-                                                        X_FP16, PTX)
+        unit0, unit1, scale0, scale1 = _tile_loads(
+            pairs_ptr,
+            absmax_ptr,
+            nested_absmax_ptr,
+            nested_code_ptr,
+            offset,
+            row0,
+            row1,
+            c,
+            t,
+            valid,
+            K,
+            BLOCKSIZE,
+            NESTED_BLOCKSIZE,
+            DOUBLE_QUANT,
+        )
+        d0, d1, d2, d3, e0, e1, e2, e3 = _tile_products(
+            unit0,
+            unit1,
+            scale0,
+            scale1,
+            xa,
+            xb,
+            d0,
+            d1,
+            d2,
+            d3,
+            e0,
+            e1,
+            e2,
+            e3,
+            lane_code,
+            code_ptr,
+            NUM_WARPS,
+            X_GROUPS,
+            X_FP16,
+            PTX,
+        )
         if ROW_TILES == 2:
-            unit2, unit3, scale2, scale3 = _tile_loads(pairs_ptr, absmax_ptr, nested_absmax_ptr, nested_code_ptr,
-                                                       offset, row2, row3, c, t, valid, K, BLOCKSIZE,
-                                                       NESTED_BLOCKSIZE, DOUBLE_QUANT)
-            f0, f1, f2, f3, h0, h1, h2, h3 = _tile_products(unit2, unit3, scale2, scale3, xa, xb, f0, f1, f2, f3, h0,
-                                                            h1, h2, h3, lane_code, code_ptr, NUM_WARPS, X_GROUPS,
-                                                            X_FP16, PTX)
+            unit2, unit3, scale2, scale3 = _tile_loads(
+                pairs_ptr,
+                absmax_ptr,
+                nested_absmax_ptr,
+                nested_code_ptr,
+                offset,
+                row2,
+                row3,
+                c,
+                t,
+                valid,
+                K,
+                BLOCKSIZE,
+                NESTED_BLOCKSIZE,
+                DOUBLE_QUANT,
+            )
+            f0, f1, f2, f3, h0, h1, h2, h3 = _tile_products(
+                unit2,
+                unit3,
+                scale2,
+                scale3,
+                xa,
+                xb,
+                f0,
+                f1,
+                f2,
+                f3,
+                h0,
+                h1,
+                h2,
+                h3,
+                lane_code,
+                code_ptr,
+                NUM_WARPS,
+                X_GROUPS,
+                X_FP16,
+                PTX,
+            )
     out = out_ptr + split.to(tl.int64) * M * N
     _store_tile(out, bias_ptr, d0, d1, d2, d3, first_row, 0, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS)
     if X_GROUPS == 2:
         _store_tile(out, bias_ptr, e0, e1, e2, e3, first_row, 8, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS)
     if ROW_TILES == 2:
-        _store_tile(out, bias_ptr, f0, f1, f2, f3, first_row + 16, 0, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS,
-                    BF16_BITS)
+        _store_tile(out, bias_ptr, f0, f1, f2, f3, first_row + 16, 0, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS)
         if X_GROUPS == 2:
-            _store_tile(out, bias_ptr, h0, h1, h2, h3, first_row + 16, 8, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS,
-                        BF16_BITS)
+            _store_tile(
+                out, bias_ptr, h0, h1, h2, h3, first_row + 16, 8, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS
+            )
 
 
 @triton.jit(do_not_specialize=["numel", "N"])
-def _sum_splits_kernel(partial_ptr, bias_ptr, out_ptr, numel, N, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
-                       BF16_BITS: tl.constexpr, BLOCK: tl.constexpr):
+def _sum_splits_kernel(
+    partial_ptr,
+    bias_ptr,
+    out_ptr,
+    numel,
+    N,
+    SPLITS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BF16_BITS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """``out = sum over splits of partial[split] (+ bias)``, in split order, rounded once."""
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = i < numel
@@ -365,8 +560,12 @@ def mma_ptx_ok(device: torch.device) -> bool:
 def x_readable(x2: torch.Tensor) -> bool:
     """Whether the kernel can read x: bf16/fp16 (B's 8-byte loads of 4 values), contiguous
     columns, rows starting on 8-byte boundaries."""
-    return (x2.dtype in (torch.bfloat16, torch.float16) and x2.stride(1) == 1
-            and (x2.shape[0] == 1 or x2.stride(0) % 4 == 0) and x2.data_ptr() % 8 == 0)
+    return (
+        x2.dtype in (torch.bfloat16, torch.float16)
+        and x2.stride(1) == 1
+        and (x2.shape[0] == 1 or x2.stride(0) % 4 == 0)
+        and x2.data_ptr() % 8 == 0
+    )
 
 
 def weight_readable(packed: torch.Tensor, K: int) -> bool:
@@ -383,23 +582,58 @@ def splits_for(tiles: int, num_warps: int, warps_per_sm: int, chunks: int, multi
     return max(1, min(wanted, chunks // num_warps, 64))
 
 
-def gemm_4bit_mma(x2: torch.Tensor, packed: torch.Tensor, absmax: torch.Tensor, out: torch.Tensor, *,
-                  bias: torch.Tensor | None, blocksize: int, nested_absmax: torch.Tensor, nested_code: torch.Tensor,
-                  nested_blocksize: int, offset: float, double_quant: bool, code: torch.Tensor,
-                  multiprocessors: int) -> torch.Tensor:
+def gemm_4bit_mma(
+    x2: torch.Tensor,
+    packed: torch.Tensor,
+    absmax: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    bias: torch.Tensor | None,
+    blocksize: int,
+    nested_absmax: torch.Tensor,
+    nested_code: torch.Tensor,
+    nested_blocksize: int,
+    offset: float,
+    double_quant: bool,
+    code: torch.Tensor,
+    multiprocessors: int,
+) -> torch.Tensor:
     """``out = x2 @ W^T + bias`` for x2 [M <= 16, K] (``x_readable``), W (N, K)
     (``weight_readable``), ``out`` [M, N] in x2's dtype."""
-    plan_gemm_4bit_mma(x2, packed, absmax, out.shape[1], has_bias=bias is not None, blocksize=blocksize,
-                       nested_absmax=nested_absmax, nested_code=nested_code, nested_blocksize=nested_blocksize,
-                       offset=offset, double_quant=double_quant, code=code,
-                       multiprocessors=multiprocessors)(x2, out, bias)
+    plan_gemm_4bit_mma(
+        x2,
+        packed,
+        absmax,
+        out.shape[1],
+        has_bias=bias is not None,
+        blocksize=blocksize,
+        nested_absmax=nested_absmax,
+        nested_code=nested_code,
+        nested_blocksize=nested_blocksize,
+        offset=offset,
+        double_quant=double_quant,
+        code=code,
+        multiprocessors=multiprocessors,
+    )(x2, out, bias)
     return out
 
 
-def plan_gemm_4bit_mma(x2: torch.Tensor, packed: torch.Tensor, absmax: torch.Tensor, N: int, *, has_bias: bool,
-                       blocksize: int, nested_absmax: torch.Tensor, nested_code: torch.Tensor,
-                       nested_blocksize: int, offset: float, double_quant: bool, code: torch.Tensor,
-                       multiprocessors: int) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], None]:
+def plan_gemm_4bit_mma(
+    x2: torch.Tensor,
+    packed: torch.Tensor,
+    absmax: torch.Tensor,
+    N: int,
+    *,
+    has_bias: bool,
+    blocksize: int,
+    nested_absmax: torch.Tensor,
+    nested_code: torch.Tensor,
+    nested_blocksize: int,
+    offset: float,
+    double_quant: bool,
+    code: torch.Tensor,
+    multiprocessors: int,
+) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], None]:
     """The launches of ``gemm_4bit_mma`` for x like ``x2`` (dtype, shape, row stride,
     alignment), decided and bound once: ``plan(x2, out, bias)``."""
     M, K = x2.shape
@@ -412,20 +646,50 @@ def plan_gemm_4bit_mma(x2: torch.Tensor, packed: torch.Tensor, absmax: torch.Ten
     stride_xm = x2.stride(0) if M > 1 else K
     pairs = packed.view(torch.int64)
     device = x2.device
-    gemm = BoundLaunch(_gemm_4bit_mma_kernel, (tiles, splits), dict(
-        BLOCKSIZE=blocksize, NESTED_BLOCKSIZE=nested_blocksize, DOUBLE_QUANT=double_quant,
-        HAS_BIAS=has_bias, BF16_BITS=bf16_bits, X_FP16=x2.dtype == torch.float16,
-        X_GROUPS=x_groups, ROW_TILES=row_tiles, NUM_WARPS=num_warps, SPLIT_SUMS=splits > 1, PTX=ptx,
-        num_warps=num_warps))
+    gemm = BoundLaunch(
+        _gemm_4bit_mma_kernel,
+        (tiles, splits),
+        dict(
+            BLOCKSIZE=blocksize,
+            NESTED_BLOCKSIZE=nested_blocksize,
+            DOUBLE_QUANT=double_quant,
+            HAS_BIAS=has_bias,
+            BF16_BITS=bf16_bits,
+            X_FP16=x2.dtype == torch.float16,
+            X_GROUPS=x_groups,
+            ROW_TILES=row_tiles,
+            NUM_WARPS=num_warps,
+            SPLIT_SUMS=splits > 1,
+            PTX=ptx,
+            num_warps=num_warps,
+        ),
+    )
     block = 1024
-    sums = BoundLaunch(_sum_splits_kernel, (math.ceil(M * N / block),), dict(
-        SPLITS=splits, HAS_BIAS=has_bias, BF16_BITS=bf16_bits, BLOCK=block, num_warps=4))
+    sums = BoundLaunch(
+        _sum_splits_kernel,
+        (math.ceil(M * N / block),),
+        dict(SPLITS=splits, HAS_BIAS=has_bias, BF16_BITS=bf16_bits, BLOCK=block, num_warps=4),
+    )
 
     def run(x2: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None) -> None:
         bias_arg = bias if bias is not None else absmax
         if splits == 1:
-            gemm(x2, pairs, absmax, code, bias_arg, out.view(torch.int16) if bf16_bits else out,
-                 nested_absmax, nested_code, offset, M, N, K, stride_xm, 1)
+            gemm(
+                x2,
+                pairs,
+                absmax,
+                code,
+                bias_arg,
+                out.view(torch.int16) if bf16_bits else out,
+                nested_absmax,
+                nested_code,
+                offset,
+                M,
+                N,
+                K,
+                stride_xm,
+                1,
+            )
             return
         partial = torch.empty((splits, M, N), dtype=torch.float32, device=device)
         gemm(x2, pairs, absmax, code, bias_arg, partial, nested_absmax, nested_code, offset, M, N, K, stride_xm, 1)

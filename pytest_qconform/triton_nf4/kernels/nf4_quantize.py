@@ -24,6 +24,7 @@ faithful state.
 The table is data (``CodeBoundaries``): NF4 and FP4 share the kernel, and a test can hand
 it wrong boundaries to show that the conformance suite notices (``tests/zoo.py``).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -62,8 +63,9 @@ class CodeBoundaries:
     negative_zero_code: int
 
     def to(self, device: torch.device) -> CodeBoundaries:
-        return CodeBoundaries(self.midpoints.to(device), self.rank_codes.to(device), self.zero_rank,
-                              self.negative_zero_code)
+        return CodeBoundaries(
+            self.midpoints.to(device), self.rank_codes.to(device), self.zero_rank, self.negative_zero_code
+        )
 
 
 def code_boundaries(code: torch.Tensor) -> CodeBoundaries:
@@ -200,10 +202,20 @@ def quantize_4bit(
     bounds = boundaries.to(device)
     grid = (math.ceil(num_blocks / blocks_per_program),)
     _quantize_4bit_kernel[grid](
-        flat.view(torch.int16) if bf16_bits else flat, bounds.midpoints, bounds.rank_codes, packed, absmax, numel, num_blocks,
-        boundaries.zero_rank, max(boundaries.negative_zero_code, 0), NUM_MIDPOINTS=bounds.midpoints.numel(),
-        BLOCKSIZE=blocksize, BLOCKS_PER_PROGRAM=blocks_per_program,
-        SIGNED_ZERO=boundaries.negative_zero_code >= 0, BF16_BITS=bf16_bits,
+        flat.view(torch.int16) if bf16_bits else flat,
+        bounds.midpoints,
+        bounds.rank_codes,
+        packed,
+        absmax,
+        numel,
+        num_blocks,
+        boundaries.zero_rank,
+        max(boundaries.negative_zero_code, 0),
+        NUM_MIDPOINTS=bounds.midpoints.numel(),
+        BLOCKSIZE=blocksize,
+        BLOCKS_PER_PROGRAM=blocks_per_program,
+        SIGNED_ZERO=boundaries.negative_zero_code >= 0,
+        BF16_BITS=bf16_bits,
         MASKED=numel % (blocks_per_program * blocksize) != 0,
         num_warps=num_warps,
     )
@@ -212,7 +224,9 @@ def quantize_4bit(
     bad = ~torch.isfinite(absmax)
     if bool(bad.any()):
         first_bad = int(bad.nonzero()[0])
-        raise ValueError(f"{where}: the weight has NaN or Inf entries (first in block {first_bad}, elements "
-                         f"{first_bad * blocksize}..{min(numel, (first_bad + 1) * blocksize) - 1} of the flattened "
-                         "weight); the 4-bit formats have no code for them")
+        raise ValueError(
+            f"{where}: the weight has NaN or Inf entries (first in block {first_bad}, elements "
+            f"{first_bad * blocksize}..{min(numel, (first_bad + 1) * blocksize) - 1} of the flattened "
+            "weight); the 4-bit formats have no code for them"
+        )
     return packed, absmax

@@ -7,6 +7,7 @@ the dtype of its first use, so a bf16 load followed by an fp16 load in one proce
 an fp16 model bf16 weights and the matmul crashed. Here the buffer is an object the owner
 (the backend adapter) holds, never module state, and every call checks device and dtype.
 """
+
 from __future__ import annotations
 
 import math
@@ -70,7 +71,15 @@ class WeightBuffer:
         shape = tuple(int(s) for s in shape)
         out = self.view(shape, out_dtype, packed.device)
         return dequantize_4bit(
-            packed, absmax, blocksize=blocksize, shape=shape, code=code, out_dtype=out_dtype,
-            nested_absmax=nested_absmax, nested_code=nested_code, nested_blocksize=nested_blocksize,
-            offset=offset, out=out,
+            packed,
+            absmax,
+            blocksize=blocksize,
+            shape=shape,
+            code=code,
+            out_dtype=out_dtype,
+            nested_absmax=nested_absmax,
+            nested_code=nested_code,
+            nested_blocksize=nested_blocksize,
+            offset=offset,
+            out=out,
         )

@@ -6,6 +6,7 @@ two codes per byte with the first element in the high nibble; optional double
 quantization of absmax with the signed 8-bit dynamic map in blocks of 256 around the
 mean absmax. Arithmetic in fp32, as bitsandbytes does.
 """
+
 from __future__ import annotations
 
 import math
@@ -13,10 +14,10 @@ import math
 import numpy as np
 import torch
 import torch.nn.functional as F
-
-from pytest_qconform.backends.base import Availability, Backend, Capabilities, Quantized, QuantSpec
 from pytest_qconform.reference import formats
 from pytest_qconform.reference.packed import PackedBnb4
+
+from pytest_qconform.backends.base import Availability, Backend, Capabilities, Quantized, QuantSpec
 
 NESTED_BLOCKSIZE = 256
 STORAGES = (torch.uint8, torch.bfloat16, torch.float16, torch.float32)
@@ -41,19 +42,29 @@ class TorchNF4Backend(Backend):
         return Availability(True, "0.1.0")
 
     def capabilities(self, device: torch.device) -> Capabilities:
-        return Capabilities(formats=("nf4", "fp4"), blocksizes=(32, 64, 128, 256, 512, 1024, 2048, 4096),
-                            double_quant=True, dtypes=(torch.bfloat16, torch.float16, torch.float32),
-                            devices=("cpu", "cuda"), backward=True, serialize=True, quant_storages=STORAGES,
-                            out_arguments=("dequantize", "matmul"), explicit_absmax=True,
-                            compiled=PATHS, captured=PATHS)
+        return Capabilities(
+            formats=("nf4", "fp4"),
+            blocksizes=(32, 64, 128, 256, 512, 1024, 2048, 4096),
+            double_quant=True,
+            dtypes=(torch.bfloat16, torch.float16, torch.float32),
+            devices=("cpu", "cuda"),
+            backward=True,
+            serialize=True,
+            quant_storages=STORAGES,
+            out_arguments=("dequantize", "matmul"),
+            explicit_absmax=True,
+            compiled=PATHS,
+            captured=PATHS,
+        )
 
     # -- quantize -----------------------------------------------------------------------
     def table(self, quant_type: str, device: torch.device) -> torch.Tensor:
         codes = formats.NF4_CODE if quant_type == "nf4" else formats.FP4_CODE
         return torch.tensor(codes, dtype=torch.float32, device=device)
 
-    def quantize_codes(self, flat: torch.Tensor, absmax: torch.Tensor, blocksize: int,
-                       table: torch.Tensor) -> torch.Tensor:
+    def quantize_codes(
+        self, flat: torch.Tensor, absmax: torch.Tensor, blocksize: int, table: torch.Tensor
+    ) -> torch.Tensor:
         scale = absmax.repeat_interleave(blocksize)[: flat.numel()]
         scaled = torch.where(scale > 0, flat / scale, torch.zeros_like(flat))
         return _nearest(scaled, table)
@@ -71,8 +82,12 @@ class TorchNF4Backend(Backend):
         dyn = torch.tensor(formats.dynamic_map_signed(), dtype=torch.float32, device=absmax.device)
         scale = nested_absmax.repeat_interleave(NESTED_BLOCKSIZE)[: centered.numel()]
         normalized = torch.where(scale > 0, centered / scale, torch.zeros_like(centered))
-        return {"absmax": _nearest(normalized, dyn), "nested_absmax": nested_absmax, "nested_code": dyn,
-                "offset": float(offset)}
+        return {
+            "absmax": _nearest(normalized, dyn),
+            "nested_absmax": nested_absmax,
+            "nested_code": dyn,
+            "offset": float(offset),
+        }
 
     def quantize(self, weight: torch.Tensor, spec: QuantSpec) -> Quantized:
         if spec.format not in ("nf4", "fp4"):
@@ -81,8 +96,13 @@ class TorchNF4Backend(Backend):
         absmax = _blockwise_absmax(flat, spec.blocksize)
         table = self.table(spec.format, flat.device)
         packed = self.pack(self.quantize_codes(flat, absmax, spec.blocksize, table))
-        handle = {"packed": packed.view(spec.quant_storage),  # the same bytes, stored as quant_storage
-                  "code": table, "absmax": absmax, "blocksize": spec.blocksize, "quant_type": spec.format}
+        handle = {
+            "packed": packed.view(spec.quant_storage),  # the same bytes, stored as quant_storage
+            "code": table,
+            "absmax": absmax,
+            "blocksize": spec.blocksize,
+            "quant_type": spec.format,
+        }
         if spec.double_quant:
             handle.update(self.nest(absmax))
         return Quantized(self.name, spec, tuple(weight.shape), weight.device, handle)
@@ -100,8 +120,9 @@ class TorchNF4Backend(Backend):
     def dequantize(self, q: Quantized, dtype: torch.dtype) -> torch.Tensor:
         return self.dequantize_with(q, dtype)
 
-    def dequantize_with(self, q: Quantized, dtype: torch.dtype, *, out: torch.Tensor | None = None,
-                        absmax: torch.Tensor | None = None) -> torch.Tensor:
+    def dequantize_with(
+        self, q: Quantized, dtype: torch.dtype, *, out: torch.Tensor | None = None, absmax: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """With ``absmax``: fp32 scales given by the caller instead of the stored state."""
         h = q.handle
         numel = math.prod(q.shape)
@@ -112,12 +133,21 @@ class TorchNF4Backend(Backend):
             return values.reshape(q.shape)
         return out.copy_(values.reshape(q.shape))
 
-    def matmul(self, x: torch.Tensor, q: Quantized, bias: torch.Tensor | None,
-               compute_dtype: torch.dtype) -> torch.Tensor:
+    def matmul(
+        self, x: torch.Tensor, q: Quantized, bias: torch.Tensor | None, compute_dtype: torch.dtype
+    ) -> torch.Tensor:
         return self.matmul_with(x, q, bias, compute_dtype)
 
-    def matmul_with(self, x: torch.Tensor, q: Quantized, bias: torch.Tensor | None, compute_dtype: torch.dtype,
-                    *, out: torch.Tensor | None = None, orientation: str = "default") -> torch.Tensor:
+    def matmul_with(
+        self,
+        x: torch.Tensor,
+        q: Quantized,
+        bias: torch.Tensor | None,
+        compute_dtype: torch.dtype,
+        *,
+        out: torch.Tensor | None = None,
+        orientation: str = "default",
+    ) -> torch.Tensor:
         if orientation != "default":
             return super().matmul_with(x, q, bias, compute_dtype, out=out, orientation=orientation)
         w = self.dequantize(q, compute_dtype)
@@ -130,20 +160,36 @@ class TorchNF4Backend(Backend):
         h = q.handle
         np_ = lambda t: t.detach().cpu().numpy()  # noqa: E731
         nested = "nested_absmax" in h
-        return PackedBnb4(quant_type=h["quant_type"], blocksize=h["blocksize"], shape=q.shape,
-                          packed=np_(h["packed"].view(torch.uint8)), absmax=np_(h["absmax"]), code=np_(h["code"]),
-                          nested_absmax=np_(h["nested_absmax"]) if nested else None,
-                          nested_code=np_(h["nested_code"]) if nested else None,
-                          nested_blocksize=NESTED_BLOCKSIZE if nested else None,
-                          offset=h["offset"] if nested else None)
+        return PackedBnb4(
+            quant_type=h["quant_type"],
+            blocksize=h["blocksize"],
+            shape=q.shape,
+            packed=np_(h["packed"].view(torch.uint8)),
+            absmax=np_(h["absmax"]),
+            code=np_(h["code"]),
+            nested_absmax=np_(h["nested_absmax"]) if nested else None,
+            nested_code=np_(h["nested_code"]) if nested else None,
+            nested_blocksize=NESTED_BLOCKSIZE if nested else None,
+            offset=h["offset"] if nested else None,
+        )
 
     def from_packed(self, packed: PackedBnb4, device: torch.device) -> Quantized:
         t = lambda a: torch.as_tensor(np.asarray(a)).to(device)  # noqa: E731
-        handle = {"packed": t(packed.packed).reshape(-1), "code": t(packed.code).float(), "absmax": t(packed.absmax),
-                  "blocksize": packed.blocksize, "quant_type": packed.quant_type}
+        handle = {
+            "packed": t(packed.packed).reshape(-1),
+            "code": t(packed.code).float(),
+            "absmax": t(packed.absmax),
+            "blocksize": packed.blocksize,
+            "quant_type": packed.quant_type,
+        }
         if packed.double_quant:
-            handle.update({"nested_absmax": t(packed.nested_absmax).float(),
-                           "nested_code": t(packed.nested_code).float(), "offset": float(packed.offset)})
+            handle.update(
+                {
+                    "nested_absmax": t(packed.nested_absmax).float(),
+                    "nested_code": t(packed.nested_code).float(),
+                    "offset": float(packed.offset),
+                }
+            )
         spec = QuantSpec(packed.quant_type, packed.blocksize, packed.double_quant)
         return Quantized(self.name, spec, tuple(packed.shape), torch.device(device), handle)
 
@@ -165,8 +211,9 @@ class TorchNF4Backend(Backend):
         if "offset" in state:
             handle["offset"] = float(state["offset"])
         shape = tuple(int(n) for n in state["shape"])
-        spec = QuantSpec(handle["quant_type"], handle["blocksize"], "nested_absmax" in handle,
-                         quant_storage=handle["packed"].dtype)
+        spec = QuantSpec(
+            handle["quant_type"], handle["blocksize"], "nested_absmax" in handle, quant_storage=handle["packed"].dtype
+        )
         return Quantized(self.name, spec, shape, torch.device(device), handle)
 
     # -- layer facet -------------------------------------------------------------------------

@@ -6,6 +6,7 @@ only this backend's own decoding takes the low nibble first. Every dequantize ce
 must fail (and matmul, which decodes the same way), while quantize, which checks the
 stored bytes, still passes: the suites point at the operation that is wrong.
 """
+
 from __future__ import annotations
 
 import torch
