@@ -81,3 +81,29 @@ def test_no_import_circle_in_the_plugin_the_reference_or_the_suites():
     assert {"pytest_qconform.reference.bounds", "pytest_qconform.suites._cases"} <= set(graph)
     circle = find_circle(graph)
     assert circle is None, f"import circle: {' -> '.join(circle or [])}"
+
+
+# The Triton wing, and the one tool that compiles its kernels for every arch.
+WING = ("triton_nf4", "compile")
+
+
+def test_the_core_names_no_backend_of_ours():
+    """Our Triton backend plugs in through entry points, as a downstream backend does: no
+    module outside its wing imports it, and the registry does not list it as built in."""
+    from pytest_qconform.backends import registry
+
+    package = Path(pytest_qconform.__file__).parent
+    naming = []
+    for path in package.rglob("*.py"):
+        if path.relative_to(package).parts[0] in WING:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else ([f"{node.module}.{a.name}" for a in node.names] if isinstance(node, ast.ImportFrom) else [])
+            )
+            naming += [f"{path.relative_to(package)}: {n}" for n in names if n.startswith("pytest_qconform.triton_nf4")]
+    assert naming == []
+    assert "triton-nf4" not in registry.BUILTIN_BACKENDS
+    assert "triton-nf4" in registry.discover(), "installed: its entry point (pip install -e .)"

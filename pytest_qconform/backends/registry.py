@@ -23,7 +23,6 @@ ENTRY_POINT_GROUP = "pytest_qconform.backends"
 BUILTIN_BACKENDS: dict[str, str] = {
     "bitsandbytes": "pytest_qconform.backends.bitsandbytes:BitsandbytesBackend",
     "hqq": "pytest_qconform.backends.hqq:HqqBackend",
-    "triton-nf4": "pytest_qconform.triton_nf4.backend:TritonNf4Backend",
 }
 
 BackendFactory = Callable[[], Backend]

@@ -17,5 +17,5 @@ def pytest_qconform_backends(config: pytest.Config) -> dict[str, Callable[[], Ba
 
     Use this from a ``conftest.py`` for a backend that is not an installed package; an
     installed package registers through the ``pytest_qconform.backends`` entry point group
-    instead. Names must not collide with built-in ones (bitsandbytes, hqq, triton-nf4).
+    instead. Names must not collide with built-in ones (bitsandbytes, hqq) or installed ones (triton-nf4).
     """

@@ -27,17 +27,6 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     pluginmanager.add_hookspecs(hookspecs)
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
-    """Before any conftest.py is imported: a conftest that imports triton (or bitsandbytes)
-    must find it already in interpreter mode on a GPU-less ``--qconform`` run."""
-    namespace = early_config.known_args_namespace
-    if getattr(namespace, "qconform", False):
-        from pytest_qconform.triton_nf4 import mode as triton_mode
-
-        triton_mode.prepare(True, getattr(namespace, "qconform_simulate", None))
-
-
 def _register_markers(config: pytest.Config) -> None:
     for name, help_text in hardware_marker_names().items():
         config.addinivalue_line("markers", f"{name}: {help_text}")
@@ -74,9 +63,6 @@ def pytest_configure(config: pytest.Config) -> None:
     from pytest_qconform.session import setup as session_setup
 
     session_setup.start_session(config)
-    from pytest_qconform.triton_nf4 import warmup as triton_warmup
-
-    triton_warmup.start_warmup(config)
     config.pluginmanager.import_plugin("pytest_qconform.session.fixtures")
     config.pluginmanager.import_plugin("pytest_qconform.session.oom")
     config.pluginmanager.import_plugin("pytest_qconform.session.device_loss")

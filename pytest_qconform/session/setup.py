@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -72,10 +71,6 @@ def start_session(config: pytest.Config) -> None:
             probe = probe_hardware(simulate).with_notes(notes)
     except ValueError as exc:
         raise pytest.UsageError(f"--qconform-simulate: {exc}") from None
-    if not probe.has_gpu:
-        # Our Triton kernels can only run interpreted without a GPU; triton reads this
-        # variable when kernels are defined, so it must be set before they are imported.
-        os.environ.setdefault("TRITON_INTERPRET", "1")
     from pytest_qconform.session import known_failures
 
     known_failures.read_at_startup(config)  # a malformed file stops the run before anything runs
