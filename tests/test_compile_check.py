@@ -295,15 +295,18 @@ def test_the_matrix_cli_reads_the_compile_results_beside_the_run_reports(tmp_pat
     assert "| x86_64 |" in text
 
 
-# A bf16 multiply compiled for gfx1200 by a Triton between triton-lang/triton#8444 and #11227
-# (see TRUNCATING_BF16_PROBE below): the product is one v_dot2_bf16_bf16 with a zeroed lane.
+# The planted bf16 multiply below as Triton 3.6.0 compiles it for gfx1200 (recorded on the H100
+# host on 2026-11-25 by compiling the same kernel; gfx1100 gives the same): one v_dot2_bf16_bf16 with a
+# zeroed lane, the instruction of triton-lang/triton#11217.
 TRUNCATING_AMDGCN = """
-	global_load_u16 v1, v0, s[0:1]
-	global_load_u16 v2, v0, s[2:3]
-	s_waitcnt vmcnt(0)
-	v_dot2_bf16_bf16 v1, v1, v2, 0
-	global_store_b16 v0, v1, s[4:5]
+	buffer_load_u16 v2, v1, s[0:3], null offen
+	buffer_load_u16 v3, v1, s[0:3], null offen
+	v_dot2_bf16_bf16 v2, v2, v3, 0
+	buffer_store_b16 v2, v0, s[8:11], null offen
 """
+# What the scan must find in the planted multiply, by the Triton that compiled it (observed:
+# 3.6.0 on the H100 host, 3.9.0 on the CPU machine); another Triton may give either.
+EXPECTED_BY_TRITON = {"3.6.0": ["v_dot2_bf16_bf16"], "3.9.0": []}
 
 # The planted bug of the class the scan exists for: a kernel that multiplies in bf16.
 TRUNCATING_BF16_PROBE = textwrap.dedent("""
@@ -344,8 +347,7 @@ def test_this_triton_compiles_a_bf16_multiply_as_the_scan_expects(tmp_path: Path
     found = json.loads(result.stdout.strip().splitlines()[-1])
     from importlib.metadata import version
 
-    assert found in ([], ["v_dot2_bf16_bf16"])
-    print(f"triton {version('triton')}: a bf16 multiply for gfx1200 executes {found or 'no truncating instruction'}")
+    assert found == EXPECTED_BY_TRITON.get(version("triton"), found) and found in ([], ["v_dot2_bf16_bf16"])
 
 
 def test_a_truncating_arch_is_named_in_the_results_doc_and_matrix(tmp_path: Path) -> None:

@@ -151,7 +151,9 @@ class FunctionalLayers(LayerFacet):
         return self.backend.export_packed(layer.quantized)
 
     def empty(self, spec: QuantSpec, shape: tuple[int, int], bias: bool, compute_dtype: torch.dtype) -> torch.nn.Module:
-        """A layer holding the quantization of zeros with ``spec`` (the loading side's defaults)."""
-        return self.quantize(
-            torch.zeros(shape), torch.zeros(shape[0]) if bias else None, spec, compute_dtype, torch.device("cpu")
-        )
+        """A layer holding the quantization of zeros with ``spec`` (the loading side's defaults),
+        built on the CPU where the backend claims it, else on the first device it claims (a
+        backend that quantizes only on a GPU, as our Triton kernels do outside the interpreter)."""
+        claimed = self.backend.capabilities(torch.device("cpu")).devices
+        device = torch.device("cpu" if "cpu" in claimed or not claimed else claimed[0])
+        return self.quantize(torch.zeros(shape), torch.zeros(shape[0]) if bias else None, spec, compute_dtype, device)
