@@ -47,6 +47,14 @@ def _series(entry: Benchmark) -> str:
     return f"{entry.backend} ({entry.format.removesuffix('-dq')})"
 
 
+# A backend keeps its colour in every panel and every plot (a series is "backend (format)").
+BACKEND_COLOURS = {"bitsandbytes": "C0", "hqq": "C1", "torch-int4-tinygemm": "C2", "triton-nf4": "C3"}
+
+
+def _colour(series: str, index: int) -> str:
+    return BACKEND_COLOURS.get(series.split(" (", 1)[0], f"C{4 + index % 6}")
+
+
 def render(report: RunReport, png_path: str | Path, metric: str = "percent") -> Path:
     """Draw ``report``'s benchmarks into ``png_path`` (Agg canvas, no global backend)."""
     if metric not in METRICS:
@@ -86,7 +94,7 @@ def render(report: RunReport, png_path: str | Path, metric: str = "percent") -> 
             xs = [i + (s_index - (len(series) - 1) / 2) * width for i, case in enumerate(cases) if case in values]
             ys = [values[case] for case in cases if case in values]
             if xs:
-                bars = ax.bar(xs, ys, width=width, label=name)
+                bars = ax.bar(xs, ys, width=width, label=name, color=_colour(name, s_index))
             eager = {
                 _case(e): e.eager_median_s * 1e6 for e in entries if _series(e) == name and e.eager_median_s is not None
             }

@@ -32,8 +32,6 @@ from typing import Any
 from pytest_qconform.report.run_report import VERDICTS, RunReport
 from pytest_qconform.report.versions import backend_version, version_key
 
-FALLBACK_ARCHS: tuple[str, ...] = ("gfx1200", "gfx1201", "gfx1100", "gfx942", "gfx90a", "sm90", "sm80")
-
 RowKey = tuple[str, str, str, str]
 
 
@@ -187,11 +185,9 @@ def merge(
 
 
 def known_archs() -> tuple[str, ...]:
-    """The archs the project knows about (``pytest_qconform.hardware.archs``), else a fixed list."""
-    try:
-        from pytest_qconform.hardware.archs import KNOWN_ARCHS
-    except ImportError:
-        return FALLBACK_ARCHS
+    """The archs the project knows about (``pytest_qconform.hardware.archs``)."""
+    from pytest_qconform.hardware.archs import KNOWN_ARCHS
+
     return tuple(KNOWN_ARCHS)
 
 

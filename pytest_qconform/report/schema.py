@@ -19,11 +19,6 @@ class SchemaError(ValueError):
     """A dict does not follow the report schema; the message names the field."""
 
 
-def utc_now() -> str:
-    """The current UTC time in the report's ``created`` format."""
-    return _dt.datetime.now(_dt.UTC).strftime(CREATED_FORMAT)
-
-
 def parse_created(created: str) -> _dt.datetime:
     """``2025-01-31T12:00:00Z`` -> aware UTC datetime; anything else is a SchemaError."""
     if not isinstance(created, str) or not created.endswith("Z"):
