@@ -358,9 +358,8 @@ def doc_markdown(check: CompileCheck) -> str:
         "The AMD machine code of every variant is scanned for instructions known to round bf16 toward zero "
         "(`pytest_qconform/compile/bf16_rounding.py`). "
         + ("Found:" if truncating else f"None found with Triton {check.triton}."),
-        "",
     ]
-    out += [f"- {note}" for note in truncating]
+    out += ["", *(f"- {note}" for note in truncating)] if truncating else []
     unsupported = [r for r in check.archs if r.unsupported]
     if unsupported:
         out += [
