@@ -369,7 +369,7 @@ def summary_markdown(summary: Summary) -> list[str]:
     out = markdown_table(["operation", *(f"{backend} · {arch}" for backend, arch in columns)], rows)
     out += ["", summary_legend()]
     if summary.known_failures:
-        out += ["", '**Known failures** (listed in `known_failures.toml`; docs/findings.md):', ""]
+        out += ["", "**Known failures** (listed in `known_failures.toml`; docs/findings.md):", ""]
         for group in summary.known_failures:
             what, link = known_failure_text(group.reason)
             source = f" ([source]({link.split(' ')[0]}))" if link.startswith("http") else ""
