@@ -99,17 +99,23 @@ def triton_target(facts: archs.ArchFacts) -> Any:
 
 
 def launch_sites() -> set[str]:
-    """``module.kernel`` for every ``kernel[grid](...)`` in the kernels package's source:
-    the kernels we ship, whatever they are called."""
+    """``module.kernel`` for every ``kernel[grid](...)`` and every ``BoundLaunch(kernel, ...)``
+    (a launch bound once, ``kernels/launch.py``) in the kernels package's source: the
+    kernels we ship, whatever they are called and however they are launched."""
     sites = set()
     for path in sorted(KERNELS_DIR.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Subscript)
-                and isinstance(node.func.value, ast.Name)
-            ):
+            if not isinstance(node, ast.Call):
+                continue
+            if isinstance(node.func, ast.Subscript) and isinstance(node.func.value, ast.Name):
                 sites.add(f"{path.stem}.{node.func.value.id}")
+            elif (
+                isinstance(node.func, ast.Name)
+                and node.func.id == "BoundLaunch"
+                and node.args
+                and isinstance(node.args[0], ast.Name)
+            ):
+                sites.add(f"{path.stem}.{node.args[0].id}")
     return sites
 
 
