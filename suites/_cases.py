@@ -17,12 +17,14 @@ from pytest_qconform.cases.axes import spec_id  # noqa: F401  (the suites' insta
 from pytest_qconform.cases.claims import target_device, unclaimed
 from pytest_qconform.hardware.targets import Target
 from pytest_qconform.session.outcomes import NOT_CLAIMED_PREFIX
+from pytest_qconform.vocabulary import DtypeLabel
 
 DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def dtype_id(dtype: torch.dtype) -> str:
-    return {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
+    """The dtype's label in node ids and failure messages (the report's vocabulary)."""
+    return DtypeLabel.of(dtype).value
 
 
 def require_claim(

@@ -50,6 +50,7 @@ from pytest_qconform.backends.base import Backend, Quantized, QuantSpec
 from pytest_qconform.hardware.targets import Target
 from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 from pytest_qconform.report.benchmarks import RATIO_BASELINE, Benchmark
+from pytest_qconform.vocabulary import DtypeLabel
 
 FULL_SHAPES: tuple[tuple[int, int], ...] = ((4096, 4096), (8192, 8192), (14336, 4096))  # (N, K)
 SMALL_SHAPES: tuple[tuple[int, int], ...] = tuple((n // 32, k // 32) for n, k in FULL_SHAPES)
@@ -71,8 +72,6 @@ EAGER_LOOPS, EAGER_CALLS = 7, 100  # eager time: median over loops of this many 
 CPU_ROUNDS, CPU_WARMUP_ROUNDS = 20, 2
 GPU_COPY_MIN_BYTES, CPU_COPY_BYTES = 256 * 2**20, 64 * 2**20
 SEED = 0
-
-_DTYPE_LABELS = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
 @dataclass(frozen=True)
@@ -471,7 +470,7 @@ class Harness:
             backend=backend.name,
             operation=operation,
             format=spec.label(),
-            dtype=_DTYPE_LABELS[dtype],
+            dtype=DtypeLabel.of(dtype).value,
             target=self.target.id,
             shape=shape,
             batch=batch,
