@@ -36,7 +36,7 @@ ROWS = (1, 2, 4, 8, 16, 128)
 COPIES = 4
 
 
-def _cases(which: str, device: torch.device):
+def _cases(which: str, device: torch.device, row_counts: tuple[int, ...] = ROWS):
     """(name, shape, rows, call(i), count) for the backends named in ``which``."""
     from pytest_qconform.backends.base import QuantSpec
     from pytest_qconform.backends.registry import create as get_backend
@@ -49,7 +49,7 @@ def _cases(which: str, device: torch.device):
         for backend in backends:
             first = backend.quantize(weight, spec)
             qs = [first] + [copy.deepcopy(first) for _ in range(COPIES - 1)]
-            for rows in ROWS:
+            for rows in row_counts:
                 xs = [torch.randn(rows, k, device=device).to(torch.bfloat16) for _ in range(COPIES)]
                 fresh = backend.matmul(xs[0], copy.deepcopy(qs[0]), None, torch.bfloat16)  # entry points
                 yield (
@@ -76,7 +76,7 @@ def _cases(which: str, device: torch.device):
 
             generator = torch.Generator(device=device).manual_seed(2)
             packed = [_packed_weight(n, k, device, generator) for _ in range(COPIES)]
-            for rows in ROWS:
+            for rows in row_counts:
                 xs = [torch.randn(rows, k, device=device).to(torch.bfloat16) for _ in range(COPIES)]
                 yield (
                     "torch-int4-tinygemm",
@@ -104,14 +104,14 @@ def _eager_time(call, count: int, loops: int = 7, calls: int = 100) -> float:
     return statistics.median(seconds)
 
 
-def measure(which: str, label: str) -> list[dict]:
+def measure(which: str, label: str, row_counts: tuple[int, ...] = ROWS) -> list[dict]:
     from pytest_qconform.benchmark import harness as bench
 
     device = torch.device("cuda")
     facts = bench._measure_facts(device)
     rows_out = []
     with torch.no_grad():
-        for name, shape, rows, call in _cases(which, device):
+        for name, shape, rows, call in _cases(which, device, row_counts):
             times, hidden = bench.device_times(call, COPIES, 100, facts, device)
             eager = _eager_time(call, COPIES)
             rows_out.append(
@@ -219,8 +219,9 @@ def main() -> int:
     parser.add_argument("--old-tree", type=Path)
     parser.add_argument("--profile", type=Path)
     parser.add_argument("--graph", action="store_true", help="also the CUDA-graph replay check")
+    parser.add_argument("--rows", default=",".join(map(str, ROWS)), help="row counts, comma-separated")
     args = parser.parse_args()
-    results = measure(args.which, args.label)
+    results = measure(args.which, args.label, tuple(int(r) for r in args.rows.split(",")))
     if args.graph:
         results += graph_check()
     if args.old_tree:

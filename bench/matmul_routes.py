@@ -41,7 +41,12 @@ def _routes(triton_backend, bnb_backend):
         def make(weights, xs):
             patches = [mock.patch.object(nf4_gemv, "MMA_MIN_ROWS", min_rows)] if min_rows else []
             if config:
-                patches.append(mock.patch.object(nf4_mma, "_GPU_CONFIG", {1: config, 2: config}))
+                # two row tiles take at most two groups of x (the kernel's static assert)
+                one_tile = (1, *config[1:])
+                patches.append(
+                    mock.patch.object(nf4_mma, "_GPU_CONFIG", {1: config, 2: config, 3: one_tile, 4: one_tile})
+                )
+                patches.append(mock.patch.object(nf4_mma, "_GPU_CONFIG_NARROW", {}))
 
             def call(i):
                 for p in patches:
@@ -103,10 +108,13 @@ def main() -> None:
             )
             copies = bench.copies_for(n * k // 2 + n * k // 16, facts.cache_bytes)
             routes, fused = _routes(triton_backend, bnb_backend)
-            routes["tensor-core default"] = (tuple(b for b in BATCHES if 2 <= b <= 16), fused(min_rows=2))
+            routes["tensor-core default"] = (tuple(b for b in BATCHES if 2 <= b <= kernels.MAX_ROWS), fused(min_rows=2))
             for config in args.configs:
                 values = tuple(int(v) for v in config.split(","))
-                routes[f"tensor-core {config}"] = (tuple(b for b in BATCHES if 2 <= b <= 16), fused(config=values))
+                routes[f"tensor-core {config}"] = (
+                    tuple(b for b in BATCHES if 2 <= b <= kernels.MAX_ROWS),
+                    fused(config=values),
+                )
             for name, (batches, make) in routes.items():
                 backend = bnb_backend if name == "bitsandbytes" else triton_backend
                 weights = [quantized[backend.name]] + [

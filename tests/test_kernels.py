@@ -370,8 +370,9 @@ def test_gemv_rows_kernel_only_where_it_can_read_x(monkeypatch, per_row_kernels)
 
 @pytest.mark.parametrize("config", [None, (2, 2, 8)], ids=["default", "two-tiles-two-warps-two-splits"])
 def test_gemv_tensor_core_kernel_configurations(monkeypatch, config):
-    """The tensor-core kernel (4-16 rows of bf16/fp16 x, K a multiple of 64) in the
-    configurations the GPU meets: one or two groups of 8 rows of x (5 and 11 rows), N not a
+    """The tensor-core kernel (2-32 rows of bf16/fp16 x, K a multiple of 64) in the
+    configurations the GPU meets: one to four groups of 8 rows of x (5, 11, 19 and 29 rows;
+    three and four groups always in one row tile), N not a
     multiple of the 16- or 32-row tiles (the last rows clamped and not stored), K = 320
     (5 chunks: with 2 warps and 2 splits some warps get none in the last iteration), the
     warps' and the splits' sums (the second config: 2 tiles per program, 2 warps, 2 splits),
@@ -381,24 +382,28 @@ def test_gemv_tensor_core_kernel_configurations(monkeypatch, config):
 
     if config is not None:
         monkeypatch.setattr(
-            nf4_mma, "_GPU_CONFIG" if DEVICE.type == "cuda" else "_INTERPRETER_CONFIG", {1: config, 2: config}
+            nf4_mma,
+            "_GPU_CONFIG" if DEVICE.type == "cuda" else "_INTERPRETER_CONFIG",
+            {1: config, 2: config, 3: (1, *config[1:]), 4: (1, *config[1:])},
         )
     launched = spy_on(monkeypatch, nf4_mma, "_gemm_4bit_mma_kernel")
     sums = spy_on(monkeypatch, nf4_mma, "_sum_splits_kernel")
     gen = torch.Generator().manual_seed(16)
     cases = 0
-    for blocksize, double_quant, x_dtype in (
-        (64, False, torch.bfloat16),
-        (32, True, torch.float16),
-        (128, True, torch.bfloat16),
-        (256, False, torch.float16),
+    for blocksize, double_quant, x_dtype, most_rows in (
+        (64, False, torch.bfloat16, 19),
+        (32, True, torch.float16, 29),
+        (128, True, torch.bfloat16, 29),
+        (256, False, torch.float16, 19),
     ):
         check_gemv((42, 320), (5, 320), True, double_quant, x_dtype, gen, blocksize)
         check_gemv((42, 320), (11, 320), False, double_quant, x_dtype, gen, blocksize)
-        cases += 2
+        check_gemv((42, 320), (most_rows, 320), most_rows == 19, double_quant, x_dtype, gen, blocksize)
+        cases += 3
     assert len(launched) == cases, "every case must take the tensor-core kernel"
     if config is not None:
-        assert launched[0][1] == 2 and len(sums) == cases, "two splits, added by the second kernel"
+        split = [grid for grid in launched if grid[1] == 2]
+        assert split and len(sums) == len(split), "two splits, added by the second kernel"
 
 
 @pytest.mark.parametrize(
@@ -497,10 +502,10 @@ def test_gemv_reads_non_contiguous_x():
     )
 
 
-def test_gemv_refuses_more_than_16_rows():
+def test_gemv_refuses_more_than_32_rows():
     packed, state, kw = quantize((4, 64), "nf4", 64, False)
-    x = torch.zeros(17, 64, device=DEVICE)
-    with pytest.raises(ValueError, match="at most 16"):
+    x = torch.zeros(33, 64, device=DEVICE)
+    with pytest.raises(ValueError, match="at most 32"):
         kernels.gemv_4bit(x, packed.to(DEVICE), state.absmax.to(DEVICE), shape=(4, 64), **kw)
 
 

@@ -52,14 +52,15 @@ _QUANT_TYPES = ("nf4", "fp4")
 
 
 # Rows routed to the fused gemv at most (kernels.fused_rows_limit may say fewer for a given
-# x and device). Measured on the H100 (bench/notes.md "v11"): at 8192 x 8192 bf16 the
-# per-row kernels serve 1-3 rows (22.5-50.6 us), the tensor-core kernel 4-16 (55.9-87.8 us);
-# dequantize + cuBLAS takes 115.7 us at any of these batches and wins from 17 on.
+# x and device). Measured on the H100 (bench/notes.md "v15"): at 8192 x 8192 bf16 the
+# per-row kernel serves 1 row (22.4 us), the tensor-core kernel 2-32 (34.2-84.1 us);
+# dequantize + cuBLAS takes 115.6 us at any of these batches and wins from 33 on (at
+# 4096^2 it is level at 32 rows: 29.0 against 30.5).
 # The matmul suite checks every batch up to one past this
 # (test_matmul_every_row_count_past_the_fused_limit), 2 rows on against the
 # dequantize-then-GEMM error model, which both fused routes meet: the per-row kernels keep
 # code * absmax in fp32, the tensor-core kernel rounds it once to the compute dtype.
-FUSED_MAX_ROWS = 16
+FUSED_MAX_ROWS = 32
 INTERPRETED_BLOCKSIZES: tuple[int, ...] = (64, 128)  # claimed on the CPU (Triton's interpreter)
 INTERPRETED_MAX_OUT_FEATURES = 4096
 

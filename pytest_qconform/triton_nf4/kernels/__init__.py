@@ -1,7 +1,7 @@
 """Our own Triton kernels for bitsandbytes-layout 4-bit weights (NF4 and FP4).
 
 ``dequantize_4bit`` (bit-identical to bitsandbytes), ``gemv_4bit`` (fused dequantize-matmul
-for <= 16 rows: per-row kernels for one row, tensor cores (``nf4_mma``) from two),
+for <= 32 rows: per-row kernels for one row, tensor cores (``nf4_mma``) from two),
 ``fused_rows_limit`` (up to how many rows that beats dequantize + GEMM) and
 ``WeightBuffer`` (a reusable dequantize buffer). The code table is an argument, so NF4 and
 FP4 share every kernel.

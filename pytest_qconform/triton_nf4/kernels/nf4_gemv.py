@@ -11,7 +11,7 @@ products with x are accumulated in fp32 and rounded once to x's dtype. Compiled 
 the compiler may contract ``x * w + acc`` (and the double-quant ``* + offset``) into FMAs:
 that is one rounding fewer, not a different formula.
 
-From ``MMA_MIN_ROWS`` rows on (at most 16), where it can read x and W, the tensor-core
+From ``MMA_MIN_ROWS`` rows on (at most 32), where it can read x and W, the tensor-core
 kernel (``nf4_mma``) decodes each weight once for all rows. Otherwise each row of x is
 served on its own; the programs for the other rows of x run next to it and find the packed
 bytes in L2. When K is a multiple of the blocksize (rows start on a block), these kernels
@@ -51,9 +51,10 @@ MAX_ROWS = nf4_mma.MAX_ROWS
 # fewer rows, and batches it cannot take, go to the per-row kernels below. H100, bf16
 # (bench/notes.md v11), per-row vs tensor-core kernel: 8192^2 2 rows 36.0 vs 53.6 us,
 # 3 rows 50.6 vs 54.8, 4 rows 65.6 vs 55.9; 14336 x 4096 3 rows 49.0 vs 46.0; 4096^2
-# 4 rows 20.5 vs 20.9. Since v13 (the K-split fix) the tensor-core kernel takes 35.5 us at
-# 8192^2 and 4 rows, so 2-3 rows may go there too: not re-measured yet (matmul_routes.py).
-MMA_MIN_ROWS = 4
+# 4 rows 20.5 vs 20.9. Since v13 (the K-split fix) it is faster from 2 rows at two of the
+# three benchmark shapes (v15, matmul_routes.py: 2 rows 34.2 vs 35.8 us at 8192^2, 27.7
+# vs 35.2 at 14336 x 4096, but 15.4 vs 13.4 at 4096^2; 3 rows faster at all three).
+MMA_MIN_ROWS = 2
 # The per-row kernels beat dequantize + GEMM up to this many rows (their time grows with
 # the rows; notes "Few rows"), the tensor-core kernel up to MAX_ROWS.
 PER_ROW_MAX_ROWS = 4
@@ -753,7 +754,7 @@ def gemv_4bit(
 ) -> torch.Tensor:
     """``x @ W.T + bias`` with W (N, K) read from bitsandbytes-packed 4-bit bytes.
 
-    x: [..., K] bf16/fp16/fp32, any strides, at most 16 rows once the leading dims are
+    x: [..., K] bf16/fp16/fp32, any strides, at most 32 rows once the leading dims are
     flattened (larger batches should dequantize once and call a GEMM; ``fused_rows_limit``
     says up to how many rows this is faster). Returns [..., N] in x.dtype; accumulation is
     fp32. The tensor-core route (``mma_route``) rounds each fp32 weight to x's dtype before

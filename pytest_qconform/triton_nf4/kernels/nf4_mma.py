@@ -1,4 +1,4 @@
-"""Fused 4-bit matmul for 2-16 activation rows on tensor cores: ``y = x W^T + b``.
+"""Fused 4-bit matmul for 2-32 activation rows on tensor cores: ``y = x W^T + b``.
 
 The per-row kernels (``nf4_gemv``) decode every weight once per row of x; from a few rows
 on, that decode is the cost (8192 x 8192 on the H100: 22 us for one row, 65 us for four).
@@ -50,15 +50,20 @@ from pytest_qconform.triton_nf4.kernels.nf4_dequant import (
     store_as,
 )
 
-MAX_ROWS = 16  # two groups of 8 rows of x (B is 8 columns wide)
+MAX_ROWS = 32  # four groups of 8 rows of x (B is 8 columns wide)
 CHUNK = 64  # columns of K per warp step: 4 products of 16 columns
 _CHUNK = tl.constexpr(CHUNK)  # the same, readable inside the kernels
 # (ROW_TILES, num_warps, warps per multiprocessor the split aims at) by groups of 8 rows
-# of x: the GPU's choice from bench/notes.md v11 and v13 (8192^2 bf16, H100: 8 rows 39.3 us
-# with (1, 4, 32), 16 rows 56.2 with (2, 4, 32); aiming at 64 warps per multiprocessor:
-# 41.4 and 55.8); the interpreter runs one warp, one tile.
-_GPU_CONFIG = {1: (1, 4, 32), 2: (2, 4, 32)}
-_INTERPRETER_CONFIG = {1: (1, 1, 1), 2: (1, 1, 1)}
+# of x: the GPU's choice from bench/notes.md v11, v13 and v15 (H100, bf16: 8192^2 8 rows
+# 39.1 us with (1, 4, 32), 17-24 rows 53.3-60.3, 32 rows 84.1; 14336 x 4096 16 rows 40.0
+# with (2, 4, 32)); below NARROW_N outputs, two groups take ``_GPU_CONFIG_NARROW`` (v15:
+# 8192^2 16 rows 47.3 us against 56.2, 4096^2 20.6 against 25.2; at 14336 x 4096 it
+# loses, 44.1 against 40.0). Three and four groups stay in one row tile (the kernel holds
+# accumulators for two groups per tile of a pair). The interpreter runs one warp, one tile.
+_GPU_CONFIG = {1: (1, 4, 32), 2: (2, 4, 32), 3: (1, 4, 32), 4: (1, 4, 32)}
+NARROW_N = 12288
+_GPU_CONFIG_NARROW = {2: (1, 8, 32)}
+_INTERPRETER_CONFIG = {1: (1, 1, 1), 2: (1, 1, 1), 3: (1, 1, 1), 4: (1, 1, 1)}
 
 
 @triton.jit
@@ -286,6 +291,8 @@ def _tile_products(
     scale1,
     xa,
     xb,
+    xc,
+    xd,
     d0,
     d1,
     d2,
@@ -294,6 +301,14 @@ def _tile_products(
     e1,
     e2,
     e3,
+    p0,
+    p1,
+    p2,
+    p3,
+    r0,
+    r1,
+    r2,
+    r3,
     lane_code,
     code_ptr,
     NUM_WARPS: tl.constexpr,
@@ -301,18 +316,27 @@ def _tile_products(
     X_FP16: tl.constexpr,
     PTX: tl.constexpr,
 ):
-    """One chunk of one 16-row tile against x rows 0-7 (``xa``, into d) and 8-15 (``xb``,
-    into e, when X_GROUPS is 2): 4 products each, A decoded once for both."""
+    """One chunk of one 16-row tile against x rows 0-7 (``xa``, into d), 8-15 (``xb``, into
+    e, when X_GROUPS >= 2), 16-23 (``xc``, into p, X_GROUPS >= 3) and 24-31 (``xd``, into
+    r, X_GROUPS 4): 4 products each, A decoded once for all."""
     for q in tl.static_range(4):
         a0, a1, a2, a3 = _a_registers(unit0, unit1, scale0, scale1, q, lane_code, code_ptr, X_FP16, PTX)
         d0, d1, d2, d3 = _mma(
             a0, a1, a2, a3, xa[q].to(tl.int32), (xa[q] >> 32).to(tl.int32), d0, d1, d2, d3, NUM_WARPS, X_FP16, PTX
         )
-        if X_GROUPS == 2:
+        if X_GROUPS >= 2:
             e0, e1, e2, e3 = _mma(
                 a0, a1, a2, a3, xb[q].to(tl.int32), (xb[q] >> 32).to(tl.int32), e0, e1, e2, e3, NUM_WARPS, X_FP16, PTX
             )
-    return d0, d1, d2, d3, e0, e1, e2, e3
+        if X_GROUPS >= 3:
+            p0, p1, p2, p3 = _mma(
+                a0, a1, a2, a3, xc[q].to(tl.int32), (xc[q] >> 32).to(tl.int32), p0, p1, p2, p3, NUM_WARPS, X_FP16, PTX
+            )
+        if X_GROUPS >= 4:
+            r0, r1, r2, r3 = _mma(
+                a0, a1, a2, a3, xd[q].to(tl.int32), (xd[q] >> 32).to(tl.int32), r0, r1, r2, r3, NUM_WARPS, X_FP16, PTX
+            )
+    return d0, d1, d2, d3, e0, e1, e2, e3, p0, p1, p2, p3, r0, r1, r2, r3
 
 
 @triton.jit
@@ -399,9 +423,10 @@ def _gemm_4bit_mma_kernel(
     PTX: tl.constexpr,
 ):
     """Weight rows ``16 * ROW_TILES * pid0 ..`` against every row of x (at most 8 *
-    X_GROUPS), over the chunks of split pid1 (chunks pid1 * NUM_WARPS + warp, then every
-    NUM_WARPS * splits). One split: bias and rounding here; several: fp32 sums into
+    X_GROUPS; two row tiles take at most two groups), over the chunks of split pid1 (chunks
+    pid1 * NUM_WARPS + warp, then every NUM_WARPS * splits). One split: bias and rounding here; several: fp32 sums into
     ``out_ptr`` [splits, M, N] for ``_sum_splits_kernel``."""
+    tl.static_assert(ROW_TILES == 1 or X_GROUPS <= 2, "two row tiles hold accumulators for two groups of x")
     lane = tl.arange(0, 32 * NUM_WARPS) * one
     warp = lane // 32
     g = (lane % 32) // 4
@@ -419,21 +444,29 @@ def _gemm_4bit_mma_kernel(
     quads_per_x_row = stride_xm // 4
     xa_row = g.to(tl.int64) * quads_per_x_row
     xb_row = (g + 8).to(tl.int64) * quads_per_x_row
+    xc_row = (g + 16).to(tl.int64) * quads_per_x_row
+    xd_row = (g + 24).to(tl.int64) * quads_per_x_row
     chunks = K // _CHUNK
     stride = NUM_WARPS * splits
     iterations = tl.cdiv(chunks, stride)
     zero = tl.zeros(lane.shape, dtype=tl.float32)
     d0, d1, d2, d3, e0, e1, e2, e3 = zero, zero, zero, zero, zero, zero, zero, zero
     f0, f1, f2, f3, h0, h1, h2, h3 = zero, zero, zero, zero, zero, zero, zero, zero
+    p0, p1, p2, p3, r0, r1, r2, r3 = zero, zero, zero, zero, zero, zero, zero, zero
     for i in range(0, iterations):
         c = split * NUM_WARPS + warp + i * stride
         valid = c < chunks
         c = tl.minimum(c, chunks - 1)
         xa = _x_loads(x_quads, xa_row, valid & (g < M), c, t)
-        if X_GROUPS == 2:
+        xb = xa
+        xc = xa
+        xd = xa
+        if X_GROUPS >= 2:
             xb = _x_loads(x_quads, xb_row, valid & (g + 8 < M), c, t)
-        else:
-            xb = xa
+        if X_GROUPS >= 3:
+            xc = _x_loads(x_quads, xc_row, valid & (g + 16 < M), c, t)
+        if X_GROUPS >= 4:
+            xd = _x_loads(x_quads, xd_row, valid & (g + 24 < M), c, t)
         unit0, unit1, scale0, scale1 = _tile_loads(
             pairs_ptr,
             absmax_ptr,
@@ -450,13 +483,15 @@ def _gemm_4bit_mma_kernel(
             NESTED_BLOCKSIZE,
             DOUBLE_QUANT,
         )
-        d0, d1, d2, d3, e0, e1, e2, e3 = _tile_products(
+        d0, d1, d2, d3, e0, e1, e2, e3, p0, p1, p2, p3, r0, r1, r2, r3 = _tile_products(
             unit0,
             unit1,
             scale0,
             scale1,
             xa,
             xb,
+            xc,
+            xd,
             d0,
             d1,
             d2,
@@ -465,6 +500,14 @@ def _gemm_4bit_mma_kernel(
             e1,
             e2,
             e3,
+            p0,
+            p1,
+            p2,
+            p3,
+            r0,
+            r1,
+            r2,
+            r3,
             lane_code,
             code_ptr,
             NUM_WARPS,
@@ -489,13 +532,15 @@ def _gemm_4bit_mma_kernel(
                 NESTED_BLOCKSIZE,
                 DOUBLE_QUANT,
             )
-            f0, f1, f2, f3, h0, h1, h2, h3 = _tile_products(
+            f0, f1, f2, f3, h0, h1, h2, h3, _, _, _, _, _, _, _, _ = _tile_products(
                 unit2,
                 unit3,
                 scale2,
                 scale3,
                 xa,
                 xb,
+                xa,
+                xa,
                 f0,
                 f1,
                 f2,
@@ -504,6 +549,14 @@ def _gemm_4bit_mma_kernel(
                 h1,
                 h2,
                 h3,
+                zero,
+                zero,
+                zero,
+                zero,
+                zero,
+                zero,
+                zero,
+                zero,
                 lane_code,
                 code_ptr,
                 NUM_WARPS,
@@ -513,11 +566,15 @@ def _gemm_4bit_mma_kernel(
             )
     out = out_ptr + split.to(tl.int64) * M * N
     _store_tile(out, bias_ptr, d0, d1, d2, d3, first_row, 0, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS)
-    if X_GROUPS == 2:
+    if X_GROUPS >= 2:
         _store_tile(out, bias_ptr, e0, e1, e2, e3, first_row, 8, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS)
+    if X_GROUPS >= 3:
+        _store_tile(out, bias_ptr, p0, p1, p2, p3, first_row, 16, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS)
+    if X_GROUPS >= 4:
+        _store_tile(out, bias_ptr, r0, r1, r2, r3, first_row, 24, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS)
     if ROW_TILES == 2:
         _store_tile(out, bias_ptr, f0, f1, f2, f3, first_row + 16, 0, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS)
-        if X_GROUPS == 2:
+        if X_GROUPS >= 2:
             _store_tile(
                 out, bias_ptr, h0, h1, h2, h3, first_row + 16, 8, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS
             )
@@ -598,7 +655,7 @@ def gemm_4bit_mma(
     code: torch.Tensor,
     multiprocessors: int,
 ) -> torch.Tensor:
-    """``out = x2 @ W^T + bias`` for x2 [M <= 16, K] (``x_readable``), W (N, K)
+    """``out = x2 @ W^T + bias`` for x2 [M <= 32, K] (``x_readable``), W (N, K)
     (``weight_readable``), ``out`` [M, N] in x2's dtype."""
     plan_gemm_4bit_mma(
         x2,
@@ -638,8 +695,13 @@ def plan_gemm_4bit_mma(
     alignment), decided and bound once: ``plan(x2, out, bias)``."""
     M, K = x2.shape
     ptx = mma_ptx_ok(x2.device)
-    x_groups = 1 if M <= 8 else 2
-    row_tiles, num_warps, warps_per_sm = (_GPU_CONFIG if x2.device.type != "cpu" else _INTERPRETER_CONFIG)[x_groups]
+    x_groups = math.ceil(M / 8)
+    if x2.device.type == "cpu":
+        row_tiles, num_warps, warps_per_sm = _INTERPRETER_CONFIG[x_groups]
+    elif N < NARROW_N and x_groups in _GPU_CONFIG_NARROW:
+        row_tiles, num_warps, warps_per_sm = _GPU_CONFIG_NARROW[x_groups]
+    else:
+        row_tiles, num_warps, warps_per_sm = _GPU_CONFIG[x_groups]
     tiles = math.ceil(N / (16 * row_tiles))
     splits = splits_for(tiles, num_warps, warps_per_sm, K // CHUNK, multiprocessors)
     bf16_bits = x2.dtype == torch.bfloat16 and interpreter_active()
