@@ -28,13 +28,15 @@ HQQ's groups and is held to the same bound.
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
 import numpy as np
 import torch
 from pytest_qconform.reference import bnb4, gemlite4, hqq4
 from pytest_qconform.reference.formats import code_table
 from pytest_qconform.reference.packed import PackedBnb4, PackedGemlite4, PackedHqq4
 
-Packed = PackedBnb4 | PackedHqq4 | PackedGemlite4
+Packed: TypeAlias = PackedBnb4 | PackedHqq4 | PackedGemlite4
 
 __all__ = ["decode", "faithful_bound", "nonfinite_stored_fields"]
 

@@ -7,6 +7,8 @@ matrix. Tolerances never appear here: they come from ``pytest_qconform.reference
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
 import pytest
 import torch
 from pytest_qconform.reference import bnb4, faithful, gemlite4, hqq4
@@ -19,7 +21,7 @@ from pytest_qconform.hardware.targets import Target
 from pytest_qconform.session.outcomes import NOT_CLAIMED_PREFIX
 from pytest_qconform.vocabulary import DtypeLabel
 
-Packed = PackedBnb4 | PackedHqq4 | PackedGemlite4  # every layout export_packed returns
+Packed: TypeAlias = PackedBnb4 | PackedHqq4 | PackedGemlite4  # every layout export_packed returns
 DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
 
 

@@ -9,6 +9,8 @@ the derived bound.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -130,3 +132,40 @@ def test_a_converted_hqq_layer_decodes_to_hqqs_weight_within_the_bounds(dtype):
     bound = bounds.gemlite4_dequantize_bound(converted, dtype)
     assert bool(((kernel - gemlite_exact).abs() <= bound).all())
     assert bool(((gemlite_exact - weight.double()).abs() <= faithful.faithful_bound(converted, weight)).all())
+
+
+def _reversed_nibbles(words: np.ndarray) -> np.ndarray:
+    """A converter that writes code ``j`` into bits ``28 - 4 j`` (the other nibble order)."""
+    unsigned = words.view(np.uint32)
+    out = np.zeros_like(unsigned)
+    for j in range(8):
+        out |= ((unsigned >> np.uint32(4 * j)) & np.uint32(15)) << np.uint32(28 - 4 * j)
+    return out.view(np.int32)
+
+
+@pytest.mark.parametrize("mutation", ("reversed-nibbles", "fma-zero-read-as-hqq-zero", "scale-of-next-group"))
+def test_a_mis_converted_layer_is_caught_against_hqqs_weight(mutation):
+    """The mutant zoo's class for converted layouts, at the reference: each plausible
+    conversion bug decodes, by the gemlite4 reference, outside the bound of HQQ's weight."""
+    pytest.importorskip("hqq")
+    from hqq.core.quantize import BaseQuantizeConfig, HQQLinear
+
+    dtype = torch.float16
+    linear = torch.nn.Linear(64, 8, bias=False)
+    linear.weight.data = torch.randn(8, 64, generator=torch.Generator().manual_seed(2)).to(dtype)
+    layer = HQQLinear(linear, BaseQuantizeConfig(nbits=4, group_size=32, axis=1), compute_dtype=dtype, device="cpu")
+    meta = layer.meta
+    hqq_state = PackedHqq4(
+        tuple(meta["shape"]), 32, 1, layer.W_q.numpy(), meta["scale"].float().numpy(), meta["zero"].float().numpy()
+    )
+    good = _convert_like_gemlite(hqq_state, dtype)
+    if mutation == "reversed-nibbles":
+        bad = dataclasses.replace(good, packed=_reversed_nibbles(good.packed))
+    elif mutation == "fma-zero-read-as-hqq-zero":
+        bad = dataclasses.replace(good, group_mode=3)
+    else:
+        bad = dataclasses.replace(good, scale=np.roll(good.scale, 1, axis=0))
+    hqq_exact = hqq4.decode(hqq_state)
+    allowed = bounds.gemlite4_dequantize_bound(good, dtype) + bounds.rounding_bound(hqq_exact, dtype)
+    assert bool(((gemlite4.decode(good) - hqq_exact).abs() <= allowed).all())
+    assert bool(((gemlite4.decode(bad) - hqq_exact).abs() > allowed).any())
