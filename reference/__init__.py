@@ -12,11 +12,13 @@ Public, stable API (downstream conformance tests call it directly):
 - ``bnb4``: ``unpack_codes``, ``pack_codes``, ``code_values``, ``decode_absmax``,
   ``decode``, ``quantize``, ``encode``
 - ``hqq4``: ``unpack_4bit_u8``, ``grouped_shape``, ``decode``
+- ``gemlite4``: ``unpack_over_cols``, ``decode``, ``decode_parts``, ``hqq_parts`` (an HQQ layer
+  converted by gemlite)
 - ``linear``: ``linear``, ``linear_backward``
 - ``requantize``: ``grid_values``, ``nearest_distance``, ``requantize_bound`` (a weight
   quantized again from a float target, as PEFT's LoRA merge does)
 - ``bounds``: ``BOUND_MULTIPLE``, ``unit_roundoff``, ``gamma``, ``rounding_bound``,
-  ``dequantize_bound``, ``bnb4_dequantize_bound``, ``matmul_bound``, ``grad_bound``,
+  ``dequantize_bound``, ``bnb4_dequantize_bound``, ``gemlite4_dequantize_bound``, ``matmul_bound``, ``grad_bound``,
   ``error_multiple``
 
 Usage::
@@ -29,7 +31,7 @@ Usage::
 
 from __future__ import annotations
 
-from pytest_qconform.reference import bnb4, bounds, formats, hqq4, linear, requantize
+from pytest_qconform.reference import bnb4, bounds, formats, gemlite4, hqq4, linear, requantize
 from pytest_qconform.reference.bounds import (
     BOUND_MULTIPLE,
     bnb4_dequantize_bound,
@@ -43,13 +45,14 @@ from pytest_qconform.reference.bounds import (
 )
 from pytest_qconform.reference.formats import FP4_CODE, NF4_CODE, code_table, dynamic_map_signed
 from pytest_qconform.reference.linear import linear_backward
-from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
+from pytest_qconform.reference.packed import PackedBnb4, PackedGemlite4, PackedHqq4
 
 __all__ = [
     "BOUND_MULTIPLE",
     "FP4_CODE",
     "NF4_CODE",
     "PackedBnb4",
+    "PackedGemlite4",
     "PackedHqq4",
     "bnb4",
     "bnb4_dequantize_bound",
@@ -60,6 +63,7 @@ __all__ = [
     "error_multiple",
     "formats",
     "gamma",
+    "gemlite4",
     "grad_bound",
     "hqq4",
     "linear",

@@ -19,10 +19,11 @@ import math
 
 import numpy as np
 import pytest_qconform.reference.bnb4 as bnb4
+import pytest_qconform.reference.gemlite4 as gemlite4
 import pytest_qconform.reference.hqq4 as hqq4
 import torch
 from pytest_qconform.reference.linear import linear
-from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
+from pytest_qconform.reference.packed import PackedBnb4, PackedGemlite4, PackedHqq4
 
 __all__ = [
     "BOUND_MULTIPLE",
@@ -268,6 +269,47 @@ def hqq4_dequantize_bound(
     if out_dtype == compute:
         return e
     return e + rounding_bound(diff * s_abs + e, out_dtype)
+
+
+def gemlite4_dequantize_bound(
+    p: PackedGemlite4,
+    out_dtype: torch.dtype,
+    compute_dtype: torch.dtype | None = None,
+    device: str | torch.device | None = "cpu",
+) -> torch.Tensor:
+    """Bound for gemlite's dequantization of a converted HQQ layer (``gemlite4``), evaluated
+    in ``compute_dtype`` (default: the layer's, ``p.meta['compute_dtype']``) and returned in
+    ``out_dtype``. Stored fields wider than the compute dtype are first rounded to it
+    (``e_z``, ``e_s`` as in ``hqq4_dequantize_bound``; zero otherwise). Then
+
+        mode 3, ``fl(fl(q - z) s)``:  as HQQ, |w - W| <= |s| e_z + |q - z| e_s + e_z e_s
+                                       + gamma_2(u) (|q - z| + e_z)(|s| + e_s) + 2 eta
+        mode 4, ``fma(q, s, z)``:     one rounding of the exact ``q s' + z'``:
+                                       |w - W| <= |q| e_s + e_z + u (|q s| + |z| + |q| e_s + e_z) + eta
+    """
+    compute = _stored_dtype(p.meta.get("compute_dtype", "float32")) if compute_dtype is None else compute_dtype
+    q, zero, scale = gemlite4.decode_parts(p, device)
+    u = unit_roundoff(compute)
+
+    def stored_error(values: torch.Tensor, key: str) -> torch.Tensor:
+        stored = _stored_dtype(p.meta.get(key, "float32"))
+        if unit_roundoff(stored) >= u:
+            return torch.zeros_like(values)
+        return rounding_bound(values, compute)
+
+    e_z, e_s = stored_error(zero, "zero_dtype"), stored_error(scale, "scale_dtype")
+    s_abs = scale.abs()
+    if p.group_mode == 3:
+        diff = (q - zero).abs()
+        magnitude = diff * s_abs
+        e = s_abs * e_z + diff * e_s + e_z * e_s + gamma(2, u) * (diff + e_z) * (s_abs + e_s)
+        e = e + 2 * underflow_error(compute)
+    else:
+        magnitude = q * s_abs + zero.abs()
+        e = q * e_s + e_z + u * (magnitude + q * e_s + e_z) + underflow_error(compute)
+    if out_dtype == compute:
+        return e
+    return e + rounding_bound(magnitude + e, out_dtype)
 
 
 def _accumulate_default(compute_dtype: torch.dtype) -> torch.dtype:

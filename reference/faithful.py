@@ -22,23 +22,28 @@ HQQ (affine, optimized zero point). HQQ's optimizer minimizes an l_p error with
 ``p < 1``, which tolerates large errors on a few elements, so no tight per-element bound
 holds; but every decoded value of a group must stay within that group's input range
 widened by the range itself: ``|w_i - decode_i| <= max_g w - min_g w`` (a scale or zero
-that is inf, NaN, or off by a factor fails it).
+that is inf, NaN, or off by a factor fails it). A gemlite conversion of an HQQ layer keeps
+HQQ's groups and is held to the same bound.
 """
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
 import numpy as np
 import torch
-from pytest_qconform.reference import bnb4, hqq4
+from pytest_qconform.reference import bnb4, gemlite4, hqq4
 from pytest_qconform.reference.formats import code_table
-from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
+from pytest_qconform.reference.packed import PackedBnb4, PackedGemlite4, PackedHqq4
+
+Packed: TypeAlias = PackedBnb4 | PackedHqq4 | PackedGemlite4
 
 __all__ = ["decode", "faithful_bound", "nonfinite_stored_fields"]
 
 _U32 = 2.0**-24
 
 
-def nonfinite_stored_fields(p: PackedBnb4 | PackedHqq4) -> list[str]:
+def nonfinite_stored_fields(p: Packed) -> list[str]:
     """The names of the stored floating-point fields that hold NaN or inf."""
     if isinstance(p, PackedBnb4):
         fields = {
@@ -84,14 +89,15 @@ def _bnb4_bound(p: PackedBnb4, weight: torch.Tensor) -> torch.Tensor:
     return per_block.repeat_interleave(blocksize)[:numel].reshape(p.shape)
 
 
-def _hqq4_bound(p: PackedHqq4, weight: torch.Tensor) -> torch.Tensor:
+def _hqq4_bound(p: PackedHqq4 | PackedGemlite4, weight: torch.Tensor) -> torch.Tensor:
+    """HQQ's group range; a gemlite conversion keeps HQQ's groups (axis 1)."""
     rows, cols = hqq4.grouped_shape(tuple(p.shape), p.group_size, p.axis)
     grouped = weight.detach().to(torch.float64).reshape(rows, cols)
     spread = grouped.amax(dim=p.axis, keepdim=True) - grouped.amin(dim=p.axis, keepdim=True)
     return spread.expand(rows, cols).reshape(tuple(p.shape))
 
 
-def faithful_bound(p: PackedBnb4 | PackedHqq4, weight: torch.Tensor) -> torch.Tensor:
+def faithful_bound(p: Packed, weight: torch.Tensor) -> torch.Tensor:
     """Per element, how far ``decode(p)`` may be from ``weight`` (the quantizer's input), in
     float64 on the weight's device; derived from the input alone (module docstring)."""
     if tuple(weight.shape) != tuple(p.shape) and weight.numel() != int(np.prod(p.shape)):
@@ -103,6 +109,10 @@ def faithful_bound(p: PackedBnb4 | PackedHqq4, weight: torch.Tensor) -> torch.Te
     return _hqq4_bound(p, weight)
 
 
-def decode(p: PackedBnb4 | PackedHqq4, device: torch.device | str) -> torch.Tensor:
-    """The float64 decoding of ``p`` (either layout)."""
-    return bnb4.decode(p, device=device) if isinstance(p, PackedBnb4) else hqq4.decode(p, device=device)
+def decode(p: Packed, device: torch.device | str) -> torch.Tensor:
+    """The float64 decoding of ``p`` (any layout)."""
+    if isinstance(p, PackedBnb4):
+        return bnb4.decode(p, device=device)
+    if isinstance(p, PackedGemlite4):
+        return gemlite4.decode(p, device=device)
+    return hqq4.decode(p, device=device)

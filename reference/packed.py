@@ -62,3 +62,34 @@ class PackedHqq4:
     zero: np.ndarray
     packing: str = "4bit_u8"
     meta: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PackedGemlite4:
+    """An HQQ layer after gemlite's conversion (``A16Wn.from_hqqlinear``), as
+    ``GemLiteLinearTriton`` stores it: HQQ's 4-bit affine codes re-packed for gemlite's
+    kernels, with group-wise scale and zero along the input features only (axis 1).
+
+    packed: int32 ``(K / 8, N)``: eight 4-bit codes of one weight row per word, the code of
+        input feature ``8 c + j`` in bits ``4 j .. 4 j + 3`` of word ``c``, stored transposed.
+    scale, zero: ``(K / group_size, N)`` in the layer's dtype (bf16 widened to fp32 exactly);
+        what ``zero`` means depends on ``group_mode`` (``gemlite4`` has the formulas).
+    group_mode: gemlite's ``W_group_mode`` (3: ``(q - zero) * scale``; 4: ``fma(q, scale, zero)``).
+    channel_scale_mode: gemlite's ``channel_scale_mode`` (0: scale applied to the weight).
+    shape: the logical weight shape (out, in) = (N, K); meta: dtypes as stored.
+    """
+
+    shape: tuple[int, ...]
+    group_size: int
+    packed: np.ndarray
+    scale: np.ndarray
+    zero: np.ndarray
+    group_mode: int
+    channel_scale_mode: int = 0
+    elements_per_sample: int = 8
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def axis(self) -> int:
+        """Groups run along the input features, HQQ's axis 1 (the only axis gemlite converts)."""
+        return 1

@@ -7,10 +7,12 @@ matrix. Tolerances never appear here: they come from ``pytest_qconform.reference
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
 import pytest
 import torch
-from pytest_qconform.reference import bnb4, faithful, hqq4
-from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
+from pytest_qconform.reference import bnb4, faithful, gemlite4, hqq4
+from pytest_qconform.reference.packed import PackedBnb4, PackedGemlite4, PackedHqq4
 
 from pytest_qconform.backends.base import Backend, Capabilities, QuantSpec
 from pytest_qconform.cases.axes import spec_id  # noqa: F401  (the suites' instance ids)
@@ -19,6 +21,7 @@ from pytest_qconform.hardware.targets import Target
 from pytest_qconform.session.outcomes import NOT_CLAIMED_PREFIX
 from pytest_qconform.vocabulary import DtypeLabel
 
+Packed: TypeAlias = PackedBnb4 | PackedHqq4 | PackedGemlite4  # every layout export_packed returns
 DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -40,6 +43,7 @@ def require_claim(
     orientation: str | None = None,
     compiled: str | None = None,
     captured: str | None = None,
+    dequantize: bool = False,
 ) -> Capabilities:
     """The backend's capabilities on the target, or a ``not claimed`` skip."""
     caps = backend.capabilities(target_device(target))
@@ -55,22 +59,27 @@ def require_claim(
         orientation=orientation,
         compiled=compiled,
         captured=captured,
+        dequantize=dequantize,
     )
     if problems:
         pytest.skip(f"{NOT_CLAIMED_PREFIX} {backend.name} does not claim {', '.join(problems)}")
     return caps
 
 
-def reference_decode(packed: PackedBnb4 | PackedHqq4, device: torch.device) -> torch.Tensor:
+def reference_decode(packed: Packed, device: torch.device) -> torch.Tensor:
     """The float64 decoding of a backend's own bytes."""
     return faithful.decode(packed, device)
 
 
-def block_ids(packed: PackedBnb4 | PackedHqq4) -> torch.Tensor:
+def block_ids(packed: Packed) -> torch.Tensor:
     """The independent units of a dequantized weight's rounding (``Checker.within``), per
     element, shape ``packed.shape``: blocks that decode to the same absmax (HQQ: groups
     with the same scale and zero) share their rounding errors, so each distinct scale is
     one unit."""
+    if isinstance(packed, PackedGemlite4):
+        _, zero, scale = gemlite4.decode_parts(packed)
+        _, unit = torch.unique(torch.stack([zero.reshape(-1), scale.reshape(-1)], dim=1), dim=0, return_inverse=True)
+        return unit.reshape(tuple(packed.shape))
     if isinstance(packed, PackedBnb4):
         per_block = bnb4.decode_absmax(packed).unsqueeze(1)
         element_block = torch.arange(packed.numel) // packed.blocksize
@@ -100,22 +109,25 @@ def shapes_for(spec: QuantSpec) -> tuple[tuple[int, int], ...]:
     return WEIGHT_SHAPES
 
 
-def packed_dequantize_bound(packed: PackedBnb4 | PackedHqq4, exact: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def packed_dequantize_bound(packed: Packed, exact: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Per-element bound for a dequantized value (derivations in reference.bounds).
 
     bitsandbytes-layout: ``code * absmax`` in fp32, the absmax itself decoded from its
     double quantization when present, then rounded to the output dtype. HQQ:
-    ``(W_q - zero) * scale`` in the layer's compute dtype (2 operations), then rounded.
+    ``(W_q - zero) * scale`` in the layer's compute dtype (2 operations), then rounded;
+    gemlite's conversion of it: the same, or one fma (``reference.gemlite4``).
     """
     from pytest_qconform.reference import bounds
 
     if isinstance(packed, PackedBnb4):
         return bounds.bnb4_dequantize_bound(packed, dtype, device=exact.device)
+    if isinstance(packed, PackedGemlite4):
+        return bounds.gemlite4_dequantize_bound(packed, dtype, device=exact.device)
     return bounds.hqq4_dequantize_bound(packed, dtype, device=exact.device)
 
 
 def weight_error(
-    packed: PackedBnb4 | PackedHqq4, exact: torch.Tensor, compute_dtype: torch.dtype, rows: int | None = None
+    packed: Packed, exact: torch.Tensor, compute_dtype: torch.dtype, rows: int | None = None
 ) -> torch.Tensor:
     """``E`` of ``bounds.matmul_bound``: how far the weight a matmul kernel multiplies by
     may be from its exact decoding. A kernel dequantizes into its compute dtype (or keeps
@@ -128,6 +140,8 @@ def weight_error(
 
     if isinstance(packed, PackedHqq4):
         return bounds.hqq4_dequantize_bound(packed, compute_dtype, compute_dtype, device=exact.device)
+    if isinstance(packed, PackedGemlite4):  # gemlite's kernels dequantize in the layer's dtype, as HQQ
+        return bounds.gemlite4_dequantize_bound(packed, compute_dtype, compute_dtype, device=exact.device)
     if rows == 1:
         return bounds.bnb4_matmul_weight_bound(packed, compute_dtype, device=exact.device)
     return bounds.bnb4_dequantize_bound(packed, compute_dtype, device=exact.device)

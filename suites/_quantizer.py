@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from pytest_qconform.reference import bnb4, bounds, hqq4
+from pytest_qconform.reference import bnb4, bounds, gemlite4, hqq4
+from pytest_qconform.reference.packed import PackedGemlite4
 
 from pytest_qconform.backends.base import QuantSpec
 
@@ -98,7 +99,8 @@ def check_hqq_nearest_levels(
     fp16, in which HQQ optimizes on a GPU) can move a level. Returns the packed state."""
     dtype = weight.dtype
     packed = qbackend.export_packed(quantized or qbackend.quantize(weight, spec))
-    codes, zero, scale = hqq4.decode_parts(packed)
+    # a gemlite conversion: its stored zero in HQQ's convention (reference.gemlite4.hqq_parts)
+    codes, zero, scale = gemlite4.hqq_parts(packed) if isinstance(packed, PackedGemlite4) else hqq4.decode_parts(packed)
     levels = weight.cpu().double() / scale + zero
     u = max(
         bounds.unit_roundoff(dtype), bounds.unit_roundoff(torch.float16 if device.type == "cuda" else torch.float32)

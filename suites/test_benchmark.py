@@ -38,7 +38,7 @@ DTYPES = (torch.bfloat16,)
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("spec", (NF4, NF4_DQ, HQQ4), ids=spec_id)
 def test_benchmark_dequantize(qbench, qtarget, qbackend, benchmark, spec, dtype, qbench_shape):
-    require_claim(qbackend, qtarget, spec, dtype)
+    require_claim(qbackend, qtarget, spec, dtype, dequantize=True)
     qbench.dequantize(benchmark, qbackend, spec, qbench_shape, dtype)
 
 

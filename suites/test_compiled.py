@@ -176,7 +176,7 @@ def inference_layer(qbackend, qtarget, qdevice, spec: QuantSpec, dtype: torch.dt
 
 @path_check("compiled")
 def test_dequantize_compiled(qtarget, qbackend, qdevice, qcheck, spec, dtype):
-    require_claim(qbackend, qtarget, spec, dtype, compiled="dequantize")
+    require_claim(qbackend, qtarget, spec, dtype, compiled="dequantize", dequantize=True)
     quantized = quantized_weight(qbackend, qdevice, spec, dtype, 61)
     qcheck.describe(shape=LAYER_SHAPE, seed=61, path="torch.compile")
     dequantize = compile_once(lambda q: qbackend.dequantize(q, dtype))
@@ -213,7 +213,7 @@ def test_layer_forward_compiled(qtarget, qbackend, qdevice, qcheck, spec, dtype)
 
 @path_check("captured")
 def test_dequantize_captured(qtarget, qbackend, qdevice, qcheck, spec, dtype):
-    require_claim(qbackend, qtarget, spec, dtype, captured="dequantize")
+    require_claim(qbackend, qtarget, spec, dtype, captured="dequantize", dequantize=True)
     require_gpu(qdevice)
     quantized = quantized_weight(qbackend, qdevice, spec, dtype, 73)
     unused = torch.zeros(1, device=qdevice)  # the weight is the input, constant as in a captured model

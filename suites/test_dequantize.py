@@ -40,7 +40,7 @@ def check_dequantize(qbackend, qdevice, qcheck, spec: QuantSpec, dtype: torch.dt
 @pytest.mark.qconform_axes("format", "blocksize", "double_quant", "hqq_axis", "dtype", "distribution")
 def test_dequantize_matches_reference_bytes(qtarget, qbackend, qdevice, qcheck, spec, dtype, distribution):
     """The instance's listed value distribution, then hypothesis' draws of any."""
-    require_claim(qbackend, qtarget, spec, dtype)
+    require_claim(qbackend, qtarget, spec, dtype, dequantize=True)
     shapes = shapes_for(spec)
 
     @with_examples([{"case": listed_weight(shapes, distribution)}])
@@ -57,7 +57,7 @@ def test_dequantize_blocksize_range(qtarget, qbackend, qdevice, qcheck, spec):
     """Every claimed blocksize into fp32, on rows of 4096, which hold a whole number of
     blocks of every blocksize up to 4096: this checks the blocksize alone; rows that
     straddle blocks are ``test_dequantize_rows_straddle_blocks``."""
-    require_claim(qbackend, qtarget, spec, torch.float32)
+    require_claim(qbackend, qtarget, spec, torch.float32, dequantize=True)
 
     @fewer_examples()
     @given(case=weight_cases(((4, 4096),), ("normal", "outliers")))
@@ -73,7 +73,7 @@ def test_dequantize_rows_straddle_blocks(qtarget, qbackend, qdevice, qcheck, spe
     """bitsandbytes blocks run over the flattened tensor, so with rows of 1.5 blocks
     (4 x 96 at blocksize 64) every other block starts mid-row. A kernel that indexes
     absmax per row instead reads the wrong scale for half the elements."""
-    require_claim(qbackend, qtarget, spec, torch.float32)
+    require_claim(qbackend, qtarget, spec, torch.float32, dequantize=True)
     row = spec.blocksize * 3 // 2
 
     @fewer_examples()

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.qconform_operation("interop")
 @pytest.mark.qconform_dtype("fp32")
 @pytest.mark.qconform_axes("format", "blocksize", "double_quant", format=("nf4", "fp4"))
 def test_checkpoint_decodes_exactly_after_reload(qtarget, qbackend, qdevice, qcheck, spec):
-    require_claim(qbackend, qtarget, spec, torch.float32, serialize=True)
+    require_claim(qbackend, qtarget, spec, torch.float32, serialize=True, dequantize=True)
     case = WeightCase((33, 47), "normal", 11)
     qcheck.describe(**case.describe(), platform_default_blocksize=qtarget.default_blocksize)
     quantized = qbackend.quantize(case.make(qdevice), spec)
@@ -51,7 +51,7 @@ def test_checkpoint_decodes_exactly_after_reload(qtarget, qbackend, qdevice, qch
 def test_bitsandbytes_bytes_decode_identically(qtarget, qbackend, qdevice, qcheck, qbackend_named, spec):
     if qbackend.name == "bitsandbytes":
         pytest.skip("not claimed: bitsandbytes is the producer of these bytes")
-    require_claim(qbackend, qtarget, spec, torch.float32)
+    require_claim(qbackend, qtarget, spec, torch.float32, dequantize=True)
     producer = qbackend_named("bitsandbytes")
     require_claim(producer, qtarget, spec, torch.float32)
     case = WeightCase((33, 47), "outliers", 12)

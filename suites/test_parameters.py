@@ -60,7 +60,7 @@ def _claimed_steps(caps, qtarget) -> list[tuple[tuple[int, ...], torch.dtype]]:
 
 @pytest.mark.qconform_axes("format", "double_quant", "hqq_axis")  # staging of dtypes and shapes
 def test_dequantize_into_one_buffer_across_dtypes_and_shapes(qtarget, qbackend, qdevice, qcheck, spec):
-    caps = require_claim(qbackend, qtarget, spec, out="dequantize")
+    caps = require_claim(qbackend, qtarget, spec, out="dequantize", dequantize=True)
     _, view = _views_of_one_buffer(qdevice)
     for step, (shape, dtype) in enumerate(_claimed_steps(caps, qtarget)):
         if spec.format == "hqq4" and shape != (64, 128):
@@ -114,7 +114,7 @@ def test_dequantize_with_explicit_absmax(qtarget, qbackend, qdevice, qcheck, spe
     """The bytes with an fp32 absmax handed in (double quantization decoded beforehand, as
     a caller of the stateless form does): decoded with that absmax, within the plain
     (single-level) bound. Two shapes: whole blocks, and a partial last block."""
-    require_claim(qbackend, qtarget, spec, dtype, explicit_absmax=True)
+    require_claim(qbackend, qtarget, spec, dtype, explicit_absmax=True, dequantize=True)
     for index, shape in enumerate(((64, 128), (33, 47))):
         case = WeightCase(shape, "outliers", 80 + index)
         qcheck.describe(**case.describe())

@@ -66,7 +66,7 @@ def test_layer_shapes(qtarget, qbackend, qdevice, qcheck, qprofile, spec, dtype)
     """Per shape: quantize, dequantize into ``dtype`` (against the reference decoding of
     the backend's own bytes, in slices), matmul at batch 1, a few rows and a prefill, and
     the backward of the prefill."""
-    require_claim(qbackend, qtarget, spec, dtype, backward=True)
+    require_claim(qbackend, qtarget, spec, dtype, backward=True, dequantize=True)
     for shape in layer_shapes(spec, qprofile, qdevice):
         case = WeightCase(shape, "normal", 2024)
         qcheck.describe(**case.describe())
@@ -120,7 +120,7 @@ def test_more_than_2_31_elements(qtarget, qbackend, qdevice, qcheck, qprofile, s
         pytest.skip(f"{NOT_CLAIMED_PREFIX} 2^31-element tensors are checked on a GPU")
     if qprofile != "thorough":
         pytest.skip(f"{NOT_CLAIMED_PREFIX} 2^31-element tensors run in the thorough profile")
-    require_claim(qbackend, qtarget, spec, torch.bfloat16)
+    require_claim(qbackend, qtarget, spec, torch.bfloat16, dequantize=True)
     numel = math.prod(LARGE_SHAPE)
     needed = numel // 2 + numel * 2 + (4 << 30)  # packed bytes, the bf16 output, slices and workspace
     free, _ = torch.cuda.mem_get_info(qdevice)

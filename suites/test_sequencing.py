@@ -22,7 +22,7 @@ SEQUENCE = (torch.bfloat16, torch.float16, torch.bfloat16, torch.float32)
 
 @pytest.mark.qconform_axes("format", "double_quant", "hqq_axis", "rows")  # dtypes in sequence, per route
 def test_bf16_fp16_bf16_fp32_in_one_process(qtarget, qbackend, qdevice, qcheck, spec, rows):
-    caps = require_claim(qbackend, qtarget, spec, backward=True)
+    caps = require_claim(qbackend, qtarget, spec, backward=True, dequantize=True)
     steps = [d for d in SEQUENCE if d in caps.dtypes and (d is not torch.bfloat16 or qtarget.bf16)]
     if len(set(steps)) < 2:
         pytest.skip(f"not claimed: {qbackend.name} claims fewer than two dtypes here")

@@ -47,7 +47,7 @@ def test_storage_dtype_keeps_the_bytes(qtarget, qbackend, qdevice, qcheck, spec)
     the other dtypes read the same bytes the same way); serialize -> safetensors -> load
     -> bytes identical again and dequantize identical to before."""
     dtype = spec.quant_storage
-    require_claim(qbackend, qtarget, spec, dtype, serialize=True)
+    require_claim(qbackend, qtarget, spec, dtype, serialize=True, dequantize=True)
     for index, shape in enumerate(STORAGE_SHAPES):
         case = WeightCase(shape, "outliers", 40 + index)
         qcheck.describe(**case.describe(), quant_storage=str(spec.quant_storage))

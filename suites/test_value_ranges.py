@@ -66,7 +66,7 @@ def test_dequantize_matmul_backward_across_the_dtype_range(
 ):
     """Dequantize into ``dtype``; matmul and its backward computed in ``dtype`` at 1 and 5
     rows. The weight is quantized from fp32 values of the range's magnitude."""
-    require_claim(qbackend, qtarget, spec, dtype, backward=True)
+    require_claim(qbackend, qtarget, spec, dtype, backward=True, dequantize=True)
     magnitude = weight_magnitude(value_range, dtype)
     qcheck.describe(shape=SHAPE, value_range=value_range, weight_magnitude=magnitude, seed=5)
     quantized = qbackend.quantize(_scaled(SHAPE, 5, magnitude, qdevice), spec)

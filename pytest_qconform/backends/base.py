@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from pytest_qconform.backends.spec import QuantSpec
-from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
+from pytest_qconform.reference.packed import PackedBnb4, PackedGemlite4, PackedHqq4
 
 if TYPE_CHECKING:
     from pytest_qconform.backends.layers import LayerFacet
@@ -62,6 +62,9 @@ class Capabilities:
     # only emulates a device (Triton's interpreter on a CPU) may claim less than real models'
     # lm_heads (``axes.LM_HEAD_WIDTHS``), and its cell then says so.
     max_out_features: int | None = None
+    # Whether the library offers a dequantize its users call. A layer converted for a fast
+    # kernel (gemlite) may offer only its forward; its dequantize cells are then not claimed.
+    dequantize: bool = True
 
 
 @dataclass
@@ -103,7 +106,7 @@ class Backend(ABC):
         """``y = x W^T + b`` as users compute it; differentiable in ``x`` and ``bias``."""
 
     @abstractmethod
-    def export_packed(self, q: Quantized) -> PackedBnb4 | PackedHqq4:
+    def export_packed(self, q: Quantized) -> PackedBnb4 | PackedHqq4 | PackedGemlite4:
         """The backend's own stored bytes, in the record the reference decodes."""
 
     def dequantize_with(

@@ -24,3 +24,13 @@ class HqqHandle:
     """The quantized ``HQQLinear`` (its ``compute_dtype`` is the weight's dtype)."""
 
     layer: Any  # hqq.core.quantize.HQQLinear
+
+
+@dataclass(frozen=True)
+class GemliteHandle:
+    """An HQQ layer converted by gemlite (``GemLiteLinearTriton``), and the HQQ state it was
+    converted from (a checkpoint's, to convert again at another compute dtype)."""
+
+    layer: Any  # gemlite.core.GemLiteLinearTriton
+    hqq_state: dict[str, torch.Tensor]
+    dtype: torch.dtype

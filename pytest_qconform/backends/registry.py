@@ -23,6 +23,7 @@ ENTRY_POINT_GROUP = "pytest_qconform.backends"
 BUILTIN_BACKENDS: dict[str, str] = {
     "bitsandbytes": "pytest_qconform.backends.bitsandbytes:BitsandbytesBackend",
     "hqq": "pytest_qconform.backends.hqq:HqqBackend",
+    "hqq-gemlite": "pytest_qconform.backends.hqq_gemlite:HqqGemliteBackend",
 }
 
 BackendFactory = Callable[[], Backend]

@@ -48,7 +48,13 @@ def _series(entry: Benchmark) -> str:
 
 
 # A backend keeps its colour in every panel and every plot (a series is "backend (format)").
-BACKEND_COLOURS = {"bitsandbytes": "C0", "hqq": "C1", "torch-int4-tinygemm": "C2", "triton-nf4": "C3"}
+BACKEND_COLOURS = {
+    "bitsandbytes": "C0",
+    "hqq": "C1",
+    "torch-int4-tinygemm": "C2",
+    "triton-nf4": "C3",
+    "hqq-gemlite": "C4",
+}
 
 
 def _colour(series: str, index: int) -> str:

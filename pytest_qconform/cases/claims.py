@@ -34,10 +34,11 @@ def unclaimed(
     orientation: str | None = None,
     compiled: str | None = None,
     captured: str | None = None,
+    dequantize: bool = False,
 ) -> list[str]:
     """What of (device, spec, dtype, backward, serialize, an ``out=`` buffer for operation
     ``out``, an explicit absmax, a weight ``orientation``, operation ``compiled`` under
-    torch.compile, operation ``captured`` in a CUDA graph) ``caps`` does not claim; empty when all."""
+    torch.compile, operation ``captured`` in a CUDA graph, a dequantize) ``caps`` does not claim; empty when all."""
     device = target_device(target)
     device_kind = "cuda" if device.type == "cuda" else device.type
     problems = []
@@ -58,6 +59,8 @@ def unclaimed(
         problems.append(f"dtype {DTYPE_LABELS.get(dtype, str(dtype))}")
     if dtype is torch.bfloat16 and not target.bf16:
         problems.append(f"bf16 on {target.arch} (the arch has no bf16)")
+    if dequantize and not caps.dequantize:
+        problems.append("dequantize (the library offers none)")
     if backward and not caps.backward:
         problems.append("backward")
     if serialize and not caps.serialize:
