@@ -1,6 +1,7 @@
 """Proof that every conformance check can fail: the suites against the mutant zoo.
 
-Four runs of the real suites, with the correct plain-PyTorch backend and the mutants
+Five runs of the real suites, with the correct plain-PyTorch backends (NF4, and a CPU
+stand-in for hqq-gemlite: HQQ's layer in gemlite's converted layout) and the mutants
 registered through the ``pytest_qconform_backends`` hook: the original suites against
 the mutants of their classes; the suites of issue 18 (inputs users have: every
 blocksize, layouts, storage, parameters, value ranges, layer shapes), the layer suites
@@ -8,7 +9,7 @@ of issue 19 (forward modes, state, checkpoints, moves, models in sequence), and 
 compiled and captured paths and the lifecycle sequences of issue 26, each against the
 mutants whose ``suites`` name them. The run reports say, per backend and operation, what
 the suites concluded. Each mutant must fail the operation whose check targets its bug
-class, and the correct backend must pass all of every run. A mutant whose class needs a
+class, and each correct backend must pass all of every run. A mutant whose class needs a
 GPU (``needs_gpu``: CUDA graphs) is left out of a run without one, and its test skips
 saying so.
 """
@@ -26,13 +27,18 @@ GPU = torch.cuda.is_available()
 # Mutants whose class only a GPU can show (CUDA graphs): left out of a GPU-less zoo run.
 RUN_MUTANTS = tuple(m for m in MUTANTS if GPU or not getattr(m, "needs_gpu", False))
 
+# The correct backends, each in every run: the NF4 base of most mutants, and the CPU stand-in
+# for hqq-gemlite (HQQ's layer in gemlite's converted layout) under the gemlite mutants.
+CORRECT = ("torch-nf4-correct", "torch-gemlite4-correct")
 CONFTEST = textwrap.dedent("""
     from qconform_example_nf4.backend import TorchNF4Backend
+    from torch_gemlite4 import TorchGemlite4Backend
     from zoo import MUTANTS, narrowed
 
     def pytest_qconform_backends(config):
         correct = type("Correct", (TorchNF4Backend,), {"name": "torch-nf4-correct"})
-        return {m.name: narrowed(m) for m in (correct, *MUTANTS)}
+        gemlite = type("CorrectGemlite", (TorchGemlite4Backend,), {"name": "torch-gemlite4-correct"})
+        return {m.name: narrowed(m) for m in (correct, gemlite, *MUTANTS)}
 """)
 
 
@@ -91,7 +97,7 @@ def zoo_report(tmp_path_factory: pytest.TempPathFactory) -> dict:
     for label, names, keyword in runs:
         root = tmp_path_factory.mktemp(f"zoo-{label}")
         (root / "conftest.py").write_text(CONFTEST)
-        report = _run_zoo(root, ["torch-nf4-correct"] + names, keyword)
+        report = _run_zoo(root, [*CORRECT, *names], keyword)
         cells += report["cells"]
         coverage += _merged_by_operation(report.get("coverage", []), coverage)
     return {"cells": cells, "coverage": coverage}
@@ -125,12 +131,10 @@ def _verdicts(report: dict, backend: str) -> dict[str, set[str]]:
     return by_operation
 
 
-def test_correct_backend_passes_every_check(zoo_report: dict) -> None:
-    verdicts = _verdicts(zoo_report, "torch-nf4-correct")
-    assert verdicts, "the correct backend produced no cells"
-    failing = {op: v for op, v in verdicts.items() if v - {"pass", "not-claimed"}}
-    assert not failing, f"the correct backend did not pass: {failing}"
-    expected = {
+# The operations each correct backend must have computed cells of (the gemlite stand-in
+# claims no dequantize, backward, serialization or layer, as gemlite's converted layer).
+EXPECTED_OPERATIONS = {
+    "torch-nf4-correct": {
         "quantize",
         "dequantize",
         "matmul",
@@ -151,16 +155,28 @@ def test_correct_backend_passes_every_check(zoo_report: dict) -> None:
         "layer-sequencing",
         "compiled",
         "lifecycle",
-    } | ({"captured"} if GPU else set())
-    assert expected <= set(verdicts)
+    }
+    | ({"captured"} if GPU else set()),
+    "torch-gemlite4-correct": {"quantize", "matmul", "matmul-fp32-input", "parameters"},
+}
 
 
-def test_every_claimed_axis_value_is_checked(zoo_report: dict) -> None:
-    """The default profile checks every value the correct backend claims on every axis a
+@pytest.mark.parametrize("correct", CORRECT)
+def test_correct_backend_passes_every_check(zoo_report: dict, correct: str) -> None:
+    verdicts = _verdicts(zoo_report, correct)
+    assert verdicts, f"{correct} produced no cells"
+    failing = {op: v for op, v in verdicts.items() if v - {"pass", "not-claimed"}}
+    assert not failing, f"{correct} did not pass: {failing}"
+    assert EXPECTED_OPERATIONS[correct] <= {op for op, v in verdicts.items() if "pass" in v}, verdicts
+
+
+@pytest.mark.parametrize("correct", CORRECT)
+def test_every_claimed_axis_value_is_checked(zoo_report: dict, correct: str) -> None:
+    """The default profile checks every value a correct backend claims on every axis a
     check declares (the covering arrays come from the claims; a skip or a narrowed
     selection would leave a value unchecked, and the report's coverage says which)."""
-    coverage = [entry for entry in zoo_report["coverage"] if entry["backend"] == "torch-nf4-correct"]
-    assert coverage, "the report records no coverage for the correct backend"
+    coverage = [entry for entry in zoo_report["coverage"] if entry["backend"] == correct]
+    assert coverage, f"the report records no coverage for {correct}"
     unchecked = {entry["operation"]: entry["unchecked"] for entry in coverage if entry["unchecked"]}
     assert not unchecked, f"claimed axis values no check ran on, per operation: {unchecked}"
 

@@ -4,7 +4,7 @@ gemlite needs a GPU, so these pin the layout by hand: words packed as gemlite's
 ``pack_weights_over_cols`` documents it (code ``j`` of word ``c`` in bits ``4 j``, the
 words transposed to ``(K / 8, N)``), decoded back; then a real HQQ layer on the CPU,
 packed the way ``A16Wn.from_hqqlinear`` converts it, decodes to HQQ's own weight within
-the derived bound.
+the derived bound (``gemlite_packing`` writes the conversion out).
 """
 
 from __future__ import annotations
@@ -14,18 +14,9 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from gemlite_packing import convert_like_gemlite, hqq_state, pack_like_gemlite, reversed_nibbles
 from pytest_qconform.reference import bounds, faithful, gemlite4, hqq4
-from pytest_qconform.reference.packed import PackedGemlite4, PackedHqq4
-
-
-def pack_like_gemlite(codes: np.ndarray) -> np.ndarray:
-    """``(N, K)`` codes -> ``(K / 8, N)`` int32 words, gemlite's ``pack_weights_over_cols``
-    with 32-bit packing and ``transpose=True``, written out from its loop."""
-    n, k = codes.shape
-    words = np.zeros((n, k // 8), dtype=np.uint32)
-    for j in range(k):
-        words[:, j // 8] |= codes[:, j].astype(np.uint32) << np.uint32(4 * (j % 8))
-    return words.view(np.int32).T.copy()
+from pytest_qconform.reference.packed import PackedGemlite4
 
 
 def test_unpack_over_cols_code_j_of_a_word_is_input_feature_8c_plus_j():
@@ -83,24 +74,6 @@ def test_decode_refuses_modes_it_does_not_know():
         gemlite4.decode(post_scaled)
 
 
-def _convert_like_gemlite(p: PackedHqq4, dtype: torch.dtype) -> PackedGemlite4:
-    """An HQQ axis-1 state converted as ``from_hqqlinear`` + ``pack`` (fma_mode) do it."""
-    out_features, in_features = p.shape
-    codes = hqq4.unpack_4bit_u8(p.packed).reshape(out_features, in_features)
-    scale = torch.as_tensor(p.scale).to(dtype).reshape(out_features, -1)
-    zero = torch.as_tensor(p.zero).to(dtype).reshape(out_features, -1)
-    zero_fma = (-zero.float() * scale.float()).to(dtype)
-    return PackedGemlite4(
-        (out_features, in_features),
-        p.group_size,
-        pack_like_gemlite(codes),
-        scale.t().float().numpy(),
-        zero_fma.t().float().numpy(),
-        group_mode=4,
-        meta={key: str(dtype).removeprefix("torch.") for key in ("compute_dtype", "scale_dtype", "zero_dtype")},
-    )
-
-
 @pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16), ids=str)
 def test_a_converted_hqq_layer_decodes_to_hqqs_weight_within_the_bounds(dtype):
     pytest.importorskip("hqq")
@@ -110,20 +83,11 @@ def test_a_converted_hqq_layer_decodes_to_hqqs_weight_within_the_bounds(dtype):
     weight = torch.randn(8, 64, generator=torch.Generator().manual_seed(1)).to(dtype)
     linear.weight.data = weight.clone()
     layer = HQQLinear(linear, BaseQuantizeConfig(nbits=4, group_size=32, axis=1), compute_dtype=dtype, device="cpu")
-    meta = layer.meta
-    hqq_state = PackedHqq4(
-        tuple(meta["shape"]),
-        32,
-        1,
-        layer.W_q.numpy(),
-        meta["scale"].float().numpy(),
-        meta["zero"].float().numpy(),
-        meta={"compute_dtype": str(dtype).removeprefix("torch.")},
-    )
-    converted = _convert_like_gemlite(hqq_state, dtype)
-    hqq_exact, gemlite_exact = hqq4.decode(hqq_state), gemlite4.decode(converted)
+    hqq_parts = hqq_state(layer)
+    converted = convert_like_gemlite(hqq_parts, dtype)
+    hqq_exact, gemlite_exact = hqq4.decode(hqq_parts), gemlite4.decode(converted)
     # the conversion rounds -zero * scale once into the layer's dtype: within u |zero * scale|
-    _, zero, scale = hqq4.decode_parts(hqq_state)
+    _, zero, scale = hqq4.decode_parts(hqq_parts)
     conversion = bounds.rounding_bound(zero * scale, dtype)
     assert bool(((gemlite_exact - hqq_exact).abs() <= conversion).all())
     # gemlite's kernels' fma in the layer's dtype, emulated in float32 then rounded, is within its bound
@@ -132,15 +96,6 @@ def test_a_converted_hqq_layer_decodes_to_hqqs_weight_within_the_bounds(dtype):
     bound = bounds.gemlite4_dequantize_bound(converted, dtype)
     assert bool(((kernel - gemlite_exact).abs() <= bound).all())
     assert bool(((gemlite_exact - weight.double()).abs() <= faithful.faithful_bound(converted, weight)).all())
-
-
-def _reversed_nibbles(words: np.ndarray) -> np.ndarray:
-    """A converter that writes code ``j`` into bits ``28 - 4 j`` (the other nibble order)."""
-    unsigned = words.view(np.uint32)
-    out = np.zeros_like(unsigned)
-    for j in range(8):
-        out |= ((unsigned >> np.uint32(4 * j)) & np.uint32(15)) << np.uint32(28 - 4 * j)
-    return out.view(np.int32)
 
 
 @pytest.mark.parametrize("mutation", ("reversed-nibbles", "fma-zero-read-as-hqq-zero", "scale-of-next-group"))
@@ -154,18 +109,15 @@ def test_a_mis_converted_layer_is_caught_against_hqqs_weight(mutation):
     linear = torch.nn.Linear(64, 8, bias=False)
     linear.weight.data = torch.randn(8, 64, generator=torch.Generator().manual_seed(2)).to(dtype)
     layer = HQQLinear(linear, BaseQuantizeConfig(nbits=4, group_size=32, axis=1), compute_dtype=dtype, device="cpu")
-    meta = layer.meta
-    hqq_state = PackedHqq4(
-        tuple(meta["shape"]), 32, 1, layer.W_q.numpy(), meta["scale"].float().numpy(), meta["zero"].float().numpy()
-    )
-    good = _convert_like_gemlite(hqq_state, dtype)
+    hqq_parts = hqq_state(layer)
+    good = convert_like_gemlite(hqq_parts, dtype)
     if mutation == "reversed-nibbles":
-        bad = dataclasses.replace(good, packed=_reversed_nibbles(good.packed))
+        bad = dataclasses.replace(good, packed=reversed_nibbles(good.packed))
     elif mutation == "fma-zero-read-as-hqq-zero":
         bad = dataclasses.replace(good, group_mode=3)
     else:
         bad = dataclasses.replace(good, scale=np.roll(good.scale, 1, axis=0))
-    hqq_exact = hqq4.decode(hqq_state)
+    hqq_exact = hqq4.decode(hqq_parts)
     allowed = bounds.gemlite4_dequantize_bound(good, dtype) + bounds.rounding_bound(hqq_exact, dtype)
     assert bool(((gemlite4.decode(good) - hqq_exact).abs() <= allowed).all())
     assert bool(((gemlite4.decode(bad) - hqq_exact).abs() > allowed).any())

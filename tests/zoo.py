@@ -1,9 +1,10 @@
 """The mutant zoo: deliberately broken backends, each with one planted bug of a known class.
 
-Every mutant is the correct plain-PyTorch backend of ``examples/downstream`` with one
-method changed, and names the operation (matrix cell) whose check must catch it. The
-zoo test runs the real suites against all of them and requires each to fail exactly
-where it should, while the unmodified backend passes everywhere.
+Every mutant is the correct plain-PyTorch backend of ``examples/downstream`` (or, for
+gemlite's conversion of HQQ layers, the CPU stand-in ``torch_gemlite4``) with one method
+changed, and names the operation (matrix cell) whose check must catch it. The zoo test
+runs the real suites against all of them and requires each to fail exactly where it
+should, while the unmodified backends pass everywhere.
 """
 
 from __future__ import annotations
@@ -14,12 +15,15 @@ import math
 import os
 import weakref
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from gemlite_packing import reversed_nibbles
 from qconform_example_nf4.backend import TorchNF4Backend
+from torch_gemlite4 import TorchGemlite4Backend
 
 from pytest_qconform.backends._torch_util import code_table
-from pytest_qconform.backends.base import Quantized
+from pytest_qconform.backends.base import Backend, Quantized
 from pytest_qconform.backends.functional_layer import PREFIX, FunctionalLayers, FunctionalLinear
 from pytest_qconform.triton_nf4.backend import TritonNf4Backend
 
@@ -571,7 +575,7 @@ class SharedBufferKeepsFirstDtype(_LayerMutant):
     layer_class = _SharedBufferLinear
 
 
-MUTANTS: tuple[type[TorchNF4Backend], ...] = (
+MUTANTS: tuple[type[Backend], ...] = (
     KeepsFirstDtypeBuffer,
     SwappedNibbles,
     WrongBlockAbsmax,
@@ -614,7 +618,7 @@ ZOO_BLOCKSIZES: tuple[int, ...] = (64, 128)
 ZOO_MAX_OUT_FEATURES = 50257
 
 
-def narrowed(backend: type[TorchNF4Backend]) -> type[TorchNF4Backend]:
+def narrowed(backend: type[Backend]) -> type[Backend]:
     """``backend`` claiming only ``ZOO_BLOCKSIZES`` (or its own ``zoo_blocksizes``) and
     weights up to ``ZOO_MAX_OUT_FEATURES`` wide (or its own ``zoo_max_out_features``)."""
     blocksizes = getattr(backend, "zoo_blocksizes", ZOO_BLOCKSIZES)
@@ -772,6 +776,54 @@ class StagedInputKeptByIdentity(TorchNF4Backend):
 
 
 MUTANTS += (CompiledFallbackSwapsNibbles, StagedInputKeptByIdentity)
+
+
+# -- gemlite's conversion of an HQQ layer (hqq-gemlite) ------------------------------------------
+# Mutants of the CPU stand-in for hqq-gemlite (``torch_gemlite4``: HQQ's layer stored as
+# gemlite's conversion stores it, multiplied in plain PyTorch), since gemlite itself needs a
+# GPU. Each plants a bug in one step: the conversion's words, its scales, the kernel's decode.
+# In the original run, with the correct stand-in in every run.
+
+
+class GemliteNibbleOrderReversed(TorchGemlite4Backend):
+    """A conversion that writes code ``j`` of a word into bits ``28 - 4 j`` while the kernel
+    reads gemlite's bits ``4 j``: every matmul agrees with the reference's decoding of the
+    stored words (the kernel is right), so only the stored codes against the nearest levels
+    of the input show it."""
+
+    name = "mutant-gemlite-nibble-order"
+    catches = "quantize"
+
+    def pack(self, codes: np.ndarray) -> np.ndarray:
+        return reversed_nibbles(super().pack(codes))
+
+
+class GemliteScaleOfPreviousGroup(TorchGemlite4Backend):
+    """A conversion that stores each group's scale from the group before it (an off-by-one
+    in the group index, the first group taking the last's), its zero right: the kernel
+    decodes what is stored, consistently; the codes no longer are the input's nearest levels."""
+
+    name = "mutant-gemlite-neighbour-scale"
+    catches = "quantize"
+
+    def convert(self, layer, dtype):
+        right = super().convert(layer, dtype)
+        return dataclasses.replace(right, scale=np.roll(right.scale, 1, axis=0))
+
+
+class GemliteKernelReadsMode3(TorchGemlite4Backend):
+    """A kernel that decodes every layer with mode 3, ``(q - zero) * scale``, also a grouped
+    one converted to mode 4, whose stored zero is ``fl(-zero * scale)``: the stored state is
+    right, the matmul is not."""
+
+    name = "mutant-gemlite-kernel-mode-3"
+    catches = "matmul"
+
+    def dequantize_weight(self, q, compute_dtype):
+        return super().dequantize_weight(dataclasses.replace(q, handle={**q.handle, "W_group_mode": 3}), compute_dtype)
+
+
+MUTANTS += (GemliteNibbleOrderReversed, GemliteScaleOfPreviousGroup, GemliteKernelReadsMode3)
 
 
 # -- lifecycle mutants (issue 26): bugs that need a sequence of steps to show ------------------------------
