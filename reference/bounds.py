@@ -444,15 +444,16 @@ def rounding_direction(actual: torch.Tensor, expected: torch.Tensor, units: torc
     exp = expected.detach().to(torch.float64)
     act = actual.detach().to(device=exp.device, dtype=torch.float64)
     act, exp = torch.broadcast_tensors(act, exp)
-    unit = torch.broadcast_to(units.to(exp.device), exp.shape).reshape(-1).long()
     tiny = float(torch.finfo(actual.dtype).tiny) if actual.dtype.is_floating_point else 0.0
-    err, exp = (act - exp).reshape(-1), exp.reshape(-1)
-    judged = torch.isfinite(err) & (err != 0) & (exp.abs() >= 2 * tiny)
-    if not bool(judged.any()):
-        return 0.0, 0.0, 0
-    vote = torch.where(err * exp.sign() < 0, 1.0, -1.0).to(exp)
-    votes = torch.zeros(int(unit.max().item()) + 1, dtype=torch.float64, device=exp.device)
-    votes.index_add_(0, unit[judged], vote[judged])
+    err = act - exp
+    judged = torch.isfinite(err) & (exp.abs() >= 2 * tiny)
+    # +1 toward zero, -1 away from it, 0 for an exact or unjudged element; each unit's sum of
+    # its elements' votes (whole numbers, exact in float64) points the way most of them err.
+    vote = torch.where(judged, -torch.sign(err * exp.sign()), 0.0)
+    unit = units.to(exp.device).long()
+    votes = torch.zeros(int(unit.max().item()) + 1 if unit.numel() else 0, dtype=torch.float64, device=exp.device)
+    # The votes of the elements sharing a unit entry (the dims ``units`` broadcasts over) are summed first.
+    votes.index_add_(0, unit.reshape(-1), vote.sum_to_size(unit.shape).reshape(-1))
     n = int((votes != 0).sum().item())
     if n == 0:
         return 0.0, 0.0, 0
