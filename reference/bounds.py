@@ -113,13 +113,13 @@ def rounding_bound(exact: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     # 2**e of the binade of |x|, read off the float64 exponent bits (mantissa cleared): exact,
     # 0 for 0 and float64 subnormals (whose binade is below every emin), inf for inf and NaN.
     binade = (mag.view(torch.int64) & 0x7FF0000000000000).view(torch.float64)
-    bound = (binade * u).clamp_min_(u * 2.0**emin)  # u 2**max(e, emin), exact (powers of two)
+    bound = binade.mul_(u).clamp_min_(u * 2.0**emin)  # u 2**max(e, emin), exact (powers of two)
     if dtype in FLUSHES_SUBNORMALS:
         tiny = float(fi.tiny)
         bound = torch.where(mag < tiny, tiny, bound)
-    beyond = ~(mag < overflow)  # overflows to inf, or NaN
-    if bool(beyond.any()):
-        bound = torch.where(beyond, mag * math.inf, bound)  # inf, and NaN for NaN
+    rounds = mag < overflow  # False where it overflows to inf, or is NaN
+    if not bool(rounds.all()):
+        bound = torch.where(rounds, bound, mag * math.inf)  # inf, and NaN for NaN
     return bound
 
 
@@ -349,16 +349,17 @@ def matmul_bound(
     w_mag = w_abs + e_w
     mag = x_abs @ w_mag.T
     if b is not None:
-        mag = mag + b.detach().to(device=dev, dtype=torch.float64).abs()
+        mag.add_(b.detach().to(device=dev, dtype=torch.float64).abs())
     relative = u + (1 + u) * gamma(n + (b is not None), u_acc)
     acc_dtype = _accumulate_default(compute_dtype) if accumulate_dtype is None else accumulate_dtype
     product_underflow = (
         float(_finfo(acc_dtype).tiny) if compute_dtype in FLUSHES_SUBNORMALS else _half_subnormal(acc_dtype)
     )
     underflow = underflow_error(compute_dtype) * (w_mag.sum(dim=1) + (b is not None)) + n * product_underflow
-    e_c = x_abs @ e_w.T + relative * mag + underflow
+    # In place where a result is ours (the same roundings in the same order as the formulas above).
+    e_c = (x_abs @ e_w.T).add_(mag.mul_(relative)).add_(underflow)
     y = linear(x, w, b) if exact is None else exact.detach().to(device=dev, dtype=torch.float64)
-    return e_c + rounding_bound(y.abs() + e_c, out_dtype)
+    return rounding_bound(y.abs().add_(e_c), out_dtype).add_(e_c)
 
 
 def grad_bound(
