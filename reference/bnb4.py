@@ -37,7 +37,17 @@ import torch
 from pytest_qconform.reference.formats import FP4_SIGN_BIT, code_table
 from pytest_qconform.reference.packed import PackedBnb4
 
-__all__ = ["code_table", "code_values", "decode", "decode_absmax", "encode", "pack_codes", "quantize", "unpack_codes"]
+__all__ = [
+    "code_table",
+    "code_values",
+    "decode",
+    "decode_absmax",
+    "encode",
+    "pack_codes",
+    "per_block_and_code",
+    "quantize",
+    "unpack_codes",
+]
 
 
 def _device(device: str | torch.device | None) -> torch.device:
@@ -136,17 +146,32 @@ def decode_absmax(p: PackedBnb4, device: str | torch.device | None = "cpu") -> t
     return code * scale + float(p.offset)
 
 
+def per_block_and_code(p: PackedBnb4, table: torch.Tensor) -> torch.Tensor:
+    """Each element's entry of ``table`` (``[nblocks, 16]``: a value for every block and
+    code), shape ``p.shape``: ``table[i // blocksize, code_i]``.
+
+    Whatever is computed elementwise from an element's code and its block's absmax (the
+    decoding, its error bounds) takes one of ``16 * nblocks`` values, so it is computed
+    on that table and read out per element in one pass."""
+    numel, blocksize = p.numel, p.blocksize
+    nblocks = _nblocks(numel, blocksize)
+    if tuple(table.shape) != (nblocks, 16):
+        raise ValueError(f"per_block_and_code: table of shape {tuple(table.shape)}, expected ({nblocks}, 16)")
+    codes = unpack_codes(p.packed, numel)
+    if numel % blocksize:
+        codes = np.concatenate([codes, np.zeros(nblocks * blocksize - numel, dtype=np.uint8)])
+    index = torch.as_tensor(codes, device=table.device).reshape(nblocks, blocksize).long()
+    return torch.gather(table, 1, index).reshape(-1)[:numel].reshape(p.shape)
+
+
 def decode(p: PackedBnb4, device: str | torch.device | None = "cpu") -> torch.Tensor:
     """The weight in float64, shape ``p.shape``: ``table[code_i] * absmax[i // blocksize]``
     over the flattened tensor (partial last block and odd numel included)."""
     if p.blocksize <= 0:
         raise ValueError(f"decode: blocksize must be positive, got {p.blocksize}")
     dev = _device(device)
-    numel = p.numel
-    codes = unpack_codes(p.packed, numel)
-    values = code_values(codes, p.quant_type, dev)
-    absmax = decode_absmax(p, dev).repeat_interleave(p.blocksize)[:numel]
-    return (values * absmax).reshape(p.shape)
+    table = torch.tensor(code_table(p.quant_type), dtype=torch.float64, device=dev)
+    return per_block_and_code(p, decode_absmax(p, dev).unsqueeze(1) * table)
 
 
 def _sorted_table(quant_type: str) -> tuple[torch.Tensor, torch.Tensor]:

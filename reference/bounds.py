@@ -110,16 +110,18 @@ def rounding_bound(exact: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         overflow = float(fi.max) + u * 2.0**emax
     except OverflowError:  # float64: the threshold is beyond float64 itself, nothing rounds to inf
         overflow = math.inf
-    mag = exact.detach().to(torch.float64).abs()
-    _, exponent = torch.frexp(mag)  # mag = m * 2**exponent, m in [0.5, 1)
-    binade = torch.clamp(exponent.to(torch.int64) - 1, min=emin)
-    binade = torch.where(mag == 0, torch.full_like(binade, emin), binade)  # frexp(0) has exponent 0
-    bound = torch.ldexp(torch.full_like(mag, u), binade)
+    mag = exact.detach().to(torch.float64).abs().contiguous()
+    # 2**e of the binade of |x|, read off the float64 exponent bits (mantissa cleared): exact,
+    # 0 for 0 and float64 subnormals (whose binade is below every emin), inf for inf and NaN.
+    binade = (mag.view(torch.int64) & 0x7FF0000000000000).view(torch.float64)
+    bound = binade.mul_(u).clamp_min_(u * 2.0**emin)  # u 2**max(e, emin), exact (powers of two)
     if dtype in FLUSHES_SUBNORMALS:
         tiny = float(fi.tiny)
-        bound = torch.where(mag < tiny, torch.full_like(mag, tiny), bound)
-    bound = torch.where(mag >= overflow, torch.full_like(mag, math.inf), bound)
-    return torch.where(torch.isnan(mag), mag, bound)
+        bound = torch.where(mag < tiny, tiny, bound)
+    rounds = mag < overflow  # False where it overflows to inf, or is NaN
+    if not bool(rounds.all()):
+        bound = torch.where(rounds, bound, mag * math.inf)  # inf, and NaN for NaN
+    return bound
 
 
 def dequantize_bound(
@@ -170,6 +172,11 @@ def bnb4_dequantize_bound(
     ``rounding_bound(|v a| + e32, out_dtype)``.
     """
     dev = torch.device("cpu" if device is None else device)
+    return bnb4.per_block_and_code(p, _bnb4_dequantize_table(p, out_dtype, dev))
+
+
+def _bnb4_absmax_and_error(p: PackedBnb4, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(|a|, E_b)`` per block, each ``[nblocks, 1]`` (``bnb4_dequantize_bound``)."""
     u = unit_roundoff(torch.float32)
     eta = _half_subnormal(torch.float32)
     absmax = bnb4.decode_absmax(p, dev)
@@ -181,16 +188,19 @@ def bnb4_dequantize_bound(
         absmax_error = u * absmax.abs() + u * (1 + u) * cs + 2 * eta
     else:
         absmax_error = torch.zeros_like(absmax)
-    numel = p.numel
-    values = bnb4.code_values(bnb4.unpack_codes(p.packed, numel), p.quant_type, dev).abs()
-    a = absmax.abs().repeat_interleave(p.blocksize)[:numel]
-    e_a = absmax_error.repeat_interleave(p.blocksize)[:numel]
+    return absmax.abs().unsqueeze(1), absmax_error.unsqueeze(1)
+
+
+def _bnb4_dequantize_table(p: PackedBnb4, out_dtype: torch.dtype, dev: torch.device) -> torch.Tensor:
+    """``bnb4_dequantize_bound`` for every block and code, ``[nblocks, 16]``: the bound of an
+    element depends on nothing else (``bnb4.per_block_and_code`` reads it out)."""
+    u = unit_roundoff(torch.float32)
+    values = torch.tensor(bnb4.code_table(p.quant_type), dtype=torch.float64, device=dev).abs()
+    a, e_a = _bnb4_absmax_and_error(p, dev)
     e32 = values * e_a + rounding_bound(values * (a + e_a), torch.float32)
     if unit_roundoff(out_dtype) < u or out_dtype == torch.float32:
-        bound = e32
-    else:
-        bound = e32 + rounding_bound(values * a + e32, out_dtype)
-    return bound.reshape(p.shape)
+        return e32
+    return e32 + rounding_bound(values * a + e32, out_dtype)
 
 
 def bnb4_matmul_weight_bound(
@@ -212,11 +222,13 @@ def bnb4_matmul_weight_bound(
 
     For an fp32 compute dtype ``E = e32``.
     """
-    e32 = bnb4_dequantize_bound(p, torch.float32, device=device)
-    if compute_dtype == torch.float32 or unit_roundoff(compute_dtype) <= unit_roundoff(torch.float32):
-        return e32
-    mag = bnb4.decode(p, device=device).abs()
-    return e32 + gamma(3, unit_roundoff(compute_dtype)) * (mag + e32) + 3 * underflow_error(compute_dtype)
+    dev = torch.device("cpu" if device is None else device)
+    e32 = _bnb4_dequantize_table(p, torch.float32, dev)
+    if not (compute_dtype == torch.float32 or unit_roundoff(compute_dtype) <= unit_roundoff(torch.float32)):
+        table = torch.tensor(bnb4.code_table(p.quant_type), dtype=torch.float64, device=dev)
+        mag = (bnb4.decode_absmax(p, dev).unsqueeze(1) * table).abs()  # |W| per block and code
+        e32 = e32 + gamma(3, unit_roundoff(compute_dtype)) * (mag + e32) + 3 * underflow_error(compute_dtype)
+    return bnb4.per_block_and_code(p, e32)
 
 
 def _stored_dtype(name: object) -> torch.dtype:
@@ -253,7 +265,8 @@ def hqq4_dequantize_bound(
     dtype the second rounding above is that one.
     """
     compute = _stored_dtype(p.meta.get("compute_dtype", "float32")) if compute_dtype is None else compute_dtype
-    q, zero, scale = hqq4.decode_parts(p, device)
+    # Every term is elementwise in (q, zero, scale): computed per group and 4-bit value, read out per element.
+    q, zero, scale = hqq4.group_parts(p, device)
     u = unit_roundoff(compute)
 
     def stored_error(values: torch.Tensor, key: str) -> torch.Tensor:
@@ -266,9 +279,9 @@ def hqq4_dequantize_bound(
     diff = (q - zero).abs()
     s_abs = scale.abs()
     e = s_abs * e_z + diff * e_s + e_z * e_s + gamma(2, u) * (diff + e_z) * (s_abs + e_s) + 2 * underflow_error(compute)
-    if out_dtype == compute:
-        return e
-    return e + rounding_bound(diff * s_abs + e, out_dtype)
+    if out_dtype != compute:
+        e = e + rounding_bound(diff * s_abs + e, out_dtype)
+    return hqq4.per_group_and_value(p, e)
 
 
 def gemlite4_dequantize_bound(
@@ -328,6 +341,7 @@ def matmul_bound(
     *,
     accumulate_dtype: torch.dtype | None = None,
     w_error: torch.Tensor | None = None,
+    exact: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Bound for ``y = x W^T + b`` computed in ``compute_dtype`` and returned in
     ``out_dtype``; x ``(..., K)``, W ``(N, K)`` and b ``(N,)`` exact float64, shape ``(..., N)``.
@@ -360,7 +374,8 @@ def matmul_bound(
     (counted even when the last addition already rounded to it: one ulp of slack).
     ``k`` overrides the reduction length ``n`` (e.g. split-K partial sums added
     afterwards count as more steps). Non-finite inputs make the bound non-finite: zero
-    them (``nan_to_num``) to bound the finite entries around them.
+    them (``nan_to_num``) to bound the finite entries around them. ``exact``: the caller's
+    ``linear(x, W, b)``, when it has it (computed here otherwise).
     """
     if w.dim() != 2 or x.shape[-1] != w.shape[1]:
         raise ValueError(
@@ -373,18 +388,20 @@ def matmul_bound(
     x_abs = x.detach().to(device=dev, dtype=torch.float64).abs()
     w_abs = w.detach().to(device=dev, dtype=torch.float64).abs()
     e_w = u * w_abs if w_error is None else w_error.detach().to(device=dev, dtype=torch.float64).abs()
-    mag = x_abs @ (w_abs + e_w).T
+    w_mag = w_abs + e_w
+    mag = x_abs @ w_mag.T
     if b is not None:
-        mag = mag + b.detach().to(device=dev, dtype=torch.float64).abs()
+        mag.add_(b.detach().to(device=dev, dtype=torch.float64).abs())
     relative = u + (1 + u) * gamma(n + (b is not None), u_acc)
     acc_dtype = _accumulate_default(compute_dtype) if accumulate_dtype is None else accumulate_dtype
     product_underflow = (
         float(_finfo(acc_dtype).tiny) if compute_dtype in FLUSHES_SUBNORMALS else _half_subnormal(acc_dtype)
     )
-    underflow = underflow_error(compute_dtype) * ((w_abs + e_w).sum(dim=1) + (b is not None)) + n * product_underflow
-    e_c = x_abs @ e_w.T + relative * mag + underflow
-    y = linear(x, w, b)
-    return e_c + rounding_bound(y.abs() + e_c, out_dtype)
+    underflow = underflow_error(compute_dtype) * (w_mag.sum(dim=1) + (b is not None)) + n * product_underflow
+    # In place where a result is ours (the same roundings in the same order as the formulas above).
+    e_c = (x_abs @ e_w.T).add_(mag.mul_(relative)).add_(underflow)
+    y = linear(x, w, b) if exact is None else exact.detach().to(device=dev, dtype=torch.float64)
+    return rounding_bound(y.abs().add_(e_c), out_dtype).add_(e_c)
 
 
 def grad_bound(
@@ -430,11 +447,15 @@ def error_multiple(actual: torch.Tensor, expected: torch.Tensor, bound: torch.Te
     act, exp, bnd = torch.broadcast_tensors(act, exp, bnd)
     if act.numel() == 0:
         return 0.0
+    with torch.no_grad():
+        ratio = (act - exp).abs_() / bnd
+    worst = float(ratio.max().item())
+    # Without a NaN among the ratios every special case above already holds: a zero bound gives
+    # inf for a non-zero error, an infinite bound 0 for a finite one, an exact match 0.
+    if not math.isnan(worst):
+        return worst
     same = (act == exp) | (torch.isnan(act) & torch.isnan(exp))
     nan_mismatch = torch.isnan(act) != torch.isnan(exp)
-    diff = (act - exp).abs()
-    with torch.no_grad():
-        ratio = diff / bnd
     ratio = torch.where(bnd == 0, torch.full_like(ratio, math.inf), ratio)
     ratio = torch.where(torch.isinf(bnd) & ~torch.isnan(act), torch.zeros_like(ratio), ratio)
     ratio = torch.where(torch.isnan(ratio), torch.full_like(ratio, math.inf), ratio)
@@ -466,15 +487,16 @@ def rounding_direction(actual: torch.Tensor, expected: torch.Tensor, units: torc
     exp = expected.detach().to(torch.float64)
     act = actual.detach().to(device=exp.device, dtype=torch.float64)
     act, exp = torch.broadcast_tensors(act, exp)
-    unit = torch.broadcast_to(units.to(exp.device), exp.shape).reshape(-1).long()
     tiny = float(torch.finfo(actual.dtype).tiny) if actual.dtype.is_floating_point else 0.0
-    err, exp = (act - exp).reshape(-1), exp.reshape(-1)
-    judged = torch.isfinite(err) & (err != 0) & (exp.abs() >= 2 * tiny)
-    if not bool(judged.any()):
-        return 0.0, 0.0, 0
-    vote = torch.where(err * exp.sign() < 0, 1.0, -1.0).to(exp)
-    votes = torch.zeros(int(unit.max().item()) + 1, dtype=torch.float64, device=exp.device)
-    votes.index_add_(0, unit[judged], vote[judged])
+    err = act - exp
+    judged = torch.isfinite(err) & (exp.abs() >= 2 * tiny)
+    # +1 toward zero, -1 away from it, 0 for an exact or unjudged element; each unit's sum of
+    # its elements' votes (whole numbers, exact in float64) points the way most of them err.
+    vote = torch.where(judged, -torch.sign(err * exp.sign()), 0.0)
+    unit = units.to(exp.device).long()
+    votes = torch.zeros(int(unit.max().item()) + 1 if unit.numel() else 0, dtype=torch.float64, device=exp.device)
+    # The votes of the elements sharing a unit entry (the dims ``units`` broadcasts over) are summed first.
+    votes.index_add_(0, unit.reshape(-1), vote.sum_to_size(unit.shape).reshape(-1))
     n = int((votes != 0).sum().item())
     if n == 0:
         return 0.0, 0.0, 0

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from pytest_qconform.reference.packed import PackedHqq4
 
-__all__ = ["decode", "decode_parts", "grouped_shape", "unpack_4bit_u8"]
+__all__ = ["decode", "decode_parts", "group_parts", "grouped_shape", "per_group_and_value", "unpack_4bit_u8"]
 
 
 def grouped_shape(shape: tuple[int, ...], group_size: int, axis: int) -> tuple[int, int]:
@@ -68,12 +68,8 @@ def _per_group(values: np.ndarray, rows: int, cols: int, axis: int, name: str) -
     return flat.reshape(rows, 1) if axis == 1 else flat.reshape(1, cols)
 
 
-def decode_parts(
-    p: PackedHqq4, device: str | torch.device | None = "cpu"
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(q, zero, scale)`` in float64, each of the weight's shape (zero and scale repeated
-    over their group): the stored values the weight is computed from, which the error
-    bound of a lower-precision evaluation needs as well as the decoding."""
+def _groups(p: PackedHqq4) -> tuple[np.ndarray, int, int]:
+    """Q's 4-bit values ``(R, C)`` as uint8, with R and C, after checking the record."""
     if p.packing != "4bit_u8":
         raise ValueError(f"hqq4.decode knows the '4bit_u8' packing only, got {p.packing!r}")
     rows, cols = grouped_shape(tuple(p.shape), p.group_size, p.axis)
@@ -90,7 +86,17 @@ def decode_parts(
             f"HQQ packed has {data.size} bytes, expected (R/2) * C = {rows // 2 * cols} for "
             f"shape {tuple(p.shape)}, group_size {p.group_size}, axis {p.axis}"
         )
-    q = unpack_4bit_u8(data.reshape(rows // 2, cols)).astype(np.float64)
+    return unpack_4bit_u8(data.reshape(rows // 2, cols)), rows, cols
+
+
+def decode_parts(
+    p: PackedHqq4, device: str | torch.device | None = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(q, zero, scale)`` in float64, each of the weight's shape (zero and scale repeated
+    over their group): the stored values the weight is computed from, which the error
+    bound of a lower-precision evaluation needs as well as the decoding."""
+    q_u8, rows, cols = _groups(p)
+    q = q_u8.astype(np.float64)
     scale = _per_group(p.scale, rows, cols, p.axis, "scale")
     zero = _per_group(p.zero, rows, cols, p.axis, "zero")
     dev = torch.device("cpu" if device is None else device)
@@ -101,7 +107,40 @@ def decode_parts(
     return q_t, zero_t, scale_t
 
 
+def group_parts(
+    p: PackedHqq4, device: str | torch.device | None = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(q, zero, scale)`` in float64 per group and value: ``q`` the 16 values 0..15 and
+    ``zero``, ``scale`` one per group, shaped to broadcast to ``[groups, 16]``. Whatever is
+    computed elementwise from an element's ``q``, zero and scale (the decoding, its error
+    bounds) is computed on that table and read out per element (``per_group_and_value``)."""
+    rows, cols = grouped_shape(tuple(p.shape), p.group_size, p.axis)
+    dev = torch.device("cpu" if device is None else device)
+    scale = torch.as_tensor(_per_group(p.scale, rows, cols, p.axis, "scale").reshape(-1, 1), device=dev)
+    zero = torch.as_tensor(_per_group(p.zero, rows, cols, p.axis, "zero").reshape(-1, 1), device=dev)
+    q = torch.arange(16, dtype=torch.float64, device=dev).unsqueeze(0)
+    return q, zero, scale
+
+
+def per_group_and_value(p: PackedHqq4, table: torch.Tensor) -> torch.Tensor:
+    """Each element's entry of ``table`` (``[groups, 16]``: a value for every group and
+    4-bit value), shape ``p.shape``."""
+    q_u8, _, _ = _groups(p)
+    return _read_out(p, q_u8, table)
+
+
+def _read_out(p: PackedHqq4, q_u8: np.ndarray, table: torch.Tensor) -> torch.Tensor:
+    rows, cols = q_u8.shape
+    groups = rows if p.axis == 1 else cols
+    if tuple(table.shape) != (groups, 16):
+        raise ValueError(f"per_group_and_value: table of shape {tuple(table.shape)}, expected ({groups}, 16)")
+    index = torch.as_tensor(q_u8, device=table.device).long()
+    out = torch.gather(table, 1, index) if p.axis == 1 else torch.gather(table.T, 0, index)
+    return out.reshape(tuple(p.shape))
+
+
 def decode(p: PackedHqq4, device: str | torch.device | None = "cpu") -> torch.Tensor:
     """The weight in float64, shape ``p.shape``: ``((Q - zero) * scale).reshape(shape)``."""
-    q, zero, scale = decode_parts(p, device)
-    return (q - zero) * scale
+    q_u8, _, _ = _groups(p)
+    q, zero, scale = group_parts(p, device)
+    return _read_out(p, q_u8, (q - zero) * scale)

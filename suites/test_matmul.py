@@ -59,6 +59,7 @@ def check_product(qbackend, qdevice, qcheck, compute_dtype, x_dtype, quantized, 
         compute_dtype,
         y.dtype,
         w_error=weight_error(packed, w_exact, compute_dtype, rows=x.numel() // k),
+        exact=y_exact,
     )
     qcheck.within(y, y_exact, bound, "matmul vs float64 x W^T + b", rounding_units=output_columns(y))
 
@@ -135,27 +136,26 @@ def test_matmul_every_route(qtarget, qbackend, qdevice, qcheck, spec, dtype, row
 
 
 LM_HEAD_K = 64  # a small K keeps a 151936-wide weight cheap; a block spans rows once the blocksize passes it
-LM_HEAD_ROWS = (1, 20)  # a decoded token, and a prefill chunk past every fused small-batch kernel
 
 
 @pytest.mark.qconform_operation("matmul")
-@pytest.mark.qconform_axes("format", "double_quant", "hqq_axis", "dtype", "out_features")
-def test_matmul_lm_head_widths(qtarget, qbackend, qdevice, qcheck, spec, dtype, out_features):
-    """The output widths of real lm_heads (``axes.LM_HEAD_WIDTHS``), at one decoded row and
-    a prefill chunk: grids, index arithmetic and a last partial tile at N that no drawn
-    shape reaches."""
+@pytest.mark.qconform_axes(
+    "format",
+    "double_quant",
+    "hqq_axis",
+    "dtype",
+    "out_features",
+    "rows",
+    # A decoded token and a batch past every fused small-batch kernel (axes.ALWAYS_ROWS); the
+    # prefill of 300 rows is left out: at 151936 columns its float64 reference and bound are
+    # 45 M elements each, seconds an instance on a CPU, and its route is the 128 rows' one.
+    rows=(1, 128),
+)
+def test_matmul_lm_head_widths(qtarget, qbackend, qdevice, qcheck, spec, dtype, out_features, rows):
+    """The output widths of real lm_heads (``axes.LM_HEAD_WIDTHS``), at the instance's row
+    count: grids, index arithmetic and a last partial tile at N that no drawn shape reaches."""
     require_claim(qbackend, qtarget, spec, dtype)
     case = WeightCase((out_features, LM_HEAD_K), "normal", seed=out_features)
-    qcheck.describe(**case.describe())
-    quantized = qbackend.quantize(case.make(qdevice), spec)
-    for rows in LM_HEAD_ROWS:
-        check_product(
-            qbackend,
-            qdevice,
-            qcheck,
-            dtype,
-            dtype,
-            quantized,
-            ActivationCase((rows,), "contiguous", rows),
-            with_bias=True,
-        )
+    check_matmul(
+        qbackend, qdevice, qcheck, spec, dtype, dtype, case, ActivationCase((rows,), "contiguous", rows), with_bias=True
+    )
