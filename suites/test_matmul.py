@@ -136,6 +136,7 @@ def test_matmul_every_route(qtarget, qbackend, qdevice, qcheck, spec, dtype, row
 
 
 LM_HEAD_K = 64  # a small K keeps a 151936-wide weight cheap; a block spans rows once the blocksize passes it
+LM_HEAD_MAX_ROWS = 128  # the rows axis up to here (a filter: the values are the backend's)
 
 
 @pytest.mark.qconform_operation("matmul")
@@ -146,10 +147,11 @@ LM_HEAD_K = 64  # a small K keeps a 151936-wide weight cheap; a block spans rows
     "dtype",
     "out_features",
     "rows",
-    # A decoded token and a batch past every fused small-batch kernel (axes.ALWAYS_ROWS); the
+    # Every route the backend declares (each threshold and its neighbours) and 128 rows
+    # (axes.ALWAYS_ROWS): a grid or tile that breaks at a wide N breaks on one route. The
     # prefill of 300 rows is left out: at 151936 columns its float64 reference and bound are
     # 45 M elements each, seconds an instance on a CPU, and its route is the 128 rows' one.
-    rows=(1, 128),
+    rows=tuple(range(1, LM_HEAD_MAX_ROWS + 1)),
 )
 def test_matmul_lm_head_widths(qtarget, qbackend, qdevice, qcheck, spec, dtype, out_features, rows):
     """The output widths of real lm_heads (``axes.LM_HEAD_WIDTHS``), at the instance's row

@@ -225,7 +225,7 @@ def per_row_kernels(monkeypatch):
     """Send every batch to the per-row kernels (the tensor-core kernel takes 2+ rows it can read)."""
     from pytest_qconform.triton_nf4.kernels import nf4_gemv
 
-    monkeypatch.setattr(nf4_gemv, "MMA_MIN_ROWS", nf4_gemv.MAX_ROWS + 1)
+    monkeypatch.setattr(nf4_gemv, "mma_rows", lambda: (nf4_gemv.MAX_ROWS + 1, nf4_gemv.MAX_ROWS))
 
 
 def spy_on(monkeypatch, module, name):
@@ -378,8 +378,10 @@ def test_gemv_tensor_core_kernel_configurations(monkeypatch, config):
     warps' and the splits' sums (the second config: 2 tiles per program, 2 warps, 2 splits),
     blocksizes 32 to 256, double quant, bias. On a GPU the products are mma.sync, here the
     same kernel computes them without PTX."""
-    from pytest_qconform.triton_nf4.kernels import nf4_mma
+    from pytest_qconform.triton_nf4.kernels import nf4_gemv, nf4_mma
 
+    # the interpreter's narrower range (nf4_gemv.INTERPRETED_MMA_ROWS) widened to every group count
+    monkeypatch.setattr(nf4_gemv, "INTERPRETED_MMA_ROWS", (4, nf4_mma.MAX_ROWS))
     if config is not None:
         monkeypatch.setattr(
             nf4_mma,
@@ -449,7 +451,7 @@ def test_tensor_core_route_only_where_it_can_read(monkeypatch):
     for x in (wide[:, ::2], offset_rows):
         assert kernels.fused_rows_limit(x, packed, 512) == kernels.nf4_gemv.PER_ROW_MAX_ROWS
         check_gemv((8, 512), None, False, False, torch.bfloat16, gen, x=x)
-    assert kernels.fused_rows_limit(wide[:, :512], packed, 512) == kernels.MAX_ROWS
+    assert kernels.fused_rows_limit(wide[:, :512], packed, 512) == kernels.nf4_gemv.mma_rows()[1]
     assert not launched, "no case here may take the tensor-core kernel"
 
 

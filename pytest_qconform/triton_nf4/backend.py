@@ -201,6 +201,9 @@ class TritonNf4Backend(Backend):
         # there it claims no weight wider than INTERPRETED_MAX_OUT_FEATURES.
         blocksizes = tuple(kernels.SUPPORTED_BLOCKSIZES) if device.type != "cpu" else INTERPRETED_BLOCKSIZES
         max_out = None if device.type != "cpu" else INTERPRETED_MAX_OUT_FEATURES
+        # The interpreter routes fewer rows to the tensor-core kernel (nf4_gemv.mma_rows).
+        mma_low, mma_high = kernels.nf4_gemv.mma_rows()
+        fused_max = min(FUSED_MAX_ROWS, mma_high)
         return Capabilities(
             formats=_QUANT_TYPES,
             blocksizes=blocksizes,
@@ -210,14 +213,14 @@ class TritonNf4Backend(Backend):
             devices=devices,
             backward=True,
             serialize=True,
-            max_gemv_rows=min(FUSED_MAX_ROWS, kernels.MAX_ROWS),
+            max_gemv_rows=fused_max,
             out_arguments=("dequantize",),
             compiled=PATH_OPERATIONS,
             captured=PATH_OPERATIONS,
             dispatch_rows=(
-                kernels.nf4_gemv.MMA_MIN_ROWS,  # per-row kernels -> tensor cores
+                mma_low,  # per-row kernels -> tensor cores
                 kernels.nf4_gemv.PER_ROW_MAX_ROWS + 1,  # no tensor cores: -> GEMM
-                min(FUSED_MAX_ROWS, kernels.MAX_ROWS) + 1,
+                fused_max + 1,
             ),
         )  # -> dequantize + GEMM
 

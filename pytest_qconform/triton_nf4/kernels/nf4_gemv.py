@@ -55,6 +55,11 @@ MAX_ROWS = nf4_mma.MAX_ROWS
 # three benchmark shapes (v15, matmul_routes.py: 2 rows 34.2 vs 35.8 us at 8192^2, 27.7
 # vs 35.2 at 14336 x 4096, but 15.4 vs 13.4 at 4096^2; 3 rows faster at all three).
 MMA_MIN_ROWS = 2
+# In Triton's interpreter (the CPU tests) the tensor-core kernel takes 4-16 rows, its range
+# before v15: its emulation costs about ten times the per-row kernels' there (a layer test
+# of 9.3 s against 0.75 s), and the suites' layer and sequence checks pass 2-3 and 17-32
+# rows often. Three and four groups of x still run in the interpreter in tests/test_kernels.py.
+INTERPRETED_MMA_ROWS = (4, 16)
 # The per-row kernels beat dequantize + GEMM up to this many rows (their time grows with
 # the rows; notes "Few rows"), the tensor-core kernel up to MAX_ROWS.
 PER_ROW_MAX_ROWS = 4
@@ -719,14 +724,21 @@ def _mma_available(x2: torch.Tensor, packed_flat: torch.Tensor, K: int) -> bool:
 
 def mma_route(x2: torch.Tensor, packed_flat: torch.Tensor, K: int) -> bool:
     """Whether ``gemv_4bit`` sends [M, K] ``x2`` to the tensor-core kernel."""
-    return MMA_MIN_ROWS <= x2.shape[0] <= nf4_mma.MAX_ROWS and _mma_available(x2, packed_flat, K)
+    low, high = mma_rows()
+    return low <= x2.shape[0] <= high and _mma_available(x2, packed_flat, K)
+
+
+def mma_rows() -> tuple[int, int]:
+    """The row counts the tensor-core kernel serves where it can read x and W: compiled,
+    ``MMA_MIN_ROWS``-``MAX_ROWS``; in the interpreter, ``INTERPRETED_MMA_ROWS``."""
+    return INTERPRETED_MMA_ROWS if interpreter_active() else (MMA_MIN_ROWS, nf4_mma.MAX_ROWS)
 
 
 def fused_rows_limit(x: torch.Tensor, packed: torch.Tensor, K: int) -> int:
     """The most rows of ``x`` (leading dims flattened) for which ``gemv_4bit`` beats
     dequantize + GEMM on this device: MAX_ROWS where the tensor-core kernel can read them,
     else PER_ROW_MAX_ROWS (the per-row kernels decode the weight once per row)."""
-    return MAX_ROWS if _mma_available(x.reshape(-1, K), packed.reshape(-1), K) else PER_ROW_MAX_ROWS
+    return mma_rows()[1] if _mma_available(x.reshape(-1, K), packed.reshape(-1), K) else PER_ROW_MAX_ROWS
 
 
 def _largest_dividing_tile(K: int, block_k: int) -> int:
