@@ -82,7 +82,8 @@ def _warnings(matrix: Matrix) -> list[str]:
         for r in matrix.stale
     ]
     lines += [
-        f"empty report {r.source or r.label}: zero cells"
+        f"empty report {r.source or r.label}: no judged cell"
+        + (f" ({len(r.cells)} not claimed)" if r.cells else "")
         + (f" ({len(r.benchmarks)} benchmarks only)" if r.benchmarks else "")
         + "; not merged"
         for r in matrix.empty

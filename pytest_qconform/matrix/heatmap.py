@@ -104,7 +104,7 @@ def render_heatmap(matrix: Matrix, png_path: Path) -> Path:
     tallest = max(len(ops) for ops in operations.values())
     panel_w = LABEL_W + BOX_W * len(cols)
     panel_h = TITLE_H + BOX_H * (tallest + 1)
-    legend_h = 0.7
+    legend_h = 1.1  # two lines of title and two rows of handles
     fig = Figure(figsize=(panel_w * abreast + 0.2, panel_h * panel_rows + legend_h), dpi=DPI)
     FigureCanvasAgg(fig)
     width, height = fig.get_size_inches()

@@ -163,7 +163,7 @@ def _notes(matrix: Matrix, compiled: CompileCheck | None) -> list[str]:
     if matrix.empty:
         out += [
             "",
-            "**Empty reports** (zero cells, not merged: a `--benchmark-only` run, a selection that matched "
+            "**Empty reports** (no judged cell, only not-claimed ones or none; not merged: a `--benchmark-only` run, a selection that matched "
             "nothing, or a backend that never loaded):",
             "",
         ]

@@ -31,6 +31,7 @@ from typing import Any
 
 from pytest_qconform.report.run_report import VERDICTS, RunReport
 from pytest_qconform.report.versions import backend_version, version_key
+from pytest_qconform.vocabulary import Verdict
 
 RowKey = tuple[str, str, str, str]
 
@@ -82,7 +83,7 @@ class Matrix:
     runs: tuple[RunReport, ...]
     superseded: tuple[Supersession, ...]
     simulated: tuple[RunReport, ...]
-    empty: tuple[RunReport, ...] = ()  # reports with zero cells: not merged
+    empty: tuple[RunReport, ...] = ()  # reports with no judged cell (none, or only not-claimed ones): not merged
     stale: tuple[RunReport, ...] = ()  # counted reports older than max_age_days
     max_age_days: float | None = None
 
@@ -126,8 +127,10 @@ def merge(
     simulated: list[RunReport] = []
     empty: list[RunReport] = []
     for report in reports:
-        if not report.cells:
-            empty.append(report)  # e.g. a --benchmark-only run: no conformance evidence to merge or supersede with
+        if all(cell.verdict == Verdict.NOT_CLAIMED for cell in report.cells):
+            # e.g. a --benchmark-only run (its cells, if any, say only what a backend does not
+            # claim): no conformance evidence to merge, and it must not supersede a run that has
+            empty.append(report)
             continue
         (simulated if report.simulated else real).append(report)
 
