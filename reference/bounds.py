@@ -267,21 +267,35 @@ def hqq4_dequantize_bound(
     compute = _stored_dtype(p.meta.get("compute_dtype", "float32")) if compute_dtype is None else compute_dtype
     # Every term is elementwise in (q, zero, scale): computed per group and 4-bit value, read out per element.
     q, zero, scale = hqq4.group_parts(p, device)
-    u = unit_roundoff(compute)
-
-    def stored_error(values: torch.Tensor, key: str) -> torch.Tensor:
-        stored = _stored_dtype(p.meta.get(key, "float32"))
-        if unit_roundoff(stored) >= u:
-            return torch.zeros_like(values)
-        return rounding_bound(values, compute)
-
-    e_z, e_s = stored_error(zero, "zero_dtype"), stored_error(scale, "scale_dtype")
+    e_z, e_s = (
+        _stored_field_error(p.meta, zero, "zero_dtype", compute),
+        _stored_field_error(p.meta, scale, "scale_dtype", compute),
+    )
     diff = (q - zero).abs()
     s_abs = scale.abs()
-    e = s_abs * e_z + diff * e_s + e_z * e_s + gamma(2, u) * (diff + e_z) * (s_abs + e_s) + 2 * underflow_error(compute)
+    e = _affine_error(diff, s_abs, e_z, e_s, compute)
     if out_dtype != compute:
         e = e + rounding_bound(diff * s_abs + e, out_dtype)
     return hqq4.per_group_and_value(p, e)
+
+
+def _stored_field_error(meta: dict, values: torch.Tensor, key: str, compute: torch.dtype) -> torch.Tensor:
+    """Rounding a stored field (``meta[key]`` names its dtype) to ``compute`` before use:
+    zero when the stored dtype is no wider than ``compute``."""
+    if unit_roundoff(_stored_dtype(meta.get(key, "float32"))) >= unit_roundoff(compute):
+        return torch.zeros_like(values)
+    return rounding_bound(values, compute)
+
+
+def _affine_error(
+    diff: torch.Tensor, s_abs: torch.Tensor, e_z: torch.Tensor, e_s: torch.Tensor, compute: torch.dtype
+) -> torch.Tensor:
+    """``fl(fl(q - z) s)`` against ``(q - z) s`` with z and s off by ``e_z``, ``e_s``:
+    |s| e_z + |q - z| e_s + e_z e_s + gamma_2(u) (|q - z| + e_z)(|s| + e_s) + 2 eta."""
+    u = unit_roundoff(compute)
+    return (
+        s_abs * e_z + diff * e_s + e_z * e_s + gamma(2, u) * (diff + e_z) * (s_abs + e_s) + 2 * underflow_error(compute)
+    )
 
 
 def gemlite4_dequantize_bound(
@@ -303,20 +317,15 @@ def gemlite4_dequantize_bound(
     compute = _stored_dtype(p.meta.get("compute_dtype", "float32")) if compute_dtype is None else compute_dtype
     q, zero, scale = gemlite4.decode_parts(p, device)
     u = unit_roundoff(compute)
-
-    def stored_error(values: torch.Tensor, key: str) -> torch.Tensor:
-        stored = _stored_dtype(p.meta.get(key, "float32"))
-        if unit_roundoff(stored) >= u:
-            return torch.zeros_like(values)
-        return rounding_bound(values, compute)
-
-    e_z, e_s = stored_error(zero, "zero_dtype"), stored_error(scale, "scale_dtype")
+    e_z, e_s = (
+        _stored_field_error(p.meta, zero, "zero_dtype", compute),
+        _stored_field_error(p.meta, scale, "scale_dtype", compute),
+    )
     s_abs = scale.abs()
     if p.group_mode == 3:
         diff = (q - zero).abs()
         magnitude = diff * s_abs
-        e = s_abs * e_z + diff * e_s + e_z * e_s + gamma(2, u) * (diff + e_z) * (s_abs + e_s)
-        e = e + 2 * underflow_error(compute)
+        e = _affine_error(diff, s_abs, e_z, e_s, compute)
     else:
         magnitude = q * s_abs + zero.abs()
         e = q * e_s + e_z + u * (magnitude + q * e_s + e_z) + underflow_error(compute)

@@ -158,6 +158,15 @@ def test_stale_reports_are_merged_and_flagged_empty_ones_flagged_and_left_out() 
     assert merge([old], max_age_days=100, now=NOW).stale == ()
 
 
+def test_a_newer_report_of_only_not_claimed_cells_does_not_supersede_a_conformance_run() -> None:
+    """A --benchmark-only run of the same machine and versions writes only not-claimed
+    cells: it once superseded the H100 conformance report and emptied its column."""
+    conformance = run("0.50.0", ["pass", "fail", "pass"], "2026-11-20T00:00:00Z")
+    bench_only = run("0.50.0", ["not-claimed"] * 3, "2026-11-21T00:00:00Z")
+    m = merge([conformance, bench_only], now=NOW)
+    assert m.runs == (conformance,) and m.empty == (bench_only,) and m.superseded == ()
+
+
 def test_the_cli_warns_about_stale_empty_and_mixed_contract_reports(tmp_path: Path, capsys) -> None:
     write_report(run("0.49.2", ["fail", "pass", "pass"], "2020-01-01T00:00:00Z", revision=None), tmp_path)
     write_report(run("0.50.0", ["pass", "pass", "pass"], host="b"), tmp_path)
