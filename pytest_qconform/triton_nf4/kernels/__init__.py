@@ -10,7 +10,8 @@ Run on CPU through Triton's interpreter: set ``TRITON_INTERPRET=1`` in the envir
 BEFORE this package is first imported. Triton (3.6 and 3.9 checked) decides between the
 compiler and the interpreter when ``@triton.jit`` decorates a kernel, which happens at
 import; changing the variable afterwards does not affect kernels already defined.
-``interpreter_active()`` reports which mode these kernels were built in. With CPU tensors
+``interpreter_active()`` reports which mode these kernels were built in; in the
+interpreter, ``interpreter_calls`` spares helper calls Triton's re-patching. With CPU tensors
 and the interpreter off, the kernels raise a RuntimeError saying so.
 
 Some pieces are NVIDIA-only inline PTX: the gemv kernels look code values up with a warp
@@ -21,10 +22,14 @@ code instead (table loads; the products from the other lanes' values), so the sa
 source compiles for ROCm. ROCm builds are not routed to the tensor-core kernel.
 """
 
+from pytest_qconform.triton_nf4.kernels import interpreter_calls
 from pytest_qconform.triton_nf4.kernels.nf4_dequant import SUPPORTED_BLOCKSIZES, dequantize_4bit, interpreter_active
 from pytest_qconform.triton_nf4.kernels.nf4_gemv import MAX_ROWS, fused_rows_limit, gemv_4bit
 from pytest_qconform.triton_nf4.kernels.nf4_quantize import CodeBoundaries, code_boundaries, quantize_4bit
 from pytest_qconform.triton_nf4.kernels.weight_buffer import WeightBuffer
+
+if interpreter_active():
+    interpreter_calls.install()
 
 __all__ = [
     "MAX_ROWS",
