@@ -71,6 +71,10 @@ def tests(session: nox.Session) -> None:
     session.run(_python(session), "-m", "pytest", *session.posargs)
 
 
+# A suite run that only records (kernel calls, gemlite configs): quiet, no report.
+RECORDING_RUN = ("-m", "pytest", "--qconform", "-q", "-p", "no:cacheprovider", "--tb=line", "--qconform-no-report")
+
+
 @nox.session(name="kernel-calls", python=False)
 def kernel_calls(session: nox.Session) -> None:
     """Record the calls a default run makes to our Triton kernels into the packaged log
@@ -81,16 +85,25 @@ def kernel_calls(session: nox.Session) -> None:
     recorded run's kernel keys. Runs in the current environment."""
     session.run(
         _python(session),
-        "-m",
-        "pytest",
-        "--qconform",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "--tb=line",
-        "--qconform-no-report",
+        *RECORDING_RUN,
         "--qconform-warmup-workers=0",
         "--qconform-record-kernel-calls=pytest_qconform/triton_nf4/default_run_kernel_calls.json",
+        *session.posargs,
+    )
+
+
+@nox.session(name="gemlite-configs", python=False)
+def gemlite_configs(session: nox.Session) -> None:
+    """Record the configs gemlite's autotune chooses for every key a default run reaches,
+    into the file the hqq-gemlite adapter loads on sm90 GPUs
+    (pytest_qconform/backends/gemlite_configs.py says why). Run it on an H100 or H200 with
+    gemlite installed after the suites' gemlite shapes or the gemlite pin change; extra
+    arguments go to pytest (-n 8 spreads the autotuning over processes)."""
+    session.run(
+        _python(session),
+        *RECORDING_RUN,
+        "--qconform-backend=hqq-gemlite",
+        "--qconform-record-gemlite-configs=pytest_qconform/backends/gemlite_configs_sm90.json",
         *session.posargs,
     )
 

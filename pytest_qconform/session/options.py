@@ -191,6 +191,15 @@ def _options() -> tuple[tuple[str, dict[str, Any]], ...]:
                 "kernel-calls)",
             ),
         ),
+        (
+            "--qconform-record-gemlite-configs",
+            dict(
+                default=None,
+                metavar="FILE",
+                help="MAINTAINERS: on a GPU, write the configs gemlite's autotune "
+                "chooses in this run to FILE (see nox -s gemlite-configs)",
+            ),
+        ),
     )
 
 

@@ -71,6 +71,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
     config.pluginmanager.register(RunRecorder(config), "qconform-recorder")
     config.pluginmanager.register(ShortCircuit(config), SHORT_CIRCUIT_PLUGIN)
+    from pytest_qconform.backends import gemlite_configs
+
+    gemlite_configs.start_recording(config)
     if config.args_source != pytest.Config.ArgsSource.ARGS:
         config.args = [str(suites_dir())]
 
