@@ -115,7 +115,8 @@ def compile_check(session: nox.Session) -> None:
     registers/spills/occupancy table (docs/kernels-compiled.md). Run it after the kernels,
     the kernel-call log or the Triton pin change; tests/test_compile_check.py fails until the
     committed files match. Extra arguments go to ``python -m pytest_qconform.compile.check``.
-    160 s on 2 CPU cores with a cold Triton cache (one process per core), 7 s warm."""
+    19 min on 2 CPU cores with a cold Triton cache (one process per core; 346 variants per arch
+    since the log holds the quantize calls too, 2026-11-26), seconds warm."""
     session.run(
         _python(session),
         "-m",

@@ -75,18 +75,24 @@ def _packed(shape: tuple[int, int], double_quant: bool = False):
 
 
 def test_recorder_logs_each_distinct_call_once_and_restores_the_entry_points() -> None:
-    from pytest_qconform.triton_nf4.kernels import weight_buffer
+    from pytest_qconform.triton_nf4.kernels import nf4_quantize, weight_buffer
 
-    originals = (kernels.dequantize_4bit, kernels.gemv_4bit, weight_buffer.dequantize_4bit)
+    def entry_points():
+        return (kernels.dequantize_4bit, kernels.gemv_4bit, weight_buffer.dequantize_4bit, nf4_quantize.quantize_4bit)
+
+    originals = entry_points()
     data, absmax, kw = _packed((8, 128), double_quant=True)
     x = torch.randn(2, 128).to(DEVICE, torch.bfloat16)
+    boundaries = nf4_quantize.code_boundaries(kw["code"])
     with kernel_calls.Recorder() as recorder:
         for _ in range(2):  # the second round repeats every call: logged once
             kernels.dequantize_4bit(data, absmax, out_dtype=torch.float16, **kw)
             kernels.gemv_4bit(x, data, absmax, **kw)
             kernels.WeightBuffer().dequantize(data, absmax, out_dtype=torch.float32, **kw)
-    assert (kernels.dequantize_4bit, kernels.gemv_4bit, weight_buffer.dequantize_4bit) == originals
-    assert [c["fn"] for c in recorder.calls] == ["dequantize_4bit", "gemv_4bit", "dequantize_4bit"]
+            # the backend imports quantize_4bit from its module when it quantizes
+            nf4_quantize.quantize_4bit(x, blocksize=64, boundaries=boundaries)
+    assert entry_points() == originals
+    assert [c["fn"] for c in recorder.calls] == ["dequantize_4bit", "gemv_4bit", "dequantize_4bit", "quantize_4bit"]
     assert recorder.calls[1]["args"][0] == kernel_calls.encode(x)
     assert recorder.calls[0]["kwargs"]["out_dtype"] == {"dtype": "float16"}
 
@@ -141,9 +147,7 @@ def test_an_unknown_dtype_in_a_log_is_named() -> None:
 
 def test_the_packaged_log_loads_and_every_call_rebuilds() -> None:
     calls = kernel_calls.load(kernel_calls.DEFAULT_RUN_CALLS)
-    # The recorder logs the entry points that read the packed format; quantize_4bit's calls
-    # are the compile check's own (compile_check.quantize_calls).
-    assert {c["fn"] for c in calls} == set(kernel_calls.ENTRY_POINTS) - {"quantize_4bit"}
+    assert {c["fn"] for c in calls} == set(kernel_calls.ENTRY_POINTS)
     for entry in calls:
         [kernel_calls.decode(a, torch.device("cpu")) for a in entry["args"]]
         {k: kernel_calls.decode(v, torch.device("cpu")) for k, v in entry["kwargs"].items()}
