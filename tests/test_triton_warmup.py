@@ -108,6 +108,10 @@ def test_workers_replay_their_shares_and_report(tmp_path: Path) -> None:
     marker = tmp_path / "cache" / "qconform-warmup-x.json"
     warmup = triton_warmup.Warmup(_log(tmp_path / "calls.json"), workers=2, device=DEVICE, marker=marker)
     assert warmup.header() == "qconform triton warm-up: 2 processes replaying 3 logged kernel calls (calls.json)"
+    if os.name == "posix":  # they yield the CPU to the session (nice 10 above ours)
+        ours = os.getpriority(os.PRIO_PROCESS, 0)
+        niceness = [os.getpriority(os.PRIO_PROCESS, p.pid) for p in warmup.processes if p.poll() is None]
+        assert all(n == min(19, ours + triton_warmup.WARMUP_NICENESS) for n in niceness)
     deadline = time.monotonic() + 120
     while any(p.poll() is None for p in warmup.processes) and time.monotonic() < deadline:
         time.sleep(0.2)

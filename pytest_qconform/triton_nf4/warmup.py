@@ -55,6 +55,16 @@ def default_workers(cpus: int | None, gpu_bytes: int | None = None) -> int:
     return workers
 
 
+WARMUP_NICENESS = 10
+
+
+def _yield_the_cpu() -> None:
+    """In a warm-up process before it starts: a lower CPU priority (``nice`` 10), so that the
+    session's own processes (its start-up, pytest-xdist's workers, their tests) get the cores
+    first and the warm-up the cycles they leave."""
+    os.nice(WARMUP_NICENESS)
+
+
 def _gpu_bytes() -> int | None:
     """Total memory of the session's GPU (the current device), or None if torch cannot say."""
     try:
@@ -149,7 +159,11 @@ class Warmup:
             for shard in range(workers):
                 self.processes.append(
                     subprocess.Popen(
-                        [*command, "--shard", str(shard)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+                        [*command, "--shard", str(shard)],
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.DEVNULL,
+                        text=True,
+                        preexec_fn=_yield_the_cpu if os.name == "posix" else None,
                     )
                 )
         except OSError:
@@ -166,9 +180,10 @@ class Warmup:
         """Collect finished workers' summaries, terminate the rest (idempotent)."""
         if why and self.stopped_early is None and any(p.poll() is None for p in self.processes):
             self.stopped_early = why
-        for process in self.processes:
+        for process in self.processes:  # all signalled first: their exits overlap, one wait
             if process.poll() is None:
                 process.terminate()
+        for process in self.processes:
             try:
                 out, _ = process.communicate(timeout=10)
             except subprocess.TimeoutExpired:

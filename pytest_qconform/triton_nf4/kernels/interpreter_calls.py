@@ -26,9 +26,17 @@ from typing import Any
 _state = threading.local()
 
 
+_modules_of: dict[Any, frozenset[int]] = {}  # per jit function: its globals' language modules
+
+
 def _language_modules(fn: Any, tl: Any) -> frozenset[int]:
-    """The ``triton.language`` modules ``fn``'s globals hold: what ``_patch_lang`` patches."""
-    return frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core))
+    """The ``triton.language`` modules ``fn``'s globals hold: what ``_patch_lang`` patches.
+    Read once per function (a module's imports do not change while its kernels run)."""
+    found = _modules_of.get(fn)
+    if found is None:
+        found = frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core))
+        _modules_of[fn] = found
+    return found
 
 
 def install() -> bool:
