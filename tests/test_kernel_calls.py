@@ -75,22 +75,21 @@ def _packed(shape: tuple[int, int], double_quant: bool = False):
 
 
 def test_recorder_logs_each_distinct_call_once_and_restores_the_entry_points() -> None:
-    from pytest_qconform.triton_nf4.kernels import nf4_quantize, weight_buffer
+    from pytest_qconform.triton_nf4.kernels import weight_buffer
 
     def entry_points():
-        return (kernels.dequantize_4bit, kernels.gemv_4bit, weight_buffer.dequantize_4bit, nf4_quantize.quantize_4bit)
+        return (kernels.dequantize_4bit, kernels.gemv_4bit, weight_buffer.dequantize_4bit, kernels.quantize_4bit)
 
     originals = entry_points()
     data, absmax, kw = _packed((8, 128), double_quant=True)
     x = torch.randn(2, 128).to(DEVICE, torch.bfloat16)
-    boundaries = nf4_quantize.code_boundaries(kw["code"])
+    boundaries = kernels.code_boundaries(kw["code"])
     with kernel_calls.Recorder() as recorder:
         for _ in range(2):  # the second round repeats every call: logged once
             kernels.dequantize_4bit(data, absmax, out_dtype=torch.float16, **kw)
             kernels.gemv_4bit(x, data, absmax, **kw)
             kernels.WeightBuffer().dequantize(data, absmax, out_dtype=torch.float32, **kw)
-            # the backend imports quantize_4bit from its module when it quantizes
-            nf4_quantize.quantize_4bit(x, blocksize=64, boundaries=boundaries)
+            kernels.quantize_4bit(x, blocksize=64, boundaries=boundaries)  # as the backend quantizes
     assert entry_points() == originals
     assert [c["fn"] for c in recorder.calls] == ["dequantize_4bit", "gemv_4bit", "dequantize_4bit", "quantize_4bit"]
     assert recorder.calls[1]["args"][0] == kernel_calls.encode(x)

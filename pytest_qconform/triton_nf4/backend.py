@@ -228,9 +228,9 @@ class TritonNf4Backend(Backend):
     def quantize(self, weight: torch.Tensor, spec: QuantSpec) -> Quantized:
         if spec.format not in _QUANT_TYPES:
             raise ValueError(f"{self.name}: format {spec.format!r} is not supported; the kernels read nf4 and fp4")
-        from pytest_qconform.triton_nf4.kernels.nf4_quantize import quantize_4bit
+        from pytest_qconform.triton_nf4 import kernels
 
-        packed, absmax = quantize_4bit(
+        packed, absmax = kernels.quantize_4bit(
             weight, blocksize=spec.blocksize, boundaries=self.code_boundaries(spec.format, weight.device)
         )
         code = self._table(spec.format, weight.device)[0].clone()  # each state owns its table

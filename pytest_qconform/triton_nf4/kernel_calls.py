@@ -152,14 +152,13 @@ class Recorder:
 
     def __enter__(self) -> Recorder:
         from pytest_qconform.triton_nf4 import kernels
-        from pytest_qconform.triton_nf4.kernels import nf4_quantize, weight_buffer
+        from pytest_qconform.triton_nf4.kernels import weight_buffer
 
         for owner, name in (
             (kernels, "dequantize_4bit"),
             (kernels, "gemv_4bit"),
-            (weight_buffer, "dequantize_4bit"),
             (kernels, "quantize_4bit"),
-            (nf4_quantize, "quantize_4bit"),  # the backend imports it from here when it quantizes
+            (weight_buffer, "dequantize_4bit"),
         ):
             original = getattr(owner, name)
             self._patched.append((owner, name, original))
