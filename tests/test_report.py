@@ -128,6 +128,38 @@ def test_fold_nan_multiple_is_worst_and_reason_follows_verdict():
     assert fold_cell([cell("pass"), cell("skipped")]).worst_error_multiple is None
 
 
+def test_a_cells_reason_and_first_failure_do_not_depend_on_the_order_results_arrive():
+    """pytest-xdist's workers finish in another order every run (and in another than a serial
+    run): the recorder folds a cell's cases in test-id order, so the reason and the first
+    failure it reports are those of the cell's first test by id."""
+    import types
+
+    from pytest_qconform.session import state
+    from pytest_qconform.session.outcomes import Case
+    from pytest_qconform.session.recorder import RunRecorder
+
+    def case(nodeid: str, verdict: str, message: str) -> Case:
+        return Case(nodeid, "hqq", "dequantize", "hqq4-g64", "fp16", "-", verdict, None, message, f"pytest {nodeid}")
+
+    cases = [
+        case("suites/test_b.py::test_x", "known-failure", "listed: bias cast in place"),
+        case("suites/test_a.py::test_y", "known-failure", "listed: state repacked"),
+        case("suites/test_c.py::test_z", "fail", "second failure"),
+        case("suites/test_a.py::test_w", "fail", "first failure"),
+    ]
+    folded = []
+    for arrival in (cases, cases[::-1], cases[1:] + cases[:1]):
+        recorder = types.SimpleNamespace(
+            config=types.SimpleNamespace(stash={state.CASES: {c.nodeid: c for c in arrival}})
+        )
+        folded.append(RunRecorder.cells(recorder))  # type: ignore[arg-type]
+    assert folded[0] == folded[1] == folded[2]
+    assert folded[0][0].first_failure == {"message": "first failure", "repro": "pytest suites/test_a.py::test_w"}
+    known = [c for c in cases if c.verdict == "known-failure"]
+    recorder = types.SimpleNamespace(config=types.SimpleNamespace(stash={state.CASES: {c.nodeid: c for c in known}}))
+    assert RunRecorder.cells(recorder)[0].reason == "listed: state repacked"  # type: ignore[arg-type]
+
+
 def test_fold_refuses_mixed_keys_and_empty_input():
     other = Cell("hqq", "matmul", "hqq4-g64", "fp16", "pass")
     with pytest.raises(ValueError, match="group cells by key"):

@@ -87,7 +87,10 @@ class RunRecorder:
         from pytest_qconform.report.run_report import Cell, fold_cell
 
         grouped: dict[tuple[str, str, str, str], list] = {}
-        for case in self.config.stash[state.CASES].values():
+        # In test-id order, not in the order the results arrived: a cell's reason and first
+        # failure are those of its first test by id, the same in a serial run and under
+        # pytest-xdist, whose workers finish in a different order every run.
+        for _, case in sorted(self.config.stash[state.CASES].items()):
             failed = case.verdict in FAILING
             cell = Cell(
                 backend=case.backend,
