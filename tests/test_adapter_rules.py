@@ -95,7 +95,11 @@ BROKEN_CONFTEST = FAKE_BACKEND + textwrap.dedent("""
 """)
 
 
-def test_a_backend_breaking_the_rules_stops_the_session_saying_what_to_fix(pytester: pytest.Pytester) -> None:
+@pytest.mark.parametrize("workers", [(), ("-n", "2")], ids=["one-process", "xdist"])
+def test_a_backend_breaking_the_rules_stops_the_session_saying_what_to_fix(
+    pytester: pytest.Pytester, workers: tuple[str, ...]
+) -> None:
+    """Also under pytest-xdist, whose controller checks its backends after starting its workers."""
     pytester.makeconftest(BROKEN_CONFTEST)
     pytester.makepyfile(test_suite=SUITE)
     result = pytester.runpytest(
@@ -104,6 +108,7 @@ def test_a_backend_breaking_the_rules_stops_the_session_saying_what_to_fix(pytes
         "--qconform-no-report",
         "-p",
         "no:cacheprovider",
+        *workers,
         *(f"--qconform-backend={name}" for name in ("mine", "unreadable", "fake", "unavailable")),
     )
     assert result.ret == pytest.ExitCode.USAGE_ERROR

@@ -66,6 +66,11 @@ def _probe(kind: str = "cuda", triton_available: bool = True, simulated: bool = 
     )
 
 
+def _tested(probe: Probe) -> bool:
+    status = probe.backend(triton_warmup.TRITON_BACKEND)
+    return status is not None and status.available
+
+
 @pytest.mark.parametrize(
     "config, probe, reason",
     [
@@ -82,12 +87,12 @@ def _probe(kind: str = "cuda", triton_available: bool = True, simulated: bool = 
 )
 def test_skip_reason(config: _Config, probe: Probe, reason: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert triton_warmup.skip_reason(config, probe) == reason
+    assert triton_warmup.skip_reason(config, probe, _tested(probe)) == reason
 
 
 def test_no_warmup_when_kernels_run_interpreted(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert "TRITON_INTERPRET=1" in triton_warmup.skip_reason(_Config(), _probe())
+    assert "TRITON_INTERPRET=1" in triton_warmup.skip_reason(_Config(), _probe(), True)
 
 
 def _log(path: Path, dtypes=(torch.float32, torch.float16, torch.bfloat16)) -> Path:

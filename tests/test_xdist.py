@@ -8,6 +8,7 @@ reports the workers send it (the cell key and error multiples travel in
 from __future__ import annotations
 
 import json
+import types
 
 import pytest
 import torch
@@ -179,3 +180,40 @@ def test_device_target_follows_the_xdist_worker(monkeypatch: pytest.MonkeyPatch)
     assert device_target(_cuda_probe(simulated=True)).torch_device is None
     # The chosen GPU is made current: Triton launches on the current device.
     assert current == [1, 0]
+
+
+@pytest.mark.parametrize(
+    "worker, environment, threads, compile_threads",
+    [
+        ({"workercount": 2}, {}, 2, 1),  # 4 CPUs, 2 workers: 2 threads each
+        ({"workercount": 64}, {}, 1, 1),  # at least one thread
+        (None, {}, 4, 16),  # the controller, or a run without workers: untouched
+        ({"workercount": 2}, {"OMP_NUM_THREADS": "3", "TORCHINDUCTOR_COMPILE_THREADS": "4"}, 4, 16),
+    ],
+    ids=["worker", "many-workers", "controller-or-serial", "told-by-environment"],
+)
+def test_xdist_workers_share_the_cpus(
+    worker: dict | None, environment: dict, threads: int, compile_threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each worker computes on its share of the CPUs and compiles in its own process (two
+    workers with two threads each made the 2-core run slower than one process; eight
+    workers' compile pools on 16 cores could be 136 processes), unless the environment says."""
+    import torch._inductor.config as inductor_config
+
+    from pytest_qconform.session import setup
+
+    for name in (setup.THREADS_VARIABLE, setup.COMPILE_THREADS_VARIABLE):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(setup.os, "sched_getaffinity", lambda pid: set(range(4)), raising=False)
+    config = types.SimpleNamespace(workerinput={"workerid": "gw0", **worker}) if worker else types.SimpleNamespace()
+    before = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+        with inductor_config.patch(compile_threads=16):  # inductor's own override, undone on exit
+            setup._workers_share_the_cpus(config)  # type: ignore[arg-type]
+            assert inductor_config.compile_threads == compile_threads
+        assert torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(before)

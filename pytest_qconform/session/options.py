@@ -167,7 +167,8 @@ def _options() -> tuple[tuple[str, dict[str, Any]], ...]:
                 metavar="N",
                 help="on a GPU, processes that compile our Triton kernels in the "
                 "background while the session runs (default: half the CPUs, at most "
-                "8 and one per 4 GiB of GPU memory; 0: off)",
+                "8 and one per 4 GiB of GPU memory; 0: off, and on a CPU machine no "
+                "background run of inductor's vector-ISA check either)",
             ),
         ),
         (

@@ -78,6 +78,18 @@ def pytest_configure(config: pytest.Config) -> None:
         config.args = [str(suites_dir())]
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session: pytest.Session) -> object:
+    """A pytest-xdist controller checks its backends here, after its workers have started
+    (pytest-xdist starts them in ``pytest_sessionstart``); a bad adapter stops it as a usage
+    error, as at configure time in a run without workers."""
+    if session.config.getoption("qconform"):
+        from pytest_qconform.session import state
+
+        state.probe(session.config)
+    return (yield)
+
+
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
     if not config.getoption("qconform"):
         return None

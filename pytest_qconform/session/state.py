@@ -21,10 +21,26 @@ REGISTERED_FACTORIES = pytest.StashKey[dict[str, Callable[[], Backend]]]()
 BACKENDS = pytest.StashKey[dict[str, Backend]]()
 CASES = pytest.StashKey[dict[str, Case]]()
 REPORT_PATH = pytest.StashKey[str | None]()
+# The backend check a pytest-xdist controller has not run yet (setup.start_session), else None.
+PENDING_BACKEND_CHECK = pytest.StashKey[Callable[[], None] | None]()
 
 
 def probe(config: pytest.Config) -> Probe:
+    """The machine and the selected backends' availability (checked now if not yet)."""
+    pending = config.stash.get(PENDING_BACKEND_CHECK, None)
+    if pending is not None:
+        pending()
     return config.stash[PROBE]
+
+
+def hardware(config: pytest.Config) -> Probe:
+    """The machine only: its backends may not be checked yet (``probe`` checks them)."""
+    return config.stash[PROBE]
+
+
+def available(config: pytest.Config, name: str) -> bool:
+    """Whether backend ``name`` is under test and can run here; builds that backend only."""
+    return under_test(config, name) and backend(config, name).availability().available
 
 
 def backend(config: pytest.Config, name: str) -> Backend:

@@ -75,14 +75,14 @@ def _gpu_bytes() -> int | None:
         return None
 
 
-def skip_reason(config: pytest.Config, probe: Probe) -> str | None:
-    """Why this session starts no warm-up, or None when it should start one."""
+def skip_reason(config: pytest.Config, probe: Probe, tested: bool) -> str | None:
+    """Why this session starts no warm-up, or None when it should start one (``tested``:
+    whether triton-nf4 is under test and available)."""
     if config.getoption("qconform_warmup_workers") == 0:
         return "off (--qconform-warmup-workers=0)"
     if not probe.has_gpu:
         return "no GPU"
-    status = probe.backend(TRITON_BACKEND)
-    if status is None or not status.available:
+    if not tested:
         return f"{TRITON_BACKEND} is not tested in this run"
     if os.environ.get("TRITON_INTERPRET") == "1":
         return "TRITON_INTERPRET=1: the kernels run interpreted, nothing is compiled"
@@ -277,8 +277,10 @@ def start_warmup(config: pytest.Config) -> None:
             recorder.write(Path(record_to))
 
         config.add_cleanup(stop_and_write)
-    probe = state.probe(config)
-    if skip_reason(config, probe) is not None:
+    # The machine and triton-nf4 alone: a pytest-xdist controller checks its other backends
+    # only once its workers have started (session.setup).
+    probe = state.hardware(config)
+    if skip_reason(config, probe, probe.has_gpu and state.available(config, TRITON_BACKEND)) is not None:
         return
     marker = marker_path(probe, kernel_calls.DEFAULT_RUN_CALLS)
     if marker.exists():
