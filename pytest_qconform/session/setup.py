@@ -68,8 +68,8 @@ def start_session(config: pytest.Config) -> None:
 
     A pytest-xdist controller checks its backends later (``check_backends``, from the
     ``pytest_collection`` hook, once its workers have started): it runs no test, and each
-    worker imports and checks the backends for itself, so the controller's imports (12 s on
-    the H100, docs/run-times.md) would only hold the workers' start back."""
+    worker imports and checks the backends for itself, so the controller's imports (7-10 s
+    on the H100 host, docs/run-times.md) would only hold the workers' start back."""
     profile = _profile(config)  # bad input stops the run before anything is probed
     _workers_share_the_cpus(config)
     simulate = config.getoption("qconform_simulate")
