@@ -128,3 +128,13 @@ def test_a_cpu_session_starts_the_check(pytester: pytest.Pytester, monkeypatch: 
     )
     assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED  # the gate: this test records no cell
     assert len(started) == 1 and started[0] is not None
+
+
+def test_the_marker_sits_in_inductors_own_cache_folder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Where torch's inductor puts its cache, by default and when TORCHINDUCTOR_CACHE_DIR says."""
+    from torch._inductor.runtime import cache_dir_utils
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    assert inductor_warmup.inductor_cache_dir() == Path(cache_dir_utils.default_cache_dir())
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "elsewhere"))
+    assert inductor_warmup.inductor_cache_dir() == Path(cache_dir_utils.cache_dir())

@@ -99,7 +99,10 @@ def test_two_workers_give_the_serial_matrix(fake_backend_project: pytest.Pyteste
 
     assert serial.ret == parallel.ret == pytest.ExitCode.TESTS_FAILED
     parallel.stdout.fnmatch_lines(["*2 workers*"])  # it really ran on xdist workers
-    assert serial.parseoutcomes() == parallel.parseoutcomes()
+    # Outcomes, not warnings: the in-process serial run can warn that pytest_qconform was
+    # imported before its assertions could be rewritten (when this test runs alone).
+    outcomes = [{k: v for k, v in run.parseoutcomes().items() if k != "warnings"} for run in (serial, parallel)]
+    assert outcomes[0] == outcomes[1]
     assert parallel_report["cells"] == serial_report["cells"]
     assert parallel_report["probe"]["backends"] == serial_report["probe"]["backends"]
 

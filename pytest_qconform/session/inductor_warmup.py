@@ -23,8 +23,12 @@ GPU (pytest-xdist workers there would start one each while they all import at on
 
 from __future__ import annotations
 
+import getpass
+import os
+import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -48,13 +52,28 @@ NICENESS = 10  # the session's own start-up gets the cores first
 END_WAIT_S = 120.0
 
 
-def marker_path() -> Path:
-    """The marker in inductor's cache folder (``TORCHINDUCTOR_CACHE_DIR`` or its default),
-    named by the torch version, whose inductor decides the programs."""
-    import torch
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
+def inductor_cache_dir() -> Path:
+    """Inductor's cache folder: ``TORCHINDUCTOR_CACHE_DIR``, else ``torchinductor_<user>`` in
+    the temp folder, as ``torch._inductor.runtime.cache_dir_utils`` decides it (tests check
+    they agree). Not imported from there: importing it runs ``torch._inductor``'s package
+    code, 1.4 s on a session that may never compile."""
+    given = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if given is None:
+        try:
+            user = getpass.getuser()
+        except (KeyError, ModuleNotFoundError, OSError):
+            getuid = getattr(os, "getuid", None)
+            user = f"uid_{getuid()}" if callable(getuid) else "unknown_user"
+        given = os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+    return Path(os.path.abspath(given))
 
-    return Path(cache_dir()) / f"qconform-vec-isa-checked-{torch.__version__}"
+
+def marker_path() -> Path:
+    """The marker in inductor's cache folder, named by the torch version, whose inductor
+    decides the programs."""
+    import torch
+
+    return inductor_cache_dir() / f"qconform-vec-isa-checked-{torch.__version__}"
 
 
 def skip_reason(config: pytest.Config, probe: Probe, starts_workers: bool) -> str | None:
