@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from pytest_qconform.hardware.probe import Probe, simulated_probe
-from pytest_qconform.session import inductor_warmup
+from pytest_qconform.session import background, inductor_warmup
 
 
 class _Config:
@@ -90,11 +90,13 @@ def test_the_check_names_inductors_own_function() -> None:
 
 def test_the_process_runs_niced_and_the_session_waits_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
     started: list[list[str]] = []
+    niced: list = []
     waited: list[float] = []
 
     class _Process:
         def __init__(self, args, **kwargs) -> None:
             started.append(args)
+            niced.append(kwargs.get("preexec_fn"))
 
         def wait(self, timeout: float) -> int:
             waited.append(timeout)
@@ -106,9 +108,8 @@ def test_the_process_runs_niced_and_the_session_waits_for_it(monkeypatch: pytest
     monkeypatch.setattr(inductor_warmup.subprocess, "Popen", _Process)
     config = _Config()
     assert inductor_warmup.start(config, _probe("cpu"), False) is not None  # type: ignore[arg-type]
-    assert started == [
-        [sys.executable, "-c", f"import os; os.nice(10){inductor_warmup.CHECK}", str(inductor_warmup.marker_path())]
-    ]
+    assert started == [[sys.executable, "-c", inductor_warmup.CHECK, str(inductor_warmup.marker_path())]]
+    assert niced == [background.yield_the_cpu()]  # nice 10, as the Triton warm-up
     assert not waited  # nothing waits before the session ends
     for cleanup in config.cleanups:
         cleanup()

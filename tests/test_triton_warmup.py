@@ -20,6 +20,7 @@ pytest.importorskip("triton")
 bnb_functional = pytest.importorskip("bitsandbytes.functional")
 
 from pytest_qconform.hardware.probe import BackendStatus, Probe  # noqa: E402
+from pytest_qconform.session import background  # noqa: E402
 from pytest_qconform.triton_nf4 import kernel_calls  # noqa: E402
 from pytest_qconform.triton_nf4 import warmup as triton_warmup  # noqa: E402
 
@@ -116,7 +117,7 @@ def test_workers_replay_their_shares_and_report(tmp_path: Path) -> None:
     if os.name == "posix":  # they yield the CPU to the session (nice 10 above ours)
         ours = os.getpriority(os.PRIO_PROCESS, 0)
         niceness = [os.getpriority(os.PRIO_PROCESS, p.pid) for p in warmup.processes if p.poll() is None]
-        assert all(n == min(19, ours + triton_warmup.WARMUP_NICENESS) for n in niceness)
+        assert all(n == min(19, ours + background.NICENESS) for n in niceness)
     deadline = time.monotonic() + 120
     while any(p.poll() is None for p in warmup.processes) and time.monotonic() < deadline:
         time.sleep(0.2)

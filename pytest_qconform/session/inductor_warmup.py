@@ -34,6 +34,7 @@ from pathlib import Path
 import pytest
 
 from pytest_qconform.hardware.probe import Probe
+from pytest_qconform.session import background
 
 # What the process runs: the check itself, by its name in inductor (a missing name is an
 # error in the process only, never the session's), then the marker (argv[1]), also after an
@@ -48,7 +49,6 @@ finally:
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.touch()
 """
-NICENESS = 10  # the session's own start-up gets the cores first
 END_WAIT_S = 120.0
 
 
@@ -99,7 +99,8 @@ def start(config: pytest.Config, probe: Probe, starts_workers: bool) -> subproce
         return None
     try:
         process = subprocess.Popen(
-            [sys.executable, "-c", f"import os; os.nice({NICENESS}){CHECK}", str(marker_path())],
+            [sys.executable, "-c", CHECK, str(marker_path())],
+            preexec_fn=background.yield_the_cpu(),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

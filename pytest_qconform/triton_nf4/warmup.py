@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 
 from pytest_qconform.hardware.probe import Probe
-from pytest_qconform.session import state
+from pytest_qconform.session import background, state
 
 TRITON_BACKEND = "triton-nf4"
 MAX_DEFAULT_WORKERS = 8
@@ -53,16 +53,6 @@ def default_workers(cpus: int | None, gpu_bytes: int | None = None) -> int:
     if gpu_bytes is not None:
         workers = max(1, min(workers, gpu_bytes // GPU_BYTES_PER_DEFAULT_WORKER))
     return workers
-
-
-WARMUP_NICENESS = 10
-
-
-def _yield_the_cpu() -> None:
-    """In a warm-up process before it starts: a lower CPU priority (``nice`` 10), so that the
-    session's own processes (its start-up, pytest-xdist's workers, their tests) get the cores
-    first and the warm-up the cycles they leave."""
-    os.nice(WARMUP_NICENESS)
 
 
 def _gpu_bytes() -> int | None:
@@ -163,7 +153,7 @@ class Warmup:
                         stdout=subprocess.PIPE,
                         stderr=subprocess.DEVNULL,
                         text=True,
-                        preexec_fn=_yield_the_cpu if os.name == "posix" else None,
+                        preexec_fn=background.yield_the_cpu(),
                     )
                 )
         except OSError:
