@@ -29,6 +29,8 @@ __all__ = [
     "BOUND_MULTIPLE",
     "FLUSHES_SUBNORMALS",
     "underflow_error",
+    "layer_weight_error",
+    "weight_error",
     "bnb4_dequantize_bound",
     "bnb4_matmul_weight_bound",
     "dequantize_bound",
@@ -440,6 +442,38 @@ def grad_bound(
         accumulate_dtype=accumulate_dtype,
         w_error=None if w_error is None else w_error.T,
     )
+
+
+def weight_error(
+    packed: PackedBnb4 | PackedHqq4 | PackedGemlite4,
+    exact: torch.Tensor,
+    compute_dtype: torch.dtype,
+    rows: int | None = None,
+) -> torch.Tensor:
+    """``E`` of ``matmul_bound``: how far the weight a matmul kernel multiplies by may be
+    from its exact decoding. A kernel dequantizes into its compute dtype (or keeps more
+    precision): for HQQ two roundings of ``(W_q - zero) * scale`` after rounding a wider
+    stored zero and scale to the compute dtype (gemlite's conversion: the same, in the
+    layer's dtype); for bitsandbytes' format the fp32 ``code * absmax`` rounded once,
+    except for a single activation row (``rows == 1``, the gemv path), where bitsandbytes'
+    CUDA gemv rounds the code table and absmax to the compute dtype and multiplies there.
+    The default ``u |W|`` undercounts both."""
+    if isinstance(packed, PackedHqq4):
+        return hqq4_dequantize_bound(packed, compute_dtype, compute_dtype, device=exact.device)
+    if isinstance(packed, PackedGemlite4):
+        return gemlite4_dequantize_bound(packed, compute_dtype, compute_dtype, device=exact.device)
+    if rows == 1:
+        return bnb4_matmul_weight_bound(packed, compute_dtype, device=exact.device)
+    return bnb4_dequantize_bound(packed, compute_dtype, device=exact.device)
+
+
+def layer_weight_error(
+    packed: PackedBnb4 | PackedHqq4 | PackedGemlite4, exact: torch.Tensor, compute_dtype: torch.dtype
+) -> torch.Tensor:
+    """``E`` for a layer's forward, which picks its kernel by itself (bitsandbytes: a fused
+    gemv for one row, dequantize then GEMM otherwise): the larger of both models of
+    ``weight_error``."""
+    return torch.maximum(weight_error(packed, exact, compute_dtype), weight_error(packed, exact, compute_dtype, rows=1))
 
 
 def error_multiple(actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor) -> float:

@@ -12,6 +12,7 @@ from typing import TypeAlias
 import pytest
 import torch
 from pytest_qconform.reference import bnb4, faithful, gemlite4, hqq4
+from pytest_qconform.reference.bounds import weight_error  # noqa: F401  (the suites' kernel weight error)
 from pytest_qconform.reference.packed import PackedBnb4, PackedGemlite4, PackedHqq4
 
 from pytest_qconform.backends.base import Backend, Capabilities, QuantSpec
@@ -124,24 +125,3 @@ def packed_dequantize_bound(packed: Packed, exact: torch.Tensor, dtype: torch.dt
     if isinstance(packed, PackedGemlite4):
         return bounds.gemlite4_dequantize_bound(packed, dtype, device=exact.device)
     return bounds.hqq4_dequantize_bound(packed, dtype, device=exact.device)
-
-
-def weight_error(
-    packed: Packed, exact: torch.Tensor, compute_dtype: torch.dtype, rows: int | None = None
-) -> torch.Tensor:
-    """``E`` of ``bounds.matmul_bound``: how far the weight a matmul kernel multiplies by
-    may be from its exact decoding. A kernel dequantizes into its compute dtype (or keeps
-    more precision): for HQQ two roundings of ``(W_q - zero) * scale`` after rounding a
-    wider stored zero and scale to the compute dtype; for bitsandbytes' format the fp32
-    ``code * absmax`` rounded once, except for a single activation row (``rows == 1``,
-    the gemv path), where bitsandbytes' CUDA gemv rounds the code table and absmax to
-    the compute dtype and multiplies there. The default ``u |W|`` undercounts both."""
-    from pytest_qconform.reference import bounds
-
-    if isinstance(packed, PackedHqq4):
-        return bounds.hqq4_dequantize_bound(packed, compute_dtype, compute_dtype, device=exact.device)
-    if isinstance(packed, PackedGemlite4):  # gemlite's kernels dequantize in the layer's dtype, as HQQ
-        return bounds.gemlite4_dequantize_bound(packed, compute_dtype, compute_dtype, device=exact.device)
-    if rows == 1:
-        return bounds.bnb4_matmul_weight_bound(packed, compute_dtype, device=exact.device)
-    return bounds.bnb4_dequantize_bound(packed, compute_dtype, device=exact.device)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from pytest_qconform.reference import bounds, linear
+from pytest_qconform.reference.bounds import layer_weight_error
 from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 
 from pytest_qconform.backends.base import Backend, QuantSpec
@@ -22,7 +23,7 @@ from pytest_qconform.cases.strategies import WeightCase
 from pytest_qconform.hardware.targets import Target
 from pytest_qconform.session.outcomes import NOT_CLAIMED_PREFIX
 
-from ._cases import packed_dequantize_bound, reference_decode, require_claim, weight_error
+from ._cases import packed_dequantize_bound, reference_decode, require_claim
 
 LAYER_SHAPE = (64, 128)  # (out, in): whole blocks per row at 64 and 128, as LLM layers have
 
@@ -78,11 +79,6 @@ def layer_inputs(
 
 def activation(leading: tuple[int, ...], k: int, seed: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return torch.randn(*leading, k, generator=torch.Generator().manual_seed(seed)).to(dtype).to(device)
-
-
-def layer_weight_error(packed: PackedBnb4 | PackedHqq4, w: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
-    """``E`` for a layer's forward: either kernel model (see the module docstring)."""
-    return torch.maximum(weight_error(packed, w, compute_dtype), weight_error(packed, w, compute_dtype, rows=1))
 
 
 def bias_of(layer: torch.nn.Module) -> torch.Tensor | None:

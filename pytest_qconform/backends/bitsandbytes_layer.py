@@ -87,7 +87,10 @@ class BitsandbytesLayers(LayerFacet):
     def packed(self, layer: torch.nn.Module) -> PackedBnb4:
         state = layer.weight.quant_state
         if getattr(state, "packing_format_for_cpu", False):
-            saved = copy.deepcopy(layer).state_dict()
+            # A copy without the layer's hooks (whatever they hold: an observer's state), whose
+            # state_dict packs the bytes back as a checkpoint written now would hold them.
+            memo: dict[int, Any] = {id(v): type(v)() for k, v in vars(layer).items() if "hooks" in k}
+            saved = copy.deepcopy(layer, memo).state_dict()
             return self._backend.export_packed(
                 self._backend.load({k: v for k, v in saved.items() if k.startswith("weight")}, saved["weight"].device)
             )
@@ -95,6 +98,33 @@ class BitsandbytesLayers(LayerFacet):
         spec = QuantSpec(state.quant_type, int(state.blocksize), bool(state.nested))
         return self._backend.export_packed(
             Quantized(self._backend.name, spec, tuple(state.shape), packed.device, BnbHandle(packed, state))
+        )
+
+    def computing_state(self, layer: torch.nn.Module) -> PackedBnb4:
+        """In the CPU-packed layout (see the module docstring) the layer computes from the
+        repacked codes and the absmax it keeps for that kernel, in bf16 and transposed to
+        ``[K / blocksize, N]``: read both as they are (``state_dict`` of that layout writes
+        another absmax: a known failure), as the plain layout's record."""
+        state = layer.weight.quant_state
+        if not getattr(state, "packing_format_for_cpu", False):
+            return self.packed(layer)
+        import numpy as np
+
+        n, k = (int(d) for d in state.shape)
+        block_n = 32  # bitsandbytes' _convert_weight_packed_for_cpu default
+        data = layer.weight.data.as_subclass(torch.Tensor).reshape(-1, block_n).cpu()
+        codes = torch.cat([data & 0xF, data >> 4], dim=-1).reshape(n // block_n, k // 2, block_n, 2)
+        codes = codes.transpose(1, 2).reshape(-1)
+        packed = ((codes[0::2] << 4) | codes[1::2]).to(torch.uint8).numpy()
+        absmax = state.absmax.detach().float().T.reshape(-1).cpu().numpy()
+        return PackedBnb4(
+            quant_type=state.quant_type,
+            blocksize=int(state.blocksize),
+            shape=(n, k),
+            packed=packed,
+            absmax=np.ascontiguousarray(absmax, dtype=np.float32),
+            code=state.code.detach().float().cpu().numpy(),
+            dtype=str(getattr(state, "original_dtype", state.dtype)).removeprefix("torch."),
         )
 
     def empty(self, spec: QuantSpec, shape: tuple[int, int], bias: bool, compute_dtype: torch.dtype) -> torch.nn.Module:

@@ -136,6 +136,11 @@ class FunctionalLayers(LayerFacet):
     def layer_types(self) -> tuple[type, ...]:
         return (self.layer_class,)
 
+    def owns(self, module: torch.nn.Module) -> bool:
+        """A ``FunctionalLinear`` of this facet's backend (every functional backend's layer
+        has that class)."""
+        return isinstance(module, FunctionalLinear) and getattr(module.backend, "name", None) == self.backend.name
+
     def quantize(
         self,
         weight: torch.Tensor,

@@ -98,3 +98,27 @@ class LayerFacet(ABC):
         """The module classes of this backend's quantized layers (to find them in a model
         that transformers or PEFT built)."""
         return ()
+
+    def computing_state(self, layer: torch.nn.Module) -> PackedBnb4 | PackedHqq4:
+        """The bytes and scales the layer computes its next forward from, for the reference
+        to decode (the call-site oracle). Default: ``packed`` (what a checkpoint written now
+        holds); a layer that keeps a kernel layout of its own for computing reads that."""
+        return self.packed(layer)
+
+    def owns(self, module: torch.nn.Module) -> bool:
+        """Whether ``module`` is one of this backend's quantized layers (the call-site
+        oracle hooks those). Default: an instance of ``layer_types()``."""
+        types = self.layer_types()
+        return bool(types) and isinstance(module, types)
+
+    def compute_dtype(self, layer: torch.nn.Module) -> torch.dtype | None:
+        """The dtype the layer computes its product in, or ``None`` when it takes the
+        input's (bitsandbytes' ``Linear4bit`` before its first call without one).
+        Default: the layer's ``compute_dtype`` attribute, as all three layer classes hold it."""
+        dtype = getattr(layer, "compute_dtype", None)
+        return dtype if isinstance(dtype, torch.dtype) else None
+
+    def bias(self, layer: torch.nn.Module) -> torch.Tensor | None:
+        """The bias the layer adds (default: its ``bias`` attribute when it is a tensor)."""
+        bias = getattr(layer, "bias", None)
+        return bias.detach() if isinstance(bias, torch.Tensor) else None

@@ -47,6 +47,14 @@ WEIGHT_LAYOUTS: tuple[str, ...] = ("transposed", "column-strided", "offset-rows"
 # dimension, a multiple of its tile or a 16-bit index meets them.
 LM_HEAD_WIDTHS: tuple[int, ...] = (32000, 50257, 151936)
 
+# The model families the workload suite builds (suites/_workloads.py): Llama (no bias), Qwen2
+# (q/k/v bias), GPT-2 (Conv1D weights stored (in, out), tied lm_head), a mixture of experts
+# whose experts get 0, 1 or many tokens.
+WORKLOAD_MODELS: tuple[str, ...] = ("llama", "qwen2", "gpt2", "moe")
+# Gradient checkpointing as transformers runs it: torch.utils.checkpoint with and without
+# use_reentrant (two code paths: a reentrant backward recomputes under no outer graph).
+CHECKPOINTING: tuple[str, ...] = ("non-reentrant", "reentrant")
+
 _STORAGE_LABELS = {torch.uint8: "u8", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
@@ -125,6 +133,8 @@ AXES: dict[str, Axis] = {
             lambda caps, bf16: DISTRIBUTIONS,
         ),
         Axis("weight_layout", "the memory layout of the weight handed to quantize", lambda caps, bf16: WEIGHT_LAYOUTS),
+        Axis("model", "the model family a workload runs (suites/_workloads.py)", lambda caps, bf16: WORKLOAD_MODELS),
+        Axis("checkpointing", "gradient checkpointing's variant in a training step", lambda caps, bf16: CHECKPOINTING),
     )
 }
 
@@ -181,10 +191,13 @@ class CheckAxes:
 
 
 def covering_rows(values: dict[str, tuple[Any, ...]], strength: int) -> list[dict[str, Any]]:
-    """A ``strength``-wise covering array of ``values`` under the axis constraints."""
+    """A ``strength``-wise covering array of ``values`` under the axis constraints
+    (strength 1: every value of every axis in some row)."""
     names = [name for name in values]
     if any(not v for v in values.values()):
         return []
+    if strength == 1:
+        return _each_value_once(names, values)
     if len(names) == 1:
         return [{names[0]: v} for v in values[names[0]] if _valid(names, (v,))]
     from allpairspy import AllPairs
@@ -202,6 +215,29 @@ def covering_rows(values: dict[str, tuple[Any, ...]], strength: int) -> list[dic
             row = _completed(names, values, {a: va, b: vb})
             if row is not None:
                 rows.append(row)
+    return [dict(zip(names, row)) for row in rows]
+
+
+def _each_value_once(names: Sequence[str], values: dict[str, tuple[Any, ...]]) -> list[dict[str, Any]]:
+    """Row ``i`` takes value ``i`` of each axis (cycling the shorter ones), completed to a
+    valid row where the constraints refuse it; then a row for any value still missing."""
+    rows: list[list[Any]] = []
+    for i in range(max(len(values[name]) for name in names)):
+        wanted = {a: values[name][i % len(values[name])] for a, name in enumerate(names)}
+        row = _completed(names, values, wanted)
+        for a in list(wanted):
+            if row is not None:
+                break
+            wanted.pop(a)
+            row = _completed(names, values, wanted)
+        if row is not None and row not in rows:
+            rows.append(row)
+    for a, name in enumerate(names):
+        for value in values[name]:
+            if not any(row[a] == value for row in rows):
+                row = _completed(names, values, {a: value})
+                if row is not None:
+                    rows.append(row)
     return [dict(zip(names, row)) for row in rows]
 
 
@@ -252,6 +288,8 @@ def default_row(check: CheckAxes) -> dict[str, Any]:
         "value_range": "near-max",
         "distribution": "normal",
         "weight_layout": "transposed",
+        "model": WORKLOAD_MODELS[0],
+        "checkpointing": CHECKPOINTING[0],
     }
     return {name: check.only.get(name, (defaults[name],))[0] for name in check.names}
 

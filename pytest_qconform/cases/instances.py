@@ -19,9 +19,17 @@ from pytest_qconform.session import outcomes, state
 AXES_MARKER = "qconform_axes"
 
 
-def _strength(config: pytest.Config) -> int:
+STRENGTH_MARKER = "qconform_ci_strength"
+
+
+def _strength(config: pytest.Config, definition: Any = None) -> int:
+    """3-wise in ``thorough``; all pairs in ``ci``, or less where a check's
+    ``qconform_ci_strength(n)`` marker says so (a whole workload per instance)."""
     profile = config.getoption("qconform_profile", default=None) or config.getini("qconform_profile")
-    return 3 if profile == "thorough" else 2
+    if profile == "thorough":
+        return 3
+    marker = definition.get_closest_marker(STRENGTH_MARKER) if definition is not None else None
+    return int(marker.args[0]) if marker is not None else 2
 
 
 def _nothing_claimed(check: axes.CheckAxes, values: dict[str, tuple[Any, ...]], backend: str) -> str:
@@ -34,7 +42,7 @@ def parametrize(metafunc: pytest.Metafunc, marker: pytest.Mark) -> None:
     """``qtarget``, ``qbackend`` and the check's axes, jointly, for every target and backend."""
     config = metafunc.config
     check = axes.CheckAxes.from_marker(marker)
-    strength = _strength(config)
+    strength = _strength(config, metafunc.definition)
     params = []
     for target in config.stash[state.TARGETS]:
         target_marks = [getattr(pytest.mark, m) for m in target.marker_names]

@@ -22,6 +22,7 @@ from typing import Any
 from pytest_qconform.cases.coverage import Coverage
 from pytest_qconform.report.atomic import write_text_atomically
 from pytest_qconform.report.benchmarks import Benchmark
+from pytest_qconform.report.calls import CallCoverage
 from pytest_qconform.report.contract import Suite
 from pytest_qconform.report.schema import (
     SchemaError,
@@ -186,6 +187,7 @@ class RunReport:
     source: str = field(default="", compare=False)
     benchmarks: tuple[Benchmark, ...] = ()
     coverage: tuple[Coverage, ...] = ()  # what each declared axis was checked at (coverage.py)
+    calls: tuple[CallCoverage, ...] = ()  # what the call-site oracle judged in workloads (calls.py)
     suite: Suite | None = None  # what judged the run (contract.py); None in reports older than version 3
 
     @property
@@ -221,6 +223,8 @@ class RunReport:
             data["benchmarks"] = [entry.to_dict() for entry in self.benchmarks]
         if self.coverage:
             data["coverage"] = [entry.to_dict() for entry in self.coverage]
+        if self.calls:
+            data["calls"] = [entry.to_dict() for entry in self.calls]
         if self.suite is not None:
             data["suite"] = self.suite.to_dict()
         return data
@@ -278,6 +282,12 @@ class RunReport:
             if not isinstance(raw, list):
                 raise SchemaError(f"report.coverage: expected a JSON array, got {type_name(raw)}")
             coverage = tuple(Coverage.from_dict(entry, f"coverage[{i}]") for i, entry in enumerate(raw))
+        calls: tuple[CallCoverage, ...] = ()
+        if "calls" in data:  # optional in every version, as coverage is
+            raw = data["calls"]
+            if not isinstance(raw, list):
+                raise SchemaError(f"report.calls: expected a JSON array, got {type_name(raw)}")
+            calls = tuple(CallCoverage.from_dict(entry, f"calls[{i}]") for i, entry in enumerate(raw))
         suite = None
         if "suite" in data:
             if version < SUITE_SINCE_VERSION:
@@ -299,6 +309,7 @@ class RunReport:
             source=source,
             benchmarks=benchmarks,
             coverage=coverage,
+            calls=calls,
             suite=suite,
         )
 

@@ -97,6 +97,10 @@ class Checker:
         repro = dict(self._item.user_properties).get(outcomes.REPRO_PROPERTY, "")
         return " ".join(parts) + f"\n  reproduce: {repro}"
 
+    def where(self) -> str:
+        """The case's backend, format, dtype, target, described context and repro command."""
+        return self._where()
+
     def record_multiple(self, multiple: float) -> None:
         self._item.user_properties.append((outcomes.MULTIPLE_PROPERTY, float(multiple)))
 
@@ -196,6 +200,47 @@ class Checker:
 @pytest.fixture
 def qcheck(request: pytest.FixtureRequest) -> Checker:
     return Checker(request.node)
+
+
+@pytest.fixture
+def qwatch(request: pytest.FixtureRequest, qcheck: Checker):
+    """``pytest_qconform.watch.watch`` bound to this test: ``with qwatch(model) as oracle:``
+    judges every sampled call of the model's quantized layers (default: the layers of the
+    run's backends under test that load here; or pass ``backends`` as ``watch`` takes them).
+    The calls go into the run report (its ``calls`` section, under this test's operation)
+    and their worst multiple into the cell; a failed call fails the test, with the
+    backend, format, dtype and the command that reproduces it."""
+    from contextlib import contextmanager
+
+    from pytest_qconform.report.calls import CALLS_PROPERTY
+    from pytest_qconform.watch import WatchFailure, conclude, layer_facets
+    from pytest_qconform.watch.oracle import FIRST_CALLS, CallOracle
+
+    config = request.config
+
+    @contextmanager
+    def watching(model: torch.nn.Module, backends: Any = None, *, first_calls: int = FIRST_CALLS):
+        if backends is None:
+            backends = [
+                state.backend(config, name)
+                for name in sorted(config.stash[state.BACKEND_FACTORIES].keys())
+                if state.available(config, name)
+            ]
+        oracle = CallOracle(layer_facets(backends), first_calls=first_calls)
+        oracle.attach(model)
+        try:
+            yield oracle
+        finally:
+            oracle.detach()
+            request.node.user_properties.append((CALLS_PROPERTY, oracle.summary()))
+            if oracle.verdicts:
+                qcheck.record_multiple(float(oracle.worst_multiple or 0.0))
+        try:
+            conclude(oracle)
+        except WatchFailure as exc:
+            raise AssertionError(f"{exc}\n  {qcheck.where()}") from None
+
+    return watching
 
 
 class Partners:

@@ -44,6 +44,11 @@ def _register_markers(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
+        "qconform_ci_strength(n): the covering strength of a check's instances in the ci profile "
+        "(default 2, all pairs; 1: every value of every axis once, for a whole workload per instance)",
+    )
+    config.addinivalue_line(
+        "markers",
         "qconform_benchmark: a benchmark (runs only with --benchmark-only); its "
         "timings go to the report's benchmarks, not to matrix cells",
     )

@@ -40,6 +40,7 @@ class RunRecorder:
         self.identities: dict[str, tuple[dict[str, str], str]] = {}
         self.started: dict[str, float] = {}
         self.benchmarks: list[dict] = []  # Benchmark.to_dict() of each timed case, in run order
+        self.calls: dict[str, tuple[str, dict]] = {}  # nodeid -> (operation, the call-site oracle's summary)
 
     def pytest_deselected(self, items: list) -> None:
         self.deselected += len(items)
@@ -56,6 +57,7 @@ class RunRecorder:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.reported.add(report.nodeid)
+        self._collect_calls(report)
         if report.when == "call" and report.passed:
             from pytest_qconform.benchmark.harness import PROPERTY
 
@@ -82,6 +84,14 @@ class RunRecorder:
                 short_circuit.trip(case)
             cases = self.config.stash[state.CASES]
             cases[case.nodeid] = outcomes.worse(cases.get(case.nodeid), case)
+
+    def _collect_calls(self, report: pytest.TestReport) -> None:
+        from pytest_qconform.report.calls import CALLS_PROPERTY
+
+        props = dict(report.user_properties)
+        summary, key = props.get(CALLS_PROPERTY), props.get(outcomes.KEY_PROPERTY)
+        if summary and isinstance(key, dict):
+            self.calls[report.nodeid] = (str(key.get("operation")), cast(dict, summary))
 
     def cells(self) -> list:
         from pytest_qconform.report.run_report import Cell, fold_cell
@@ -173,6 +183,7 @@ class RunRecorder:
             Benchmark.from_dict(data, f"benchmark of {data.get('nodeid')}") for data in self.benchmarks
         )
         from pytest_qconform.cases.coverage import from_cases
+        from pytest_qconform.report.calls import merged
         from pytest_qconform.report.contract import current_suite
 
         report = RunReport(
@@ -181,6 +192,7 @@ class RunRecorder:
             created=created,
             benchmarks=benchmarks,
             coverage=from_cases(self.config.stash[state.CASES].values()),
+            calls=merged(entry for _, entry in sorted(self.calls.items())),
             suite=current_suite(),
         )
         self.config.stash[state.REPORT_PATH] = str(write_report(report, folder))

@@ -1,0 +1,130 @@
+"""The context a quantized layer was called in, as the call-site oracle records it.
+
+Real workloads call a 4-bit layer in settings that a test calling one operation never
+writes: without grad (generate), in inference mode (serving), under autocast (a trainer's
+mixed precision), again during the backward pass (gradient checkpointing recomputes the
+forward), on a side stream, with 3-D activations that are views of a wider tensor. Each
+checked call carries its context so that the report can say, per backend, which of these
+settings were seen and judged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from pytest_qconform.vocabulary import DtypeLabel
+
+
+def _dtype_label(dtype: torch.dtype) -> str:
+    try:
+        return DtypeLabel.of(dtype).value
+    except ValueError:
+        return str(dtype).removeprefix("torch.")
+
+
+def _layout(x: torch.Tensor) -> str:
+    if x.is_contiguous():
+        return "contiguous"
+    if x.dim() >= 2 and x.transpose(-1, -2).is_contiguous():
+        return "transposed"
+    return "strided"
+
+
+def _autocast(device: torch.device) -> str:
+    """``"off"``, or the autocast dtype in force for ``device``'s type (``"cuda:bf16"``)."""
+    kind = device.type
+    try:
+        enabled = torch.is_autocast_enabled(kind)
+    except (TypeError, RuntimeError):  # a device type autocast does not know
+        return "off"
+    if not enabled:
+        return "off"
+    return f"{kind}:{_dtype_label(torch.get_autocast_dtype(kind))}"
+
+
+def _stream(device: torch.device) -> str:
+    if device.type != "cuda":
+        return "none"
+    current = torch.cuda.current_stream(device)
+    return "default" if current == torch.cuda.default_stream(device) else "side"
+
+
+def in_backward() -> bool:
+    """Whether autograd's engine is running a backward pass on this thread: a forward that
+    runs then is a recomputation (gradient checkpointing)."""
+    return torch._C._current_graph_task_id() != -1
+
+
+@dataclass(frozen=True)
+class CallContext:
+    """How one call of a quantized layer was made. ``signature`` leaves out the row count
+    (every shape is checked on its own, see ``oracle.Sampler``)."""
+
+    direction: str  # "forward" or "backward"
+    grad: bool
+    inference_mode: bool
+    autocast: str
+    recompute: bool
+    stream: str
+    device: str
+    rank: int
+    rows: int
+    layout: str
+    storage_offset: bool
+    dtype: str
+
+    @classmethod
+    def of_forward(cls, x: torch.Tensor) -> CallContext:
+        return cls(
+            direction="forward",
+            grad=torch.is_grad_enabled(),
+            inference_mode=torch.is_inference_mode_enabled(),
+            autocast=_autocast(x.device),
+            recompute=in_backward(),
+            stream=_stream(x.device),
+            device=x.device.type,
+            rank=x.dim(),
+            rows=x.numel() // max(x.shape[-1], 1) if x.dim() else 0,
+            layout=_layout(x),
+            storage_offset=x.storage_offset() != 0,
+            dtype=_dtype_label(x.dtype),
+        )
+
+    @classmethod
+    def of_backward(cls, dy: torch.Tensor) -> CallContext:
+        return cls(
+            direction="backward",
+            grad=torch.is_grad_enabled(),
+            inference_mode=False,
+            autocast="off",
+            recompute=False,
+            stream=_stream(dy.device),
+            device=dy.device.type,
+            rank=dy.dim(),
+            rows=dy.numel() // max(dy.shape[-1], 1) if dy.dim() else 0,
+            layout=_layout(dy),
+            storage_offset=dy.storage_offset() != 0,
+            dtype=_dtype_label(dy.dtype),
+        )
+
+    def signature(self) -> str:
+        """Everything but the row count, as one readable string (the report's coverage key)."""
+        parts = [
+            self.direction,
+            "grad" if self.grad else "no-grad",
+            *(["inference-mode"] if self.inference_mode else []),
+            *([f"autocast={self.autocast}"] if self.autocast != "off" else []),
+            *(["recompute"] if self.recompute else []),
+            *([f"stream={self.stream}"] if self.stream == "side" else []),
+            self.device,
+            f"{self.rank}-D",
+            self.layout,
+            *(["offset"] if self.storage_offset else []),
+            self.dtype,
+        ]
+        return " ".join(parts)
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)

@@ -1,0 +1,166 @@
+"""The models the workload suite runs, and how each backend's users quantize them.
+
+Each family is built from a transformers config with random weights (no download), two
+hidden layers, small enough for a CPU run, with its quirks:
+
+- ``llama``: no bias anywhere;
+- ``qwen2``: q/k/v projections with bias;
+- ``gpt2``: ``Conv1D`` weights stored (in, out), lm_head tied to the embedding;
+- ``moe``: Qwen2-MoE, whose routed experts (3-D parameters in transformers 5, which no
+  quantization config quantizes) are held as one quantized linear layer per expert, the
+  way MoE models were quantized when experts were modules, and called for every expert:
+  0, 1 or many tokens each.
+
+Quantized as the backend's users do it: through ``from_pretrained`` with the backend's
+``quantization_config`` where its layer claims transformers (bitsandbytes), else by
+replacing each ``nn.Linear`` and ``Conv1D`` (its weight transposed to (out, in), as
+transformers' own bitsandbytes integration does) with ``LayerFacet.quantize`` (HQQ, our
+Triton layer). The lm_head stays in the model's dtype, as both integrations leave it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pytest_qconform.backends.base import QuantSpec
+from pytest_qconform.backends.layers import LayerCapabilities, LayerFacet
+
+from ._layers import needs
+
+VOCAB = 128
+PAD = 0  # the pad token id: never drawn as a prompt token
+
+
+def float_model(family: str, dtype: torch.dtype, seed: int) -> torch.nn.Module:
+    transformers = needs("transformers")
+    common = dict(vocab_size=VOCAB, num_hidden_layers=2, max_position_embeddings=128, pad_token_id=PAD)
+    llama_like = dict(hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=2)
+    if family == "llama":
+        config = transformers.LlamaConfig(**common, **llama_like)
+    elif family == "qwen2":
+        config = transformers.Qwen2Config(**common, **llama_like)
+    elif family == "gpt2":
+        config = transformers.GPT2Config(
+            vocab_size=VOCAB, n_layer=2, n_embd=64, n_inner=128, n_head=2, n_positions=128, pad_token_id=PAD
+        )
+    elif family == "moe":
+        config = transformers.Qwen2MoeConfig(
+            **common,
+            **llama_like,
+            moe_intermediate_size=64,
+            shared_expert_intermediate_size=64,
+            num_experts=4,
+            num_experts_per_tok=2,
+        )
+    else:
+        raise ValueError(f"unknown workload model family {family!r}")
+    torch.manual_seed(seed)
+    return transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+
+class PerExpertLinears(torch.nn.Module):
+    """Routed experts as a quantized ``gate_up`` and ``down`` layer each, called for every
+    expert whatever its token count (0 included), as per-expert MoE blocks did."""
+
+    def __init__(self, experts: torch.nn.Module, quantize) -> None:
+        super().__init__()
+        self.num_experts = experts.num_experts
+        self.act_fn = experts.act_fn
+        self.gate_up = torch.nn.ModuleList(quantize(w) for w in experts.gate_up_proj.detach())
+        self.down = torch.nn.ModuleList(quantize(w) for w in experts.down_proj.detach())
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        out = torch.zeros_like(hidden_states)
+        for expert in range(self.num_experts):
+            token, slot = torch.where(top_k_index == expert)
+            gate, up = self.gate_up[expert](hidden_states[token]).chunk(2, dim=-1)
+            routed = self.down[expert](self.act_fn(gate) * up) * top_k_weights[token, slot, None]
+            out.index_add_(0, token, routed.to(out.dtype))
+        return out
+
+
+def _replace_linears(model: torch.nn.Module, quantize) -> None:
+    from transformers.pytorch_utils import Conv1D
+
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if name == "lm_head":
+                continue
+            if type(child) is torch.nn.Linear:
+                setattr(module, name, quantize(child.weight.detach(), child.bias))
+            elif isinstance(child, Conv1D):
+                setattr(module, name, quantize(child.weight.detach().T, child.bias))
+
+
+def _replace_experts(model: torch.nn.Module, quantize) -> int:
+    replaced = 0
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if getattr(child, "gate_up_proj", None) is not None and child.gate_up_proj.dim() == 3:
+                setattr(module, name, PerExpertLinears(child, lambda w: quantize(w, None)))
+                replaced += 1
+    return replaced
+
+
+def quantized_model(
+    qcheck,
+    facet: LayerFacet,
+    caps: LayerCapabilities,
+    spec: QuantSpec,
+    family: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    tmp_path,
+    seed: int = 211,
+) -> torch.nn.Module:
+    """``float_model(family)`` quantized by the backend (see the module docstring), on ``device``."""
+
+    def quantize(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.nn.Module:
+        return facet.quantize(weight.cpu(), None if bias is None else bias.detach().cpu(), spec, dtype, device)
+
+    model = float_model(family, dtype, seed)
+    built = "replacing nn.Linear and Conv1D"
+    if caps.transformers:
+        import transformers
+
+        model.save_pretrained(tmp_path / "float")
+        try:
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                tmp_path / "float",
+                quantization_config=facet.transformers_config(spec, dtype),
+                device_map=str(device),
+                dtype=dtype,
+            )
+            if any(facet.owns(m) for m in model.modules()):
+                built = "from_pretrained with its quantization_config"
+            else:  # GPT-2 under HqqConfig: its Conv1D layers load as float, silently
+                qcheck.describe(transformers_left_float="from_pretrained quantized no layer")
+                model = float_model(family, dtype, seed)
+        except NotImplementedError as exc:  # transformers refuses the config (HQQ in transformers 5)
+            qcheck.describe(transformers_refused=str(exc).splitlines()[0])
+    if built != "from_pretrained with its quantization_config":
+        model = model.to(device)
+        _replace_linears(model, quantize)
+    experts = _replace_experts(model, quantize)
+    qcheck.describe(model=family, built_by=built, **({"quantized_expert_blocks": experts} if experts else {}))
+    return model
+
+
+def prompts(lengths: tuple[int, ...], seed: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A left-padded batch of prompts of the given lengths and its attention mask, as a
+    tokenizer with ``padding_side="left"`` gives them for generation."""
+    gen = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.full((len(lengths), width), PAD, dtype=torch.long)
+    mask = torch.zeros((len(lengths), width), dtype=torch.long)
+    for row, length in enumerate(lengths):
+        ids[row, width - length :] = torch.randint(1, VOCAB, (length,), generator=gen)
+        mask[row, width - length :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def lora_targets(model: torch.nn.Module, facet: LayerFacet) -> list[str]:
+    """The module names (last part) of the quantized layers: what a user lists in
+    ``LoraConfig.target_modules`` for this family."""
+    names = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if facet.owns(module)}
+    return sorted(name for name in names if not name.isdigit())  # per-expert layers are list items

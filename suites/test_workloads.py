@@ -1,0 +1,182 @@
+"""Real workloads, every quantized call judged: generate, serving, a QLoRA training step,
+save and load, on several model families (``_workloads``).
+
+The workload is the input. Inside it, the call-site oracle (``qwatch``, i.e.
+``pytest_qconform.watch``) judges each sampled call of every quantized layer against the
+float64 reference of that layer's own bytes at that moment, with the context the call
+ran in (no grad, inference mode, autocast, recomputation under gradient checkpointing,
+3-D views, the row count of each decode step). Each workload is a matrix cell
+(``workload:<pipeline>``); the report's ``calls`` section lists the contexts judged per
+backend. What the workload itself must do beyond its calls (adapters that receive a
+gradient, an optimizer update that follows from it, a reloaded model that computes what
+the saved one did) is checked here too.
+
+Instances: the ``model`` axis with the backend's formats and dtypes; in the ``ci``
+profile each value once (every pipeline runs on every backend, each family, format and
+dtype once), all pairs in ``thorough``.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import pytest
+import torch
+from pytest_qconform.reference import bounds
+
+from ._layers import needs, require_layer_claim, snapshot_differences
+from ._workloads import lora_targets, prompts, quantized_model
+
+WORKLOAD_AXES = ("model", "format", "hqq_axis", "dtype")
+NEW_TOKENS = 3
+LONG_PREFILL = 96
+RANK, ALPHA = 4, 8
+
+
+def _workload(qtarget, qbackend, qdevice, qcheck, tmp_path, spec, model, dtype, **claims):
+    facet, caps = require_layer_claim(qbackend, qtarget, spec, dtype, **claims)
+    lm = quantized_model(qcheck, facet, caps, spec, model, dtype, qdevice, tmp_path)
+    return facet, caps, lm
+
+
+def workload(pipeline: str):
+    """The markers of a workload check: its operation, its axes, one of each value in ``ci``."""
+
+    def mark(test):
+        test = pytest.mark.qconform_axes(*WORKLOAD_AXES)(test)
+        test = pytest.mark.qconform_ci_strength(1)(test)
+        return pytest.mark.qconform_operation(f"workload:{pipeline}")(test)
+
+    return mark
+
+
+@workload("generate")
+def test_generate(qtarget, qbackend, qdevice, qcheck, qwatch, tmp_path, spec, model, dtype):
+    """Greedy ``generate()`` on a left-padded batch of prompts of different lengths (KV
+    cache, attention mask), then a long prefill: every step's calls judged."""
+    facet, _, lm = _workload(qtarget, qbackend, qdevice, qcheck, tmp_path, spec, model, dtype)
+    lm.eval()
+    ids, mask = prompts((5, 2, 7), seed=307, device=qdevice)
+    long_ids, long_mask = prompts((LONG_PREFILL,), seed=311, device=qdevice)
+    with qwatch(lm, {qbackend.name: facet}):
+        out = lm.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0
+        )
+        lm.generate(input_ids=long_ids, attention_mask=long_mask, max_new_tokens=1, do_sample=False, pad_token_id=0)
+    qcheck.equal(tuple(out.shape), (3, 7 + NEW_TOKENS), "generate's output shape")
+
+
+@workload("serving")
+def test_serving(qtarget, qbackend, qdevice, qcheck, qwatch, tmp_path, spec, model, dtype):
+    """As serving code calls a model: ``inference_mode``, a batched prefill with a KV cache,
+    then decode steps of one token per request, on a side stream where there is a GPU."""
+    facet, _, lm = _workload(qtarget, qbackend, qdevice, qcheck, tmp_path, spec, model, dtype)
+    lm.eval()
+    ids, mask = prompts((6, 3, 4, 1), seed=313, device=qdevice)
+    stream = torch.cuda.Stream(qdevice) if qdevice.type == "cuda" else None
+    with qwatch(lm, {qbackend.name: facet}), torch.inference_mode():
+        with torch.cuda.stream(stream) if stream is not None else nullcontext():
+            out = lm(input_ids=ids, attention_mask=mask, use_cache=True)
+            cache = out.past_key_values
+            for _ in range(2):
+                token = out.logits[:, -1:].argmax(-1)
+                mask = torch.cat([mask, torch.ones_like(token)], dim=1)
+                out = lm(input_ids=token, attention_mask=mask, past_key_values=cache, use_cache=True)
+                cache = out.past_key_values
+        if stream is not None:
+            torch.cuda.current_stream(qdevice).wait_stream(stream)
+    qcheck.equal(bool(torch.isfinite(out.logits).all()), True, "the served logits are finite")
+
+
+@pytest.mark.qconform_axes(*WORKLOAD_AXES, "checkpointing")
+@pytest.mark.qconform_ci_strength(1)
+@pytest.mark.qconform_operation("workload:qlora-step")
+def test_qlora_training_step(qtarget, qbackend, qdevice, qcheck, qwatch, tmp_path, spec, model, dtype, checkpointing):
+    """A QLoRA step as PEFT and a trainer run it: ``prepare_model_for_kbit_training`` with
+    gradient checkpointing (the instance's variant), LoRA on every quantized layer,
+    mixed precision (autocast in the compute dtype), two micro-batches of gradient
+    accumulation, one AdamW step. Every base-layer call is judged, forward, recomputed
+    and backward (``dx = dy W``); every adapter must then hold a finite gradient (a
+    reentrant checkpoint over a frozen base leaves them without one: transformers#26221,
+    peft#1142), and the update must be AdamW's first step of that gradient."""
+    peft = needs("peft")
+    facet, caps, lm = _workload(
+        qtarget, qbackend, qdevice, qcheck, tmp_path, spec, model, dtype, backward=True, peft=True
+    )
+    lm = peft.prepare_model_for_kbit_training(
+        lm,
+        use_gradient_checkpointing=True,
+        gradient_checkpointing_kwargs={"use_reentrant": checkpointing == "reentrant"},
+    )
+    torch.manual_seed(401)
+    config = peft.LoraConfig(
+        r=RANK, lora_alpha=ALPHA, target_modules=lora_targets(lm, facet), lora_dropout=0.0, init_lora_weights=False
+    )
+    lm = peft.get_peft_model(lm, config)
+    lm.train()
+    adapters = {name: p for name, p in lm.named_parameters() if p.requires_grad}
+    qcheck.describe(lora=f"r={RANK} on {','.join(config.target_modules)}", adapters=len(adapters))
+    lr, eps = 1e-3, 1e-8
+    optimizer = torch.optim.AdamW(adapters.values(), lr=lr, eps=eps, weight_decay=0.0)
+    micro_batches = [prompts((8, 8), seed=409 + i, device=qdevice) for i in range(2)]
+    autocast_dtype = dtype if dtype is not torch.float32 else None
+    with qwatch(lm, {qbackend.name: facet}):
+        for ids, mask in micro_batches:
+            with torch.autocast(qdevice.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                loss = lm(input_ids=ids, attention_mask=mask, labels=ids).loss / len(micro_batches)
+            loss.backward()
+    missing = sorted(name for name, p in adapters.items() if p.grad is None)
+    qcheck.equal(missing[:3], [], f"adapters without a gradient ({len(missing)} of {len(adapters)})")
+    nonfinite = sorted(name for name, p in adapters.items() if not bool(torch.isfinite(p.grad).all()))
+    qcheck.equal(nonfinite[:3], [], f"adapters with a non-finite gradient ({len(nonfinite)} of {len(adapters)})")
+    before = {name: (p.detach().double().clone(), p.grad.detach().double().clone()) for name, p in adapters.items()}
+    optimizer.step()
+    _check_first_adamw_step(qcheck, adapters, before, lr, eps)
+
+
+def _check_first_adamw_step(qcheck, adapters, before, lr: float, eps: float) -> None:
+    """AdamW's first step moves each parameter by ``lr g / (|g| + eps)`` (the bias-corrected
+    moments of one gradient are ``g`` and ``g^2``), computed in the parameter's dtype with a
+    dozen roundings (moments, corrections, square root, division, scaling) and one more
+    to subtract: bound ``gamma_12(u) |step| + u |p'|``."""
+    for name, p in adapters.items():
+        p0, g = before[name]
+        step = lr * g / (g.abs() + eps)
+        exact = p0 - step
+        u = bounds.unit_roundoff(p.dtype)
+        bound = bounds.gamma(12, u) * step.abs() + u * exact.abs()
+        qcheck.within(p.detach(), exact, bound, f"{name}: AdamW's first step from its gradient")
+
+
+@workload("save-load")
+def test_save_and_load(qtarget, qbackend, qdevice, qcheck, qwatch, tmp_path, spec, model, dtype):
+    """``save_pretrained`` of the quantized model, ``from_pretrained`` of the folder (the
+    pre-quantized checkpoint path users load from the hub): the reloaded model's layers
+    hold the same bytes, compute the same logits bit for bit, and every call is judged."""
+    facet, caps, lm = _workload(qtarget, qbackend, qdevice, qcheck, tmp_path, spec, model, dtype, transformers=True)
+    import transformers
+
+    if not any(facet.owns(m) for m in lm.modules()):
+        pytest.fail("the model holds no quantized layer of this backend")
+    lm.eval()
+    ids, mask = prompts((6, 4), seed=503, device=qdevice)
+    with torch.no_grad():
+        saved_logits = lm(input_ids=ids, attention_mask=mask).logits
+    lm.save_pretrained(tmp_path / "quantized")
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "quantized", device_map=str(qdevice))
+    loaded.eval()
+    saved = {name: _computing(facet, m) for name, m in lm.named_modules() if facet.owns(m)}
+    reloaded = {name: _computing(facet, m) for name, m in loaded.named_modules() if facet.owns(m)}
+    qcheck.equal(sorted(reloaded), sorted(saved), "the reloaded model's quantized layers")
+    for name, fields in saved.items():
+        changed = snapshot_differences(fields, reloaded[name])
+        qcheck.equal(changed, [], f"{name}: stored fields that changed through save and load")
+    with qwatch(loaded, {qbackend.name: facet}), torch.no_grad():
+        logits = loaded(input_ids=ids, attention_mask=mask).logits
+    qcheck.equal(torch.equal(logits, saved_logits), True, "the reloaded model's logits equal the saved model's")
+
+
+def _computing(facet, layer) -> dict[str, object]:
+    """What the layer computes from (``LayerFacet.computing_state``), as host copies."""
+    fields = dict(vars(facet.computing_state(layer)))
+    return {key: (value.copy() if hasattr(value, "copy") else value) for key, value in fields.items()}
