@@ -55,7 +55,12 @@ def float_model(family: str, dtype: torch.dtype, seed: int) -> torch.nn.Module:
     else:
         raise ValueError(f"unknown workload model family {family!r}")
     torch.manual_seed(seed)
-    return transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    with torch.no_grad():  # a trained checkpoint's biases are not the zeros transformers initializes
+        for name, parameter in model.named_parameters():
+            if name.endswith(".bias"):
+                parameter.normal_(0.0, 0.1)
+    return model
 
 
 class PerExpertLinears(torch.nn.Module):

@@ -21,7 +21,16 @@ import textwrap
 
 import pytest
 import torch
-from zoo import KERNEL_MUTANTS, KERNEL_SUITES, LAYER_SUITES, LIFECYCLE_SUITES, MUTANTS, PATH_SUITES, USER_INPUT_SUITES
+from zoo import (
+    KERNEL_MUTANTS,
+    KERNEL_SUITES,
+    LAYER_SUITES,
+    LIFECYCLE_SUITES,
+    MUTANTS,
+    PATH_SUITES,
+    USER_INPUT_SUITES,
+    WORKLOAD_SUITES,
+)
 
 GPU = torch.cuda.is_available()
 # Mutants whose class only a GPU can show (CUDA graphs): left out of a GPU-less zoo run.
@@ -86,6 +95,7 @@ def zoo_report(tmp_path_factory: pytest.TempPathFactory) -> dict:
         "layers": LAYER_SUITES,
         "paths": PATH_SUITES,
         "lifecycle": LIFECYCLE_SUITES,
+        "workloads": WORKLOAD_SUITES,
     }
     newer = " or ".join(name for suites in groups.values() for name in suites)
     runs = [("original", [m.name for m in RUN_MUTANTS if getattr(m, "suites", None) is None], f"not ({newer})")]
@@ -155,6 +165,8 @@ EXPECTED_OPERATIONS = {
         "layer-sequencing",
         "compiled",
         "lifecycle",
+        "workload:generate",
+        "workload:serving",
     }
     | ({"captured"} if GPU else set()),
     "torch-gemlite4-correct": {"quantize", "matmul", "matmul-fp32-input", "parameters"},

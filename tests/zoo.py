@@ -892,3 +892,51 @@ class KernelRoundsTowardZero(TritonNf4Backend):
 
 
 KERNEL_MUTANTS: tuple[type[TritonNf4Backend], ...] = (KernelRoundsTowardZero,)
+
+
+# -- issue 36: bugs only a real workload's calls show ----------------------------------------------------------
+# The workload suite (a ``-k`` name), run against these mutants and the correct backend only: each
+# builds whole models, so the original mutants are not run through it.
+WORKLOAD_SUITES: tuple[str, ...] = ("test_workloads.py",)
+
+
+class _InferenceModeDropsBiasLinear(FunctionalLinear):
+    def forward(self, x):
+        if torch.is_inference_mode_enabled():
+            return self.backend.matmul(x, self.quantized, None, self.compute_dtype)
+        return super().forward(x)
+
+
+class InferenceModeDropsBias(_LayerMutant):
+    """A layer whose inference-mode fast path (what serving code runs under
+    ``torch.inference_mode``) forgets the bias: every check that calls the layer with or
+    without grad passes; a served model with biased projections (Qwen2's q/k/v, GPT-2's
+    Conv1D layers) computes wrong at every call."""
+
+    name = "mutant-inference-mode-drops-bias"
+    catches = "workload:serving"
+    suites = WORKLOAD_SUITES
+    layer_class = _InferenceModeDropsBiasLinear
+
+
+class _DecodeStepMixesSequencesLinear(FunctionalLinear):
+    def forward(self, x):
+        y = super().forward(x)
+        if x.dim() == 3 and x.shape[0] > 1 and x.shape[1] == 1:  # one new token per sequence of a batch
+            y = y.roll(1, dims=0)
+        return y
+
+
+class DecodeStepMixesSequences(_LayerMutant):
+    """A layer whose path for a KV-cached decode step of a batch (activations of shape
+    (batch, 1, K), one token per sequence) writes each sequence's output to the next
+    sequence's row: right for one sequence and for every prefill, wrong at every
+    generated token of a batched ``generate()``."""
+
+    name = "mutant-decode-step-mixes-sequences"
+    catches = "workload:generate"
+    suites = WORKLOAD_SUITES
+    layer_class = _DecodeStepMixesSequencesLinear
+
+
+MUTANTS = MUTANTS + (InferenceModeDropsBias, DecodeStepMixesSequences)
