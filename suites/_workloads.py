@@ -169,3 +169,89 @@ def lora_targets(model: torch.nn.Module, facet: LayerFacet) -> list[str]:
     ``LoraConfig.target_modules`` for this family."""
     names = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if facet.owns(module)}
     return sorted(name for name in names if not name.isdigit())  # per-expert layers are list items
+
+
+class LoraCalls:
+    """Each LoRA layer's calls in a training step, paired forward to backward: the input
+    ``x`` of every forward that records a graph (a reentrant checkpoint's first forward runs
+    without grad and records none; its recomputation does), matched last-in first-out with
+    the upstream gradient ``dy`` its backward receives. PyTorch hooks that only look."""
+
+    def __init__(self, model: torch.nn.Module, facet: LayerFacet) -> None:
+        self.layers = {
+            name: m
+            for name, m in model.named_modules()
+            if hasattr(m, "lora_A") and facet.owns(getattr(m, "base_layer", None) or m)
+        }
+        self._pending: dict[str, list[tuple[torch.Tensor, str]]] = {name: [] for name in self.layers}
+        self.calls: dict[str, list[tuple[torch.Tensor, torch.Tensor, str]]] = {name: [] for name in self.layers}
+        self._handles = []
+        for name, module in self.layers.items():
+            self._handles.append(module.register_forward_hook(self._forward(name)))
+            self._handles.append(module.register_full_backward_hook(self._backward(name)))
+
+    @staticmethod
+    def _autocast(x: torch.Tensor) -> str:
+        kind = x.device.type
+        return str(torch.get_autocast_dtype(kind)) if torch.is_autocast_enabled(kind) else ""
+
+    def _forward(self, name: str):
+        def hook(module, args, output):
+            if torch.is_grad_enabled() and isinstance(output, torch.Tensor) and output.requires_grad:
+                self._pending[name].append((args[0].detach().clone(), self._autocast(args[0])))
+
+        return hook
+
+    def _backward(self, name: str):
+        def hook(module, grad_input, grad_output):
+            x, autocast = self._pending[name].pop()
+            self.calls[name].append((x, grad_output[0].detach().clone(), autocast))
+
+        return hook
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+def accumulated_lora_gradients(
+    calls: list[tuple[torch.Tensor, torch.Tensor, str]],
+    packed,
+    w: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    scale: float,
+    layer_dtype: torch.dtype,
+    adapter_dtype: torch.dtype,
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """``{"lora_A": (exact, bound), "lora_B": ...}`` of the gradients accumulated over a
+    step's micro-batches: per call ``_layers.lora_gradients`` in float64 from the call's own
+    ``x`` and ``dy`` (the matmuls in the autocast dtype when the call ran under autocast),
+    summed, plus one rounding to the parameter's dtype per accumulation."""
+    from pytest_qconform.reference import bounds
+
+    from ._layers import lora_gradients
+
+    total: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for x, dy, autocast in calls:
+        compute = getattr(torch, autocast.removeprefix("torch.")) if autocast else layer_dtype
+        adapter = compute if autocast else adapter_dtype
+        k, n = w.shape[1], w.shape[0]
+        grads = lora_gradients(
+            x.double().reshape(-1, k),
+            dy.double().reshape(-1, n),
+            w,
+            bounds.layer_weight_error(packed, w, layer_dtype),
+            lora_a,
+            lora_b,
+            scale,
+            compute,
+            adapter,
+            x.dtype,
+        )
+        for key in ("lora_A", "lora_B"):
+            exact, bound = grads[key]
+            if key in total:
+                exact, bound = total[key][0] + exact, total[key][1] + bound
+            total[key] = (exact, bound + bounds.rounding_bound(exact.abs() + bound, adapter_dtype))
+    return total
