@@ -56,10 +56,15 @@ def float_model(family: str, dtype: torch.dtype, seed: int) -> torch.nn.Module:
         raise ValueError(f"unknown workload model family {family!r}")
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
-    with torch.no_grad():  # a trained checkpoint's biases are not the zeros transformers initializes
+    with torch.no_grad():
         for name, parameter in model.named_parameters():
-            if name.endswith(".bias"):
+            if name.endswith(".bias"):  # a trained checkpoint's biases are not the zeros transformers initializes
                 parameter.normal_(0.0, 0.1)
+            elif "mlp" in name and any(part in name for part in ("up_proj", "c_fc", "gate_up")):
+                # a pruned neuron and a dead input feature, as real checkpoints have: rows and
+                # columns of zeros, whose blocks and groups are constant (max == min)
+                parameter[..., 0, :] = 0
+                parameter[..., :, 0] = 0
     return model
 
 

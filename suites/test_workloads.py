@@ -25,7 +25,7 @@ import torch
 from pytest_qconform.reference import bounds
 
 from ._cases import reference_decode
-from ._layers import needs, require_layer_claim, snapshot_differences
+from ._layers import check_requantized, lora_delta, needs, require_layer_claim, snapshot_differences
 from ._workloads import LoraCalls, accumulated_lora_gradients, lora_targets, prompts, quantized_model
 
 WORKLOAD_AXES = ("model", "format", "hqq_axis", "dtype")
@@ -219,3 +219,54 @@ def _computing(facet, layer) -> dict[str, object]:
     """What the layer computes from (``LayerFacet.computing_state``), as host copies."""
     fields = dict(vars(facet.computing_state(layer)))
     return {key: (value.copy() if hasattr(value, "copy") else value) for key, value in fields.items()}
+
+
+@pytest.mark.qconform_axes(*WORKLOAD_AXES, model=("llama", "qwen2", "gpt2"))
+@pytest.mark.qconform_ci_strength(1)
+@pytest.mark.qconform_operation("workload:merge")
+def test_merge_save_and_load(qtarget, qbackend, qdevice, qcheck, qwatch, tmp_path, spec, model, dtype):
+    """An adapter merged for deployment: LoRA on every quantized layer (random adapters),
+    ``merge_and_unload`` (PEFT dequantizes, adds ``s B A`` and quantizes again), then
+    ``save_pretrained`` -> ``from_pretrained`` where the backend claims transformers. Every
+    rebuilt layer must keep its bias (PEFT's rebuild of a quantized layer has dropped it)
+    and hold the merged weight quantized to nearest on its grid; the model then computes
+    with every call judged, and the reloaded one computes the same logits bit for bit."""
+    peft = needs("peft")
+    facet, caps, lm = _workload(qtarget, qbackend, qdevice, qcheck, tmp_path, spec, model, dtype, peft=True)
+    torch.manual_seed(601)
+    config = peft.LoraConfig(
+        r=RANK, lora_alpha=ALPHA, target_modules=lora_targets(lm, facet), lora_dropout=0.0, init_lora_weights=False
+    )
+    lm = peft.get_peft_model(lm, config)
+    layers = {name.removeprefix("base_model.model."): m for name, m in LoraCalls(lm, facet).layers.items()}
+    deltas = {name: lora_delta(module, ALPHA / RANK) for name, module in layers.items()}
+    before = {name: facet.packed(module.get_base_layer()) for name, module in layers.items()}
+    biases = {name: facet.bias(module.get_base_layer()) for name, module in layers.items()}
+    merged = lm.merge_and_unload()
+    modules = dict(merged.named_modules())
+    for name in layers:
+        layer = modules.get(name)
+        qcheck.equal(facet.owns(layer), True, f"{name} is a 4-bit layer after merge_and_unload")
+        kept, bias = facet.bias(layer), biases[name]
+        state = (
+            "none" if bias is None else "kept" if kept is not None and torch.equal(kept, bias) else "lost or changed"
+        )
+        qcheck.equal(state, "none" if bias is None else "kept", f"{name}: its bias after merge_and_unload")
+        check_requantized(qcheck, facet, layer, before[name], *deltas[name], 1.0, f"{name}: merged weight")
+    merged.eval()
+    ids, mask = prompts((5, 3), seed=607, device=qdevice)
+    if caps.transformers:
+        import transformers
+
+        merged.save_pretrained(tmp_path / "merged")
+        loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged", device_map=str(qdevice))
+        loaded.eval()
+    with torch.no_grad():
+        logits = merged(input_ids=ids, attention_mask=mask).logits
+    if caps.transformers:
+        with qwatch(loaded, {qbackend.name: facet}), torch.no_grad():
+            reloaded = loaded(input_ids=ids, attention_mask=mask).logits
+        qcheck.equal(torch.equal(reloaded, logits), True, "the reloaded merged model's logits equal the merged model's")
+    else:
+        with qwatch(merged, {qbackend.name: facet}), torch.no_grad():
+            merged(input_ids=ids, attention_mask=mask)

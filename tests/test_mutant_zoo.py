@@ -25,6 +25,7 @@ from zoo import (
     KERNEL_MUTANTS,
     KERNEL_SUITES,
     LAYER_SUITES,
+    LIBRARY_MUTANTS,
     LIFECYCLE_SUITES,
     MUTANTS,
     PATH_SUITES,
@@ -51,7 +52,7 @@ CONFTEST = textwrap.dedent("""
 """)
 
 
-def _run_zoo(root, names: list[str], keyword: str) -> dict:
+def _run_zoo(root, names: list[str], keyword: str, *extra: str) -> dict:
     import os
     import subprocess
     import sys
@@ -75,6 +76,7 @@ def _run_zoo(root, names: list[str], keyword: str) -> dict:
         *[f"--qconform-backend={n}" for n in names],
         "-k",
         keyword,
+        *extra,
     ]
     env = {
         **os.environ,
@@ -292,3 +294,36 @@ def test_kernel_mutant_is_caught_by_its_check(kernel_zoo_report: dict, mutant) -
         f"{mutant.name} ({mutant.__doc__.strip().splitlines()[0]}) was not caught by the "
         f"{mutant.catches} suite: {verdicts}"
     )
+
+
+# -- bugs planted in the libraries (issue 36): one run each, the real backend under the mutant's name --
+
+LIBRARY_CONFTEST = """
+from zoo import LIBRARY_MUTANTS
+
+MUTANT = {name!r}
+
+def pytest_qconform_backends(config):
+    mutant = next(m for m in LIBRARY_MUTANTS if m.name == MUTANT)
+    mutant.plant()
+    return {{mutant.name: mutant.backend()}}
+"""
+
+
+@pytest.mark.parametrize("mutant", LIBRARY_MUTANTS, ids=lambda m: m.name)
+def test_library_mutant_is_caught_by_its_workload(tmp_path, mutant) -> None:
+    """The planted library bug fails its workload's cell, for that bug (the failure matches
+    ``mutant.expect``): the instances selected are ones the unpatched backend passes here
+    (the main job runs them)."""
+    import re
+
+    pytest.importorskip("peft")
+    (tmp_path / "conftest.py").write_text(LIBRARY_CONFTEST.format(name=mutant.name))
+    report = _run_zoo(tmp_path, [mutant.name], mutant.selection, f"--qconform-profile={mutant.profile}")
+    cells = [c for c in report["cells"] if c["backend"] == mutant.name and c["operation"] == mutant.catches]
+    failed = [c for c in cells if c["verdict"] == "fail"]
+    assert failed, (
+        f"{mutant.name} was not caught by {mutant.catches}: {[(c['operation'], c['verdict']) for c in report['cells']]}"
+    )
+    messages = [c["first_failure"]["message"] for c in failed]
+    assert any(re.search(mutant.expect, m) for m in messages), f"{mutant.name} failed for another reason: {messages}"

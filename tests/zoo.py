@@ -940,3 +940,144 @@ class DecodeStepMixesSequences(_LayerMutant):
 
 
 MUTANTS = MUTANTS + (InferenceModeDropsBias, DecodeStepMixesSequences)
+
+
+class _Tf32WhenEvaluatingLinear(FunctionalLinear):
+    def forward(self, x):
+        if self.compute_dtype is not torch.float32 or self.training or torch.is_grad_enabled():
+            return super().forward(x)
+
+        def tf32(t):  # keep 10 of fp32's 23 fraction bits, as a TF32 tensor-core product reads its inputs
+            return (t.float().contiguous().view(torch.int32) & ~0x1FFF).view(torch.float32)
+
+        w = self.backend.dequantize(self.quantized, torch.float32)
+        y = tf32(x) @ tf32(w).T
+        return (y + self.bias if self.bias is not None else y).to(x.dtype)
+
+
+class Tf32WhenEvaluating(_LayerMutant):
+    """fp32 requested, lower precision delivered (triton#10176: ``tl.dot`` defaults to TF32;
+    bitsandbytes' CPU inference kernel computes fp32 layers in bf16): an fp32 layer whose
+    inference path (eval, no grad) multiplies TF32-rounded inputs. Training-mode calls are
+    exact; every ``generate()`` of an fp32 model is off by ~1e-3 relative."""
+
+    name = "mutant-tf32-when-evaluating"
+    catches = "workload:generate"
+    suites = WORKLOAD_SUITES
+    layer_class = _Tf32WhenEvaluatingLinear
+
+
+MUTANTS = MUTANTS + (Tf32WhenEvaluating,)
+
+
+# -- bugs planted in the libraries a real backend stacks on (issue 36) ------------------------------------
+# Each is the real backend under another name, with one public bug of its class planted into the
+# library (transformers, PEFT, HQQ) by ``plant()`` when the zoo's conftest registers it: one run of its
+# own each (the patch holds for the whole process), on the instances ``selection`` names, where the
+# unpatched backend passes on this CPU. ``expect``: a regular expression the failure must match, so
+# the cell fails for the planted bug and not for another.
+
+
+def _bitsandbytes_backend():
+    from pytest_qconform.backends.bitsandbytes import BitsandbytesBackend
+
+    return BitsandbytesBackend
+
+
+def _hqq_backend():
+    from pytest_qconform.backends.hqq import HqqBackend
+
+    return HqqBackend
+
+
+class LibraryMutant:
+    name: str
+    catches: str
+    selection: str  # pytest -k
+    profile: str = "ci"
+    expect: str
+    base = staticmethod(_bitsandbytes_backend)
+
+    @classmethod
+    def backend(cls):
+        return type(cls.__name__, (cls.base(),), {"name": cls.name})
+
+    @staticmethod
+    def plant() -> None:
+        raise NotImplementedError
+
+
+class ReentrantCheckpointWithoutInputGrads(LibraryMutant):
+    """transformers#26221, peft#1142: reentrant gradient checkpointing over a frozen 4-bit
+    base whose embedding output needs no grad (``enable_input_require_grads`` not applied):
+    the checkpointed blocks' adapters get no gradient."""
+
+    name = "mutant-lib-reentrant-no-input-grads"
+    catches = "workload:qlora-step"
+    selection = "test_qlora_training_step and reentrant and not non-reentrant"
+    expect = r"does not require grad|adapters without a gradient"
+
+    @staticmethod
+    def plant() -> None:
+        import transformers
+
+        transformers.PreTrainedModel.enable_input_require_grads = lambda self: None
+
+
+class HqqConstantGroupsNaN(LibraryMutant):
+    """hqq#159: a constant group (max == min: a pruned neuron's row of zeros) scaled by
+    ``15 / (max - min)``, infinite, so its stored zero is NaN. HQQ's own code guards it now;
+    planted back into ``Quantizer.quantize``."""
+
+    name = "mutant-lib-hqq-constant-group-nan"
+    catches = "workload:generate"
+    selection = "test_generate and not moe"
+    expect = r"stored state (holds|decodes to) NaN"
+    base = staticmethod(_hqq_backend)
+
+    @staticmethod
+    def plant() -> None:
+        from hqq.core.quantize import Quantizer
+
+        original = Quantizer.quantize.__func__
+
+        def quantize(
+            cls, tensor, nbits=4, channel_wise=True, group_size=64, optimize=True, round_zero=False, axis=0, **kw
+        ):
+            w_q, meta = original(cls, tensor, nbits, channel_wise, group_size, optimize, round_zero, axis, **kw)
+            w = tensor.float().reshape([-1, group_size] if axis == 1 else [group_size, -1])
+            constant = (w.max(dim=axis, keepdim=True)[0] == w.min(dim=axis, keepdim=True)[0]).to(meta["zero"].device)
+            meta["zero"] = torch.where(constant, torch.full_like(meta["zero"], float("nan")), meta["zero"])
+            return w_q, meta
+
+        Quantizer.quantize = classmethod(quantize)
+
+
+class PeftMergeDropsBias(LibraryMutant):
+    """PEFT's LoRA merge rebuilding a quantized layer without its bias (the HQQ known
+    failure's class), planted into PEFT's bitsandbytes ``Linear4bit.merge``."""
+
+    name = "mutant-lib-peft-merge-drops-bias"
+    catches = "workload:merge"
+    selection = "test_merge_save_and_load and qwen2 and bf16"
+    profile = "thorough"
+    expect = r"its bias after merge_and_unload"
+
+    @staticmethod
+    def plant() -> None:
+        from peft.tuners.lora.bnb import Linear4bit
+
+        original = Linear4bit.merge
+
+        def merge(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            self.get_base_layer().bias = None
+
+        Linear4bit.merge = merge
+
+
+LIBRARY_MUTANTS: tuple[type[LibraryMutant], ...] = (
+    ReentrantCheckpointWithoutInputGrads,
+    HqqConstantGroupsNaN,
+    PeftMergeDropsBias,
+)
