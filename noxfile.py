@@ -28,8 +28,9 @@ def _python(session: nox.Session) -> str:
 
 @nox.session(python=False)
 def matrix(session: nox.Session) -> None:
-    """Merge reports/ into reports/MATRIX.md and reports/matrix.png (the README links both:
-    the full matrix grows with every cell, so it lives beside the reports, not in the README).
+    """Merge reports/ into reports/MATRIX.md, reports/matrix.png and the browsable page
+    reports/site/index.html (the README links them: the full matrix grows with every cell, so
+    it lives beside the reports, not in the README).
 
     Runs in the current environment (pytest-qconform and matplotlib installed): the
     merge reads JSON only. Pass report files or folders to merge others:
@@ -48,6 +49,8 @@ def matrix(session: nox.Session) -> None:
         "reports/MATRIX.md",
         "--png",
         "reports/matrix.png",
+        "--site",
+        "reports/site/index.html",
         *summary,
     )
 
