@@ -12,11 +12,11 @@ it and a missing browser is a failure, not a silent skip.
 from __future__ import annotations
 
 import os
-import shutil
-import time
 from pathlib import Path
 
 import pytest
+import site_browser
+from site_browser import open_page
 from test_matrix import OTHER_ROW, cell, report
 from test_matrix_site import committed_matrix
 
@@ -25,20 +25,7 @@ from pytest_qconform.matrix.site import write_site
 from pytest_qconform.matrix.site_data import state_of
 from pytest_qconform.matrix.trend import verdicts_by_version
 
-
-def _missing() -> str | None:
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        return "selenium is not installed (pip install -e '.[dev]')"
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver = shutil.which("chromedriver")
-    if browser is None or driver is None:
-        return "no Chromium and chromedriver on PATH (apt-get install chromium chromium-driver)"
-    return None
-
-
-MISSING = _missing()
+MISSING = site_browser.missing()
 IN_CI = os.environ.get("CI", "").lower() == "true"
 pytestmark = pytest.mark.skipif(MISSING is not None and not IN_CI, reason=f"needs a browser: {MISSING}")
 
@@ -47,33 +34,9 @@ pytestmark = pytest.mark.skipif(MISSING is not None and not IN_CI, reason=f"need
 def browser():
     if MISSING is not None:  # only in CI, where .ci/run installs it
         pytest.fail(f"CI=true but the browser is missing: {MISSING}; .ci/run installs it with apt-get")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium") or shutil.which("chromium-browser") or ""
-    # --no-sandbox: CI runs as root, where Chromium refuses its sandbox.
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars"):
-        options.add_argument(argument)
-    options.add_argument("--window-size=1400,1000")
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+    driver = site_browser.start()
     yield driver
     driver.quit()
-
-
-def open_page(driver, path: Path, fragment: str = "") -> None:
-    driver.get(path.resolve().as_uri() + fragment)
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        ready = driver.execute_script("return document.body.dataset.ready || null")
-        if ready:
-            assert ready == "1", driver.find_element("id", "about").text
-            errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
-            assert errors == []
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"the page never finished drawing; browser log: {driver.get_log('browser')}")
 
 
 def choose(driver, name: str, value: str) -> None:
@@ -178,3 +141,14 @@ def test_the_overview_filters_the_matrix(browser, tmp_path):
     }
     assert values["backend"] and values["operation"] and values["arch"]
     assert {key.split("|")[1] for key, _, _ in visible_cells(browser)} == {values["operation"]}
+
+
+def test_a_regressed_cell_says_what_each_version_said(browser, tmp_path):
+    m = committed_matrix()
+    row = ("bitsandbytes", "matmul", "nf4-b64", "bf16")
+    said = verdicts_by_version(m.entry(row, "sm90"))
+    assert [verdict for _, verdict in said] == ["pass", "known-failure"]  # the committed reports' regression
+    open_page(browser, write_site(m, tmp_path / "index.html"), "#cell=" + "|".join(row) + "@sm90")
+    assert browser.find_element("id", "detail-versions").text == "bitsandbytes 0.49.2 pass → 0.50.2 known failure"
+    assert browser.find_element("id", "detail-repro").get_attribute("data-kind") == "known-failure"
+    browser.save_screenshot(str(tmp_path / "regressed.png"))

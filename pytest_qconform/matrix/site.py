@@ -73,4 +73,5 @@ def write_site(matrix: Matrix, path: Path, compiled: CompileCheck | None = None)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomically(path, render_page(page_data(matrix, compiled)))
+    path.chmod(0o644)  # the atomic writer's temp file is private (0600); a page is published, served by another user
     return path

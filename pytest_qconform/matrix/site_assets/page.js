@@ -236,6 +236,10 @@ function renderDetail() {
     el("dt", {}, "cases"), el("dd", { id: "detail-cases" }, String(cases) + (entry.runs.length > 1 ? ` (in ${entry.runs.length} runs)` : "")),
     el("dt", {}, "worst error"),
     el("dd", { id: "detail-multiple" }, entry.multiple_text ? `${entry.multiple_text} × its bound (≤ 1 is within bound)` : "none judged"),
+    entry.by_version.length > 1 ? el("dt", {}, "by version") : null,
+    entry.by_version.length > 1
+      ? el("dd", { id: "detail-versions" }, DATA.rows[row][0] + " " + entry.by_version.map(([v, verdict]) => `${v} ${word(verdict)}`).join(" → "))
+      : null,
     el("dt", {}, "from"),
     el("dd", {}, entry.runs.map(([run, verdict], i) => [i ? "; " : "", DATA.runs[run].label, ` (${verdict}, `,
       DATA.rows[row][0], " ", DATA.runs[run].backends[DATA.rows[row][0]] || "?", ")"])));
