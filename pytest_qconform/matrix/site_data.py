@@ -184,33 +184,28 @@ def _overview(matrix: Matrix) -> list[dict[str, Any]]:
     return out
 
 
-def page_data(matrix: Matrix, compiled: CompileCheck | None = None, repros: dict[str, str] | None = None) -> dict:
-    """Everything the page shows, as JSON-ready data (see the module docstring).
-    ``repros``: known-failure reason -> repro (default: the packaged registry's)."""
-    repros = registry_repros() if repros is None else repros
-    stale = {id(run) for run in matrix.stale}
-    runs = [_run(run, id(run) in stale) for run in matrix.runs]
+def _entries(matrix: Matrix, repros: dict[str, str]) -> list[dict[str, Any]]:
+    """One per (row, arch) the model has: its merged state and worst multiple, the counted runs
+    (indexes into ``runs``), every version's verdict, the known failure and the repros."""
     run_index: dict[str, int] = {}
     for i, run in enumerate(matrix.runs):
         run_index.setdefault(run.label, i)
     cells_of = {run.label: {cell.key: cell for cell in run.cells} for run in reversed(matrix.runs)}
     row_index = {row: i for i, row in enumerate(matrix.rows)}
-
-    entries = []
+    out = []
     for (row, arch), entry in sorted(matrix.entries.items(), key=lambda kv: (row_index[kv[0][0]], kv[0][1])):
         cells = {source: cells_of[source][row] for source in {h[2] for h in entry.history} if row in cells_of[source]}
         known = next(
             (_known(r) for v, r in zip(entry.verdicts, entry.reasons) if v == Verdict.KNOWN_FAILURE and r), None
         )
-        entries.append(
+        worst = entry.worst_error_multiple
+        out.append(
             {
                 "row": row_index[row],
                 "arch": arch,
                 "state": state_of(entry.verdicts),
-                "multiple": multiple_to_json(entry.worst_error_multiple),
-                "multiple_text": ""
-                if entry.worst_error_multiple is None
-                else format_multiple(entry.worst_error_multiple),
+                "multiple": multiple_to_json(worst),
+                "multiple_text": "" if worst is None else format_multiple(worst),
                 "runs": [[run_index[s], v] for s, v in zip(entry.sources, entry.verdicts)],
                 "history": [
                     [version, verdict, run_index[source], format_multiple(cells[source].worst_error_multiple)]
@@ -221,9 +216,12 @@ def page_data(matrix: Matrix, compiled: CompileCheck | None = None, repros: dict
                 "repros": _repros(row, arch, entry, cells, repros),
             }
         )
+    return out
 
-    overview = _overview(matrix)
-    versions = [
+
+def _versions(matrix: Matrix, row_index: dict[RowKey, int]) -> list[dict[str, Any]]:
+    """MATRIX.md's Versions table (``versions.ranges``), with the regressed cells themselves."""
+    return [
         {
             "arch": r.arch,
             "backend": r.backend,
@@ -239,14 +237,18 @@ def page_data(matrix: Matrix, compiled: CompileCheck | None = None, repros: dict
         for r in ranges(matrix)
         if r.compared
     ]
-    trend = [
+
+
+def _trend(matrix: Matrix, row_index: dict[RowKey, int]) -> list[dict[str, Any]]:
+    """``trend.trends``: per version the counts; per kind of change (fail -> pass) its cells."""
+    return [
         {
             "arch": t.arch,
             "backend": t.backend,
             "versions": [str(v) for v in t.versions],
             "counts": [[list(c) for c in per_version] for per_version in t.counts],
             "other_differences": list(other_differences(matrix, t.arch, t.backend)),
-            # (transition, cells, the cells themselves): fail -> pass, 28, [[row, [[version, verdict], ...]], ...]
+            # [transition, cells, [[row, [[version, verdict], ...]], ...]]
             "transitions": [
                 [
                     list(transition),
@@ -262,19 +264,36 @@ def page_data(matrix: Matrix, compiled: CompileCheck | None = None, repros: dict
         }
         for t in trends(matrix)
     ]
+
+
+def _notes(matrix: Matrix) -> dict[str, Any]:
+    """What MATRIX.md's notes say about the reports: not run yet, superseded, simulated, empty,
+    stale, different contract revisions."""
     run_archs = {run.arch for run in matrix.runs}
-    not_run = [
-        {
-            "arch": a.arch,
-            "kind": a.kind,
-            "family": a.family,
-            "wave": a.wave_size,
-            "compiled": a.compiled,
-            "ours": a.ours,
-        }
-        for a in (not_run_archs(compiled, run_archs) if compiled is not None else ())
-    ]
     revisions = contract_revisions(matrix.runs)
+    return {
+        "not_run_yet": [a for a in sorted(known_archs(), key=natural_key) if a not in run_archs],
+        "superseded": [[s.old.label, s.old.created, s.new.label] for s in matrix.superseded],
+        "simulated": [[r.label, r.arch, r.created] for r in matrix.simulated],
+        "empty": [[r.label, r.arch, r.created, len(r.benchmarks)] for r in matrix.empty],
+        "stale": [[r.label, r.arch, r.created] for r in matrix.stale],
+        "max_age_days": matrix.max_age_days,
+        "contract_revisions": (
+            [[rev, labels] for rev, labels in sorted(revisions.items(), key=lambda kv: -1 if kv[0] is None else kv[0])]
+            if len(revisions) > 1
+            else []
+        ),
+    }
+
+
+def page_data(matrix: Matrix, compiled: CompileCheck | None = None, repros: dict[str, str] | None = None) -> dict:
+    """Everything the page shows, as JSON-ready data (see the module docstring).
+    ``compiled``: the compile check's results, shown as "compiled, not run" for archs without a run.
+    ``repros``: known-failure reason -> repro (default: the packaged registry's)."""
+    stale = {id(run) for run in matrix.stale}
+    row_index = {row: i for i, row in enumerate(matrix.rows)}
+    run_archs = {run.arch for run in matrix.runs}
+    not_run = not_run_archs(compiled, run_archs) if compiled is not None else ()
     return {
         "schema": PAGE_SCHEMA,
         "schema_version": PAGE_SCHEMA_VERSION,
@@ -289,27 +308,25 @@ def page_data(matrix: Matrix, compiled: CompileCheck | None = None, repros: dict
         },
         "columns": list(matrix.columns),
         "rows": [list(row) for row in matrix.rows],
-        "entries": entries,
-        "runs": runs,
+        "entries": _entries(matrix, registry_repros() if repros is None else repros),
+        "runs": [_run(run, id(run) in stale) for run in matrix.runs],
         "options": _options(matrix),
-        "overview": overview,
-        "versions": versions,
-        "trend": trend,
-        "compiled": {"triton": compiled.triton if compiled else None, "archs": not_run},
-        "notes": {
-            "not_run_yet": [a for a in sorted(known_archs(), key=natural_key) if a not in run_archs],
-            "superseded": [[s.old.label, s.old.created, s.new.label] for s in matrix.superseded],
-            "simulated": [[r.label, r.arch, r.created] for r in matrix.simulated],
-            "empty": [[r.label, r.arch, r.created, len(r.benchmarks)] for r in matrix.empty],
-            "stale": [[r.label, r.arch, r.created] for r in matrix.stale],
-            "max_age_days": matrix.max_age_days,
-            "contract_revisions": (
-                [
-                    [rev, labels]
-                    for rev, labels in sorted(revisions.items(), key=lambda kv: -1 if kv[0] is None else kv[0])
-                ]
-                if len(revisions) > 1
-                else []
-            ),
+        "overview": _overview(matrix),
+        "versions": _versions(matrix, row_index),
+        "trend": _trend(matrix, row_index),
+        "compiled": {
+            "triton": compiled.triton if compiled else None,
+            "archs": [
+                {
+                    "arch": a.arch,
+                    "kind": a.kind,
+                    "family": a.family,
+                    "wave": a.wave_size,
+                    "compiled": a.compiled,
+                    "ours": a.ours,
+                }
+                for a in not_run
+            ],
         },
+        "notes": _notes(matrix),
     }
