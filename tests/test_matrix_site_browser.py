@@ -152,3 +152,19 @@ def test_a_regressed_cell_says_what_each_version_said(browser, tmp_path):
     assert browser.find_element("id", "detail-versions").text == "bitsandbytes 0.49.2 pass → 0.50.2 known failure"
     assert browser.find_element("id", "detail-repro").get_attribute("data-kind") == "known-failure"
     browser.save_screenshot(str(tmp_path / "regressed.png"))
+
+
+def test_an_arch_without_a_run_says_compiled_not_run(browser, tmp_path):
+    from pytest_qconform.compile.report import read_results
+
+    compiled = read_results(Path(__file__).resolve().parent.parent / "reports" / "compiled" / "compile-check.json")
+    open_page(browser, write_site(committed_matrix(), tmp_path / "index.html", compiled))
+    choose(browser, "arch", "gfx1200")
+    assert visible_cells(browser) == []
+    said = browser.find_element("id", "grid-not-run").text
+    assert said.startswith("No report from gfx1200") and "triton-nf4: compiled, not run (" in said
+    rows = browser.execute_script(
+        "return [...document.querySelectorAll('#compiled-table tr')].filter(tr => !tr.hidden).map(tr => tr.cells[0].textContent)"
+    )
+    assert rows == ["arch", "gfx1200"]
+    browser.save_screenshot(str(tmp_path / "not-run.png"))

@@ -188,6 +188,13 @@ function renderGrid() {
     }
     body.append(tr);
   }
+  const arch = filterValues().arch;
+  if (arch !== ALL && !DATA.columns.includes(arch)) {
+    const compiled = DATA.compiled.archs.find((a) => a.arch === arch);
+    body.append(el("tr", {}, el("td", { colspan: 5, class: "not-run", id: "grid-not-run" },
+      `No report from ${arch}: nothing was computed there, so no cell has a verdict.` +
+      (compiled ? ` triton-nf4: ${compiled.ours} (the compile check, Triton ${DATA.compiled.triton}); every other backend: not run.` : ""))));
+  }
   grid.tBodies[0].replaceChildren(body);
   document.getElementById("shown").textContent =
     `${cells} cells in ${order.length} rows shown of ${DATA.entries.length} cells` +
@@ -433,7 +440,9 @@ async function main() {
     return;
   }
   const o = DATA.options;
-  fillSelect("arch", o.arch);
+  // Archs without a run are choices too: choosing one says what is known there (compiled, not run).
+  const unrun = DATA.compiled.archs.map((a) => a.arch).filter((a) => !o.arch.includes(a));
+  fillSelect("arch", [...o.arch, ...unrun], (a) => (o.arch.includes(a) ? a : a + " (not run)"));
   fillSelect("backend", o.backend);
   fillSelect("operation", o.operation);
   fillSelect("format", o.format, (f) => (f.includes("-") || f === "-" ? f : f + " (every blocksize)"));
