@@ -1,6 +1,7 @@
 """Sessions for pytest-qconform.
 
-``nox -s matrix`` merges the committed run reports; ``nox -s lint`` runs ruff and mypy;
+``nox -s matrix`` merges the committed run reports (``nox -s matrix-screenshot`` photographs its
+page for the docs); ``nox -s lint`` runs ruff and mypy;
 ``nox -s tests`` runs the project's own tests in the current environment; ``nox -s downstream``
 installs the example downstream backend into a fresh virtualenv and runs the suites on it (and on its broken twin);
 ``nox -s bench`` runs the benchmark suite into reports/ and plots it; ``nox -s kernel-calls``
@@ -28,8 +29,9 @@ def _python(session: nox.Session) -> str:
 
 @nox.session(python=False)
 def matrix(session: nox.Session) -> None:
-    """Merge reports/ into reports/MATRIX.md and reports/matrix.png (the README links both:
-    the full matrix grows with every cell, so it lives beside the reports, not in the README).
+    """Merge reports/ into reports/MATRIX.md, reports/matrix.png and the browsable page
+    reports/site/index.html (the README links them: the full matrix grows with every cell, so
+    it lives beside the reports, not in the README).
 
     Runs in the current environment (pytest-qconform and matplotlib installed): the
     merge reads JSON only. Pass report files or folders to merge others:
@@ -48,7 +50,29 @@ def matrix(session: nox.Session) -> None:
         "reports/MATRIX.md",
         "--png",
         "reports/matrix.png",
+        "--site",
+        "reports/site/index.html",
         *summary,
+    )
+
+
+# What docs/matrix-page.png shows: bitsandbytes' NF4 blocksize-64 cells on both archs, and the detail of
+# a cell that passed in 0.49.2 and is a known failure in 0.50.2 (a regression, with its repro).
+SCREENSHOT_VIEW = "#backend=bitsandbytes&format=nf4-b64&cell=bitsandbytes|matmul|nf4-b64|bf16@sm90"
+
+
+@nox.session(name="matrix-screenshot", python=False)
+def matrix_screenshot(session: nox.Session) -> None:
+    """Take docs/matrix-page.png of the page ``nox -s matrix`` wrote (reports/site/index.html) in
+    headless Chromium (Debian's chromium and chromium-driver, selenium from the dev extra:
+    tests/site_browser.py). Run it after ``nox -s matrix`` when the page or the reports change;
+    extra arguments replace the view: ``nox -s matrix-screenshot -- '#arch=sm90'``."""
+    session.run(
+        _python(session),
+        "tests/site_browser.py",
+        "reports/site/index.html",
+        "docs/matrix-page.png",
+        *(session.posargs or [SCREENSHOT_VIEW]),
     )
 
 

@@ -90,6 +90,16 @@ def test_the_merge_job_makes_the_matrix_and_applies_the_gate() -> None:
     assert "python -m pytest_qconform check ci-reports/qconform-report-*" in command
 
 
+def test_the_merge_job_uploads_the_page_with_the_reports_it_merged() -> None:
+    steps = workflow()["jobs"]["matrix"]["steps"]
+    upload = next(s for s in steps if s.get("uses", "").startswith("actions/upload-artifact"))
+    uploaded = upload["with"]["path"].split()
+    assert {"reports/MATRIX.md", "reports/site/index.html", "reports/*.json", "ci-reports/"} <= set(uploaded)
+    assert upload["if"] == "always()"  # the run whose gate fails is the one whose page is read
+    gate = next(i for i, s in enumerate(steps) if "pytest_qconform check" in s.get("run", ""))
+    assert steps.index(upload) < gate
+
+
 def gate_command() -> str:
     return next(
         line for line in steps_running(workflow()["jobs"]["matrix"]).splitlines() if "pytest_qconform check" in line

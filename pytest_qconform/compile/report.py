@@ -397,24 +397,52 @@ def write_doc(check: CompileCheck, path: Path) -> None:
 # ---------------------------------------------------------------- the matrix's rows
 
 
-def matrix_lines(check: CompileCheck, run_archs: Iterable[str]) -> list[str]:
-    """The matrix's section for archs without a run report: "compiled, not run" for our
-    kernels where every variant compiled, "not run" otherwise. Never a verdict."""
+@dataclass(frozen=True)
+class NotRunArch:
+    """An arch of the compile check without a run report: what can be said of it without a verdict.
+
+    ``ours`` is our kernels' status in words (``compiled, not run (346 variants of 4 kernels)``);
+    ``compiled`` says whether every variant compiled. The Markdown matrix and the page
+    (``matrix.site``) both show these rows, so the wording lives here once."""
+
+    arch: str
+    kind: str
+    family: str
+    wave_size: int
+    compiled: bool
+    ours: str
+
+
+def not_run_archs(check: CompileCheck, run_archs: Iterable[str]) -> tuple[NotRunArch, ...]:
+    """The compile check's archs that no run report covers, in the check's order."""
     ran = set(run_archs)
-    rows = []
+    found = []
     for result in check.archs:
         if result.arch in ran:
             continue
         if result.ok:
-            ours = f"{COMPILED_SYMBOL} compiled, not run ({result.variants} variants of {len(result.kernels)} kernels)"
+            ours = f"compiled, not run ({result.variants} variants of {len(result.kernels)} kernels)"
         elif result.unsupported:
-            ours = f"{NOT_RUN_SYMBOL} not run (Triton {check.triton} rejects the target)"
+            ours = f"not run (Triton {check.triton} rejects the target)"
         else:
-            ours = (
-                f"{NOT_RUN_SYMBOL} not run (the compile check failed: {len(result.failed)} of "
-                f"{result.variants} variants)"
-            )
-        rows.append([result.arch, result.family, str(result.wave_size), ours, f"{NOT_RUN_SYMBOL} not run"])
+            ours = f"not run (the compile check failed: {len(result.failed)} of {result.variants} variants)"
+        found.append(NotRunArch(result.arch, result.kind, result.family, result.wave_size, result.ok, ours))
+    return tuple(found)
+
+
+def matrix_lines(check: CompileCheck, run_archs: Iterable[str]) -> list[str]:
+    """The matrix's section for archs without a run report: "compiled, not run" for our
+    kernels where every variant compiled, "not run" otherwise. Never a verdict."""
+    rows = [
+        [
+            found.arch,
+            found.family,
+            str(found.wave_size),
+            f"{COMPILED_SYMBOL if found.compiled else NOT_RUN_SYMBOL} {found.ours}",
+            f"{NOT_RUN_SYMBOL} not run",
+        ]
+        for found in not_run_archs(check, run_archs)
+    ]
     notes = [f"- {r.truncation_note()}" for r in check.archs if r.truncating_bf16]
     if notes:
         notes = ["", f"**bf16 rounding** (the compile check, Triton {check.triton}):", "", *notes]

@@ -1,12 +1,13 @@
 """The matrix CLI: merge run reports (``matrix_model``) and write the README section,
-the full table (``matrix_markdown``), the heatmap (``heatmap``) and the step summary.
+the full table (``matrix_markdown``), the heatmap (``heatmap``), the browsable page
+(``site``) and the step summary.
 
 CLI: ``python -m pytest_qconform.matrix.cli [PATHS...] [--readme README.md]
-[--out reports/MATRIX.md] [--png reports/matrix.png] [--step-summary] [--ignore-invalid]
-[--max-age-days N]``:
+[--out reports/MATRIX.md] [--png reports/matrix.png] [--site reports/site/index.html]
+[--step-summary] [--ignore-invalid] [--max-age-days N]``:
 the README and the step summary get the summary (``matrix_summary``, one screen), the
 ``--out`` file the full per-cell table as well (``matrix_markdown``), the PNG the summary
-heatmap (``heatmap``). Stale reports (older than ``--max-age-days``), empty reports (zero
+heatmap (``heatmap``), the ``--site`` file the page (all of it, filterable, one HTML file). Stale reports (older than ``--max-age-days``), empty reports (zero
 cells) and reports of different contract revisions are printed as warnings and written
 in the notes, never merged silently.
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 from pytest_qconform.compile import report as compile_report
 from pytest_qconform.matrix.markdown import readme_markdown, to_markdown, update_readme
 from pytest_qconform.matrix.model import Entry, Matrix, MatrixError, find_report_files, merge
+from pytest_qconform.matrix.site import write_site
 from pytest_qconform.matrix.versions import contract_revisions
 from pytest_qconform.report.atomic import write_text_atomically
 from pytest_qconform.report.run_report import ReportError, read_report
@@ -47,6 +49,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--out", type=Path, help="write the summary and the full per-cell matrix to this file")
     parser.add_argument("--png", type=Path, help="write the summary heatmap PNG here (needs matplotlib)")
+    parser.add_argument(
+        "--site",
+        type=Path,
+        help="write the browsable page here: one self-contained HTML file (reports/site/index.html)",
+    )
     parser.add_argument(
         "--step-summary", action="store_true", help="append the summary to the file named by $GITHUB_STEP_SUMMARY"
     )
@@ -147,6 +154,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "install matplotlib (pip install 'pytest-qconform[matrix]')"
                 ) from exc
             written.append(str(args.png))
+        if args.site:
+            write_site(matrix, args.site, compiled)
+            written.append(str(args.site))
         if summary_file:
             with open(summary_file, "a", encoding="utf-8") as handle:
                 handle.write("## qconform compatibility matrix\n\n" + summary)

@@ -73,7 +73,8 @@ def format_entry(entry: Entry | None) -> str:
     return text + "".join(f" · {version} {''.join(sorted(set(marks)))}" for version, marks in older.items())
 
 
-def _accel_version(probe: dict[str, Any]) -> str:
+def accel_version(probe: dict[str, Any]) -> str:
+    """``cuda 12.8, driver 570.1``, ``hip 6.4``, or ``-`` on a CPU (the Runs table and the page)."""
     driver = f", driver {probe['driver']}" if probe.get("driver") else ""
     if probe.get("hip"):
         return f"hip {probe['hip']}{driver}"
@@ -106,7 +107,7 @@ def _versions_table(matrix: Matrix) -> list[str]:
                 p["device_name"],
                 str(p["torch"]),
                 str(p.get("triton") or "-"),
-                _accel_version(p),
+                accel_version(p),
                 *versions,
                 suite,
                 run.created + (" (stale)" if id(run) in stale else ""),
