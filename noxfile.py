@@ -166,7 +166,9 @@ def downstream(session: nox.Session) -> None:
     no conftest.py or ini file of ours is picked up) and requires every cell of its report
     to pass. Then installs ``examples/downstream/broken`` (the same backend with its
     nibbles swapped in dequantize) and requires the run to fail, with failing dequantize
-    cells in its report. About two minutes on 2 CPU cores, most of it installing torch.
+    cells in its report. Both times it also runs ``examples/downstream/scripts/watch_model.py``,
+    a project's own model under ``pytest_qconform.watch`` (exit 0, then 1). About two minutes
+    on 2 CPU cores, most of it installing torch.
     """
     import shutil
     import tempfile
@@ -195,7 +197,12 @@ def downstream(session: nox.Session) -> None:
             session.run(
                 "python", "-m", "pytest_qconform", "check", str(good), "--backend", "torch-nf4", "--require", "pass"
             )
+            # The project's own model under the call-site oracle (docs/watch.md): passes here...
+            watch_script = str(example / "scripts" / "watch_model.py")
+            session.run("python", watch_script, "--backend", "torch-nf4")
             session.install(str(example / "broken"))
+            # ...and fails on the broken twin, naming the call.
+            session.run("python", watch_script, "--backend", "torch-nf4-broken", success_codes=[1])
             # The planted bug must fail the run (exit 1), and fail it in the right place.
             session.run(
                 "pytest",

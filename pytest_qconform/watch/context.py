@@ -111,9 +111,14 @@ class CallContext:
 
     def signature(self) -> str:
         """Everything but the row count, as one readable string (the report's coverage key)."""
+        grad = (
+            ("grad" if self.grad else "no-grad")
+            if self.direction == "forward"
+            else ("create-graph" if self.grad else "")
+        )
         parts = [
             self.direction,
-            "grad" if self.grad else "no-grad",
+            *([grad] if grad else []),
             *(["inference-mode"] if self.inference_mode else []),
             *([f"autocast={self.autocast}"] if self.autocast != "off" else []),
             *(["recompute"] if self.recompute else []),
