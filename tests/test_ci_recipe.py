@@ -86,7 +86,8 @@ def test_the_merge_job_makes_the_matrix_and_applies_the_gate() -> None:
     job = workflow()["jobs"]["matrix"]
     assert job["needs"] == "conformance" and job["if"] == "always()"
     command = steps_running(job)
-    assert "nox -s matrix -- reports/ ci-reports/" in command
+    assert "python -m pytest_qconform.matrix.cli $(test -d reports && echo reports/) ci-reports/" in command
+    assert "--site reports/site/index.html" in command
     assert "python -m pytest_qconform check ci-reports/qconform-report-*" in command
 
 
@@ -139,3 +140,16 @@ def test_the_recipes_gate_command_passes_or_fails_downloaded_reports(tmp_path: P
     done = subprocess.run(command, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == status, done.stdout + done.stderr
     assert done.stdout.count("qconform check: ") == 2
+
+
+def test_a_downstream_copy_installs_the_plugin_itself_pinned_then_its_own_package() -> None:
+    """Copied into another repository, the recipe must install pytest-qconform (pinned) and
+    that repository's package separately: ``-e '.[extras]'`` would install the downstream
+    package with pytest-qconform's extras it does not have, and no plugin at all."""
+    flow = workflow()
+    install = steps_running(flow["jobs"]["conformance"])
+    assert flow["env"]["QCONFORM_PACKAGE"].startswith("pytest-qconform[parallel,layers]==")
+    assert '"$QCONFORM_PACKAGE"' in install
+    assert "pip install -q -e .;" in install and "-e '.[" not in install
+    assert flow["env"]["QCONFORM_MATRIX_PACKAGE"].startswith("pytest-qconform[matrix]==")
+    assert "nox" not in steps_running(flow["jobs"]["matrix"])  # no noxfile of ours in a downstream repository
