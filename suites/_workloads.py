@@ -151,6 +151,7 @@ def quantized_model(
     if built != "from_pretrained with its quantization_config":
         model = model.to(device)
         _replace_linears(model, quantize)
+        facet.mark_quantized(model)
     experts = _replace_experts(model, quantize)
     qcheck.describe(model=family, built_by=built, **({"quantized_expert_blocks": experts} if experts else {}))
     return model

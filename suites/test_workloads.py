@@ -109,6 +109,9 @@ def test_qlora_training_step(qtarget, qbackend, qdevice, qcheck, qwatch, tmp_pat
         use_gradient_checkpointing=True,
         gradient_checkpointing_kwargs={"use_reentrant": checkpointing == "reentrant"},
     )
+    qcheck.equal(
+        lm.is_gradient_checkpointing, True, "gradient checkpointing, enabled by prepare_model_for_kbit_training"
+    )
     torch.manual_seed(401)
     config = peft.LoraConfig(
         r=RANK, lora_alpha=ALPHA, target_modules=lora_targets(lm, facet), lora_dropout=0.0, init_lora_weights=False

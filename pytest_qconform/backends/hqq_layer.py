@@ -73,6 +73,11 @@ class HqqLayers(LayerFacet):
         layer.load_state_dict(state, strict=True)
         return layer
 
+    def mark_quantized(self, model: torch.nn.Module) -> None:
+        """``model.hqq_quantized = True``, as HQQ's engine (``hqq.engine.base``) marks a model
+        it quantized: PEFT's k-bit preparation reads it (gradient checkpointing, input grads)."""
+        model.hqq_quantized = True
+
     def transformers_config(self, spec: QuantSpec, compute_dtype: torch.dtype) -> Any:
         from transformers import HqqConfig
 

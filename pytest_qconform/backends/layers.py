@@ -105,6 +105,11 @@ class LayerFacet(ABC):
         holds); a layer that keeps a kernel layout of its own for computing reads that."""
         return self.packed(layer)
 
+    def mark_quantized(self, model: torch.nn.Module) -> None:
+        """Mark a model whose layers were replaced by hand (``quantize`` of each) the way the
+        library's own model-quantizing entry point marks it, for the libraries that read the
+        mark (PEFT's ``prepare_model_for_kbit_training``). Default: nothing."""
+
     def owns(self, module: torch.nn.Module) -> bool:
         """Whether ``module`` is one of this backend's quantized layers (the call-site
         oracle hooks those). Default: an instance of ``layer_types()``."""

@@ -275,6 +275,7 @@ def to_markdown(matrix: Matrix, compiled: CompileCheck | None = None) -> str:
     out += markdown_table(header, rows) if rows else ["(the counted reports contain no cells)"]
     out += ["", _legend()]
     out += _coverage(matrix)
+    out += _calls(matrix)
     return "\n".join(out + _notes(matrix, compiled)) + "\n"
 
 
@@ -311,6 +312,38 @@ def _coverage(matrix: Matrix) -> list[str]:
         "pairs of two axes checked, and claimed values no instance checked)",
         "",
         *markdown_table(["arch", "backend", "instances", "operations", "pairs", "unchecked claimed values"], rows),
+    ]
+
+
+def _calls(matrix: Matrix) -> list[str]:
+    """Per run and backend: the quantized-layer calls the call-site oracle judged inside the
+    workloads, and every setting they were judged in (the words of the calls' context
+    signatures, docs/watch.md)."""
+    rows = []
+    for report in matrix.runs:
+        by_backend: dict[str, list] = {}
+        for entry in report.calls:
+            by_backend.setdefault(entry.backend, []).append(entry)
+        for backend, entries in sorted(by_backend.items()):
+            words = sorted({word for e in entries for signature in e.contexts for word in signature.split()})
+            rows.append(
+                [
+                    report.arch,
+                    backend,
+                    str(len(entries)),
+                    f"{sum(e.judged for e in entries)} of {sum(e.seen for e in entries)}",
+                    str(sum(e.failed for e in entries)),
+                    f"{len({s for e in entries for s in e.contexts})}: " + ", ".join(words),
+                ]
+            )
+    if not rows:
+        return []
+    return [
+        "",
+        "**Calls judged inside workloads** (the call-site oracle: workload operations, calls judged of those "
+        "made, failed calls, and the distinct contexts with every setting they were judged in)",
+        "",
+        *markdown_table(["arch", "backend", "workloads", "calls judged", "failed", "contexts"], rows),
     ]
 
 
