@@ -109,6 +109,7 @@ class LayerFacet(ABC):
         """Mark a model whose layers were replaced by hand (``quantize`` of each) the way the
         library's own model-quantizing entry point marks it, for the libraries that read the
         mark (PEFT's ``prepare_model_for_kbit_training``). Default: nothing."""
+        return None
 
     def owns(self, module: torch.nn.Module) -> bool:
         """Whether ``module`` is one of this backend's quantized layers (the call-site
