@@ -86,10 +86,11 @@ def bias_of(layer: torch.nn.Module) -> torch.Tensor | None:
     return bias.detach() if isinstance(bias, torch.Tensor) else None
 
 
-def snapshot(facet: LayerFacet, layer: torch.nn.Module) -> dict[str, object]:
+def snapshot(facet: LayerFacet, layer: torch.nn.Module, *, computing: bool = False) -> dict[str, object]:
     """Everything the layer stores about its quantization, as host copies (bytes, scales,
-    tables, blocksize, shape, dtypes), to compare bit for bit."""
-    packed = facet.packed(layer)
+    tables, blocksize, shape, dtypes), to compare bit for bit; ``computing``: what it
+    computes from (``LayerFacet.computing_state``) rather than what it would save."""
+    packed = facet.computing_state(layer) if computing else facet.packed(layer)
     fields = dict(vars(packed))
     return {key: (value.copy() if hasattr(value, "copy") else value) for key, value in fields.items()}
 

@@ -177,6 +177,13 @@ def lora_targets(model: torch.nn.Module, facet: LayerFacet) -> list[str]:
     return sorted(name for name in names if not name.isdigit())  # per-expert layers are list items
 
 
+def lora_layers(model: torch.nn.Module, facet: LayerFacet) -> dict[str, torch.nn.Module]:
+    """PEFT's LoRA layers around the backend's quantized layers, by module name."""
+    return {
+        name: m for name, m in model.named_modules() if hasattr(m, "lora_A") and facet.owns(getattr(m, "base_layer", m))
+    }
+
+
 class LoraCalls:
     """Each LoRA layer's calls in a training step, paired forward to backward: the input
     ``x`` of every forward that records a graph (a reentrant checkpoint's first forward runs
@@ -184,11 +191,7 @@ class LoraCalls:
     the upstream gradient ``dy`` its backward receives. PyTorch hooks that only look."""
 
     def __init__(self, model: torch.nn.Module, facet: LayerFacet) -> None:
-        self.layers = {
-            name: m
-            for name, m in model.named_modules()
-            if hasattr(m, "lora_A") and facet.owns(getattr(m, "base_layer", None) or m)
-        }
+        self.layers = lora_layers(model, facet)
         self._pending: dict[str, list[tuple[torch.Tensor, str]]] = {name: [] for name in self.layers}
         self.calls: dict[str, list[tuple[torch.Tensor, torch.Tensor, str]]] = {name: [] for name in self.layers}
         self._handles = []

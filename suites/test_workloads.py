@@ -25,8 +25,8 @@ import torch
 from pytest_qconform.reference import bounds
 
 from ._cases import reference_decode
-from ._layers import check_requantized, lora_delta, needs, require_layer_claim, snapshot_differences
-from ._workloads import LoraCalls, accumulated_lora_gradients, lora_targets, prompts, quantized_model
+from ._layers import check_requantized, lora_delta, needs, require_layer_claim, snapshot, snapshot_differences
+from ._workloads import LoraCalls, accumulated_lora_gradients, lora_layers, lora_targets, prompts, quantized_model
 
 WORKLOAD_AXES = ("model", "format", "hqq_axis", "dtype")
 NEW_TOKENS = 3
@@ -207,8 +207,8 @@ def test_save_and_load(qtarget, qbackend, qdevice, qcheck, qwatch, tmp_path, spe
     lm.save_pretrained(tmp_path / "quantized")
     loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "quantized", device_map=str(qdevice))
     loaded.eval()
-    saved = {name: _computing(facet, m) for name, m in lm.named_modules() if facet.owns(m)}
-    reloaded = {name: _computing(facet, m) for name, m in loaded.named_modules() if facet.owns(m)}
+    saved = {name: snapshot(facet, m, computing=True) for name, m in lm.named_modules() if facet.owns(m)}
+    reloaded = {name: snapshot(facet, m, computing=True) for name, m in loaded.named_modules() if facet.owns(m)}
     qcheck.equal(sorted(reloaded), sorted(saved), "the reloaded model's quantized layers")
     for name, fields in saved.items():
         changed = snapshot_differences(fields, reloaded[name])
@@ -216,12 +216,6 @@ def test_save_and_load(qtarget, qbackend, qdevice, qcheck, qwatch, tmp_path, spe
     with qwatch(loaded, {qbackend.name: facet}), torch.no_grad():
         logits = loaded(input_ids=ids, attention_mask=mask).logits
     qcheck.equal(torch.equal(logits, saved_logits), True, "the reloaded model's logits equal the saved model's")
-
-
-def _computing(facet, layer) -> dict[str, object]:
-    """What the layer computes from (``LayerFacet.computing_state``), as host copies."""
-    fields = dict(vars(facet.computing_state(layer)))
-    return {key: (value.copy() if hasattr(value, "copy") else value) for key, value in fields.items()}
 
 
 @pytest.mark.qconform_axes(*WORKLOAD_AXES, model=("llama", "qwen2", "gpt2"))
@@ -241,7 +235,7 @@ def test_merge_save_and_load(qtarget, qbackend, qdevice, qcheck, qwatch, tmp_pat
         r=RANK, lora_alpha=ALPHA, target_modules=lora_targets(lm, facet), lora_dropout=0.0, init_lora_weights=False
     )
     lm = peft.get_peft_model(lm, config)
-    layers = {name.removeprefix("base_model.model."): m for name, m in LoraCalls(lm, facet).layers.items()}
+    layers = {name.removeprefix("base_model.model."): m for name, m in lora_layers(lm, facet).items()}
     deltas = {name: lora_delta(module, ALPHA / RANK) for name, module in layers.items()}
     before = {name: facet.packed(module.get_base_layer()) for name, module in layers.items()}
     biases = {name: facet.bias(module.get_base_layer()) for name, module in layers.items()}
