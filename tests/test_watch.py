@@ -65,3 +65,53 @@ def test_a_watch_that_judged_nothing_fails() -> None:
 def test_an_unknown_backend_is_named() -> None:
     with pytest.raises(Exception, match="unknown backend 'no-such-backend'"):
         layer_facets(["no-such-backend"])
+
+
+QWATCH_TEST = """
+import pytest
+import torch
+from pytest_qconform.backends.spec import QuantSpec
+
+
+@pytest.mark.qconform_operation("workload:my-model")
+@pytest.mark.qconform_dtype("fp32")
+def test_my_model_under_the_oracle(qtarget, qbackend, qdevice, qwatch):
+    facet = qbackend.layers()
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(64, 64, generator=gen)
+    model = torch.nn.Sequential(facet.quantize(weight, None, QuantSpec("nf4", 64), torch.float32, qdevice))
+    with qwatch(model):
+        model(torch.randn(2, 5, 64, device=qdevice))
+"""
+
+
+def test_the_qwatch_fixture_writes_the_judged_calls_into_the_report(pytester: pytest.Pytester) -> None:
+    """A downstream test's own model under ``qwatch``: its cell passes, and the report's
+    ``calls`` section names the operation, the calls judged and their context."""
+    import json
+    import textwrap
+
+    from conftest import EXAMPLE_SRC
+
+    pytester.makeconftest(
+        textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(EXAMPLE_SRC)!r})
+        from qconform_example_nf4.backend import TorchNF4Backend
+
+        def pytest_qconform_backends(config):
+            return {{"torch-nf4": TorchNF4Backend}}
+        """)
+    )
+    pytester.makepyfile(test_mine=QWATCH_TEST)
+    result = pytester.runpytest(
+        "test_mine.py", "--qconform", "--qconform-backend=torch-nf4", f"--qconform-report-dir={pytester.path}"
+    )
+    result.assert_outcomes(passed=1)
+    report = json.loads(next(pytester.path.glob("*.json")).read_text())
+    (calls,) = report["calls"]
+    assert (calls["backend"], calls["operation"], calls["failed"]) == ("torch-nf4", "workload:my-model", 0)
+    assert calls["judged"] == calls["seen"] == 1
+    assert calls["contexts"] == {"forward grad cpu 3-D contiguous fp32": 1}
+    (cell,) = [c for c in report["cells"] if c["operation"] == "workload:my-model"]
+    assert cell["verdict"] == "pass" and cell["worst_error_multiple"] is not None
