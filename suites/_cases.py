@@ -100,16 +100,6 @@ def output_columns(y: torch.Tensor) -> torch.Tensor:
     return torch.arange(y.shape[-1])
 
 
-def shapes_for(spec: QuantSpec) -> tuple[tuple[int, int], ...]:
-    """Weight shapes for a spec: bitsandbytes' layout takes any numel; HQQ groups need
-    the grouped axis to divide by the group size, so it gets shapes that do."""
-    from pytest_qconform.cases.strategies import WEIGHT_SHAPES
-
-    if spec.format == "hqq4":
-        return ((64, 128), (16, 256))
-    return WEIGHT_SHAPES
-
-
 def packed_dequantize_bound(packed: Packed, exact: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Per-element bound for a dequantized value (derivations in reference.bounds).
 

@@ -14,12 +14,29 @@ import torch
 from hypothesis import given
 from pytest_qconform.reference import bounds, linear
 
-from pytest_qconform.cases.strategies import WeightCase, activation_cases, weight_cases
+from pytest_qconform.cases.axes import ALWAYS_ROWS
+from pytest_qconform.cases.strategies import (
+    WeightCase,
+    activation_cases,
+    activation_leading,
+    fewer_examples,
+    weight_cases,
+)
 
-from ._cases import reference_decode, require_claim, shapes_for, weight_error
+from ._cases import reference_decode, require_claim, weight_error
 
 pytestmark = pytest.mark.qconform_operation("backward")
 LORA_RANK = 4
+# The gradients' path: the weight's shape and distribution select the dequantize kernel
+# under ``dy W``, and the activation's rows and rank the shapes of that product and of the
+# forward before it: axes, so that each pair is an instance. The rows are the decode row,
+# a batch and a prefill (``axes.ALWAYS_ROWS``): no backend's backward changes route by rows
+# (each dequantizes and multiplies), and the forward's routes, which this check does not
+# judge, are the matmul checks' (each declared route there, with every layout). x's memory
+# layout is no axis: the backend is handed h = x + (x A^T) B^T, a fresh contiguous tensor.
+# The axes double the instances; each instance draws a third as often.
+GRADIENT_DISTRIBUTIONS = ("normal", "outliers")
+DRAW_DIVISOR = 3
 
 
 def _mm_bound(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -27,16 +44,36 @@ def _mm_bound(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Ten
     return bounds.matmul_bound(a, b.T, None, dtype, dtype)
 
 
-@pytest.mark.qconform_axes("format", "blocksize", "double_quant", "hqq_axis", "dtype")
-def test_gradients_match_reference(qtarget, qbackend, qdevice, qcheck, spec, dtype):
-    """LoRA adapters feed the 4-bit layer: ``h = x + (x A^T) B^T``, ``y = h W^T + b``.
+@pytest.mark.qconform_axes(
+    "format",
+    "blocksize",
+    "double_quant",
+    "hqq_axis",
+    "dtype",
+    "weight_shape",
+    "distribution",
+    "rows",
+    "x_rank",
+    distribution=GRADIENT_DISTRIBUTIONS,
+    rows=ALWAYS_ROWS,
+)
+def test_gradients_match_reference(
+    qtarget, qbackend, qdevice, qcheck, spec, dtype, weight_shape, distribution, rows, x_rank
+):
+    """LoRA adapters feed the 4-bit layer: ``h = x + (x A^T) B^T``, ``y = h W^T + b``, with
+    the instance's weight (shape, distribution) and activation (rows, rank; always a bias,
+    whose gradient is checked); hypothesis draws the seeds.
 
     Every bound propagates the layer's own backward bound (``dh = dy W``) through the
     adapter's exact float64 gradient formulas, plus each adapter op's rounding.
     """
     require_claim(qbackend, qtarget, spec, dtype, backward=True)
 
-    @given(case=weight_cases(shapes_for(spec), ("normal", "outliers")), act=activation_cases())
+    @fewer_examples(DRAW_DIVISOR)
+    @given(
+        case=weight_cases((weight_shape,), (distribution,)),
+        act=activation_cases(activation_leading(rows, x_rank), "contiguous"),
+    )
     def check(case, act):
         qcheck.describe(**case.describe(), **act.describe())
         n, k = case.shape

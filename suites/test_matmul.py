@@ -1,10 +1,14 @@
 """Matmul forward, the "silent wrong matmul": ``y = x W^T + b`` against float64.
 
 The weight is the float64 decoding of the backend's own bytes, so only the matmul is
-judged. Activations: batch 1 (the gemv path), small and larger batches, 2-D and 3-D
-(batch and sequence), contiguous, transposed and sliced views, with and without bias,
-in every claimed dtype; and fp32 activations into a low-precision layer, as PEFT's
-k-bit preparation produces them. A crash is a failed cell with its message.
+judged. Activations: every row count at which the backend changes route and its
+neighbours (the gemv path, fused small-batch kernels, dequantize + GEMM), 2-D and 3-D
+(batch and sequence), contiguous, transposed, sliced and offset views, with and without
+bias, in every claimed dtype; and fp32 activations into a low-precision layer, as PEFT's
+k-bit preparation produces them. Each of those, the weight's shape and its distribution
+select a path in some backend, so each is an axis of the checks' covering arrays
+(``cases.axes``): every pair of them is reached on every arch. Hypothesis draws seeds.
+A crash is a failed cell with its message.
 """
 
 from __future__ import annotations
@@ -19,15 +23,28 @@ from pytest_qconform.cases.strategies import (
     ActivationCase,
     WeightCase,
     activation_cases,
+    activation_leading,
     fewer_examples,
     listed_weight,
     weight_cases,
     with_examples,
 )
 
-from ._cases import dtype_id, output_columns, reference_decode, require_claim, shapes_for, weight_error
+from ._cases import dtype_id, output_columns, reference_decode, require_claim, weight_error
 
-MATMUL_DISTRIBUTIONS = ("normal", "outliers", "zero_blocks")  # listed: each runs in every instance
+MATMUL_DISTRIBUTIONS = ("normal", "outliers", "zero_blocks")  # the distribution axis' values here
+# The axes of the activation and the bias, which select a matmul's route and its kernel's
+# specialization: every pair of their values (and with the spec's and the dtype) is an instance.
+ACTIVATION_AXES = ("rows", "x_rank", "x_layout", "bias")
+# The path axes multiply the instances of the checks that draw (2.5 to 3 times): each
+# instance draws a third as often, so the checks' draws stay about as many in all.
+DRAW_DIVISOR = 3
+# Besides its own path, every instance of the matmul check runs this case in its layout:
+# 5 rows on a normal 64 x 128 weight with a bias, enough output columns for the rounding-
+# direction test to see a systematic error of the documented size (docs/sensitivity.md) in
+# every cell, whatever the instance's rows and weight (one row of a one-row weight has one
+# output). Fixed, so the same on every arch.
+SENSITIVITY_LEADING, SENSITIVITY_SHAPE = (5,), (64, 128)
 
 
 def check_matmul(qbackend, qdevice, qcheck, spec, compute_dtype, x_dtype, case, act, with_bias) -> None:
@@ -71,20 +88,34 @@ def check_product(qbackend, qdevice, qcheck, compute_dtype, x_dtype, quantized, 
     "double_quant",
     "hqq_axis",
     "dtype",
-    "x_layout",
+    "weight_shape",
     "distribution",
+    *ACTIVATION_AXES,
     distribution=MATMUL_DISTRIBUTIONS,
 )
-def test_matmul_matches_reference(qtarget, qbackend, qdevice, qcheck, spec, dtype, x_layout, distribution):
-    """The instance's listed weight distribution (with 5 rows and a bias), then
-    hypothesis' draws of weights, activation shapes and bias, in the instance's
-    activation memory layout."""
+def test_matmul_matches_reference(
+    qtarget, qbackend, qdevice, qcheck, spec, dtype, weight_shape, distribution, rows, x_rank, x_layout, bias
+):
+    """The instance's weight (shape and distribution) and activation (rows, rank, memory
+    layout) with or without bias: listed with fixed seeds, then the sensitivity case in the
+    instance's layout (``SENSITIVITY_SHAPE``), then hypothesis' draws of seeds."""
     require_claim(qbackend, qtarget, spec, dtype)
-    shapes = shapes_for(spec)
-    listed = listed_weight(shapes, distribution)
+    listed = listed_weight(weight_shape, distribution)
+    leading = activation_leading(rows, x_rank)
+    anchor = listed_weight(SENSITIVITY_SHAPE, "normal")
 
-    @with_examples([{"case": listed, "act": ActivationCase((5,), x_layout, listed.seed), "with_bias": True}])
-    @given(case=weight_cases(shapes, MATMUL_DISTRIBUTIONS), act=activation_cases(x_layout), with_bias=st.booleans())
+    @with_examples(
+        [
+            {"case": listed, "act": ActivationCase(leading, x_layout, listed.seed), "with_bias": bias},
+            {"case": anchor, "act": ActivationCase(SENSITIVITY_LEADING, x_layout, anchor.seed), "with_bias": True},
+        ]
+    )
+    @fewer_examples(DRAW_DIVISOR)
+    @given(
+        case=weight_cases((weight_shape,), (distribution,)),
+        act=activation_cases(leading, x_layout),
+        with_bias=st.just(bias),
+    )
     def check(case, act, with_bias):
         check_matmul(qbackend, qdevice, qcheck, spec, dtype, dtype, case, act, with_bias)
 
@@ -93,23 +124,26 @@ def test_matmul_matches_reference(qtarget, qbackend, qdevice, qcheck, spec, dtyp
 
 @pytest.mark.qconform_operation("matmul-fp32-input")
 @pytest.mark.qconform_axes(
-    "format", "blocksize", "double_quant", "hqq_axis", "dtype", dtype=(torch.bfloat16, torch.float16)
+    "format",
+    "blocksize",
+    "double_quant",
+    "hqq_axis",
+    "dtype",
+    "weight_shape",
+    *ACTIVATION_AXES,
+    dtype=(torch.bfloat16, torch.float16),
 )
-def test_matmul_fp32_activation_into_low_precision_layer(qtarget, qbackend, qdevice, qcheck, spec, dtype):
+def test_matmul_fp32_activation_into_low_precision_layer(
+    qtarget, qbackend, qdevice, qcheck, spec, dtype, weight_shape, rows, x_rank, x_layout, bias
+):
     """PEFT's prepare_model_for_kbit_training upcasts activations to fp32 ahead of a
-    bf16/fp16-compute 4-bit layer; the layer must compute, and return fp32."""
+    bf16/fp16-compute 4-bit layer; the layer must compute, and return fp32. The instance's
+    weight shape and activation, a normal weight of a fixed seed (no draws: the route is the
+    instance's, and the matmul check draws values)."""
     require_claim(qbackend, qtarget, spec, dtype)
-    shapes = shapes_for(spec)
-
-    listed = listed_weight(shapes, "normal")
-
-    @with_examples([{"case": listed, "act": ActivationCase((3,), "contiguous", listed.seed), "with_bias": True}])
-    @fewer_examples()
-    @given(case=weight_cases(shapes, ("normal",)), act=activation_cases(), with_bias=st.booleans())
-    def check(case, act, with_bias):
-        check_matmul(qbackend, qdevice, qcheck, spec, dtype, torch.float32, case, act, with_bias)
-
-    check()
+    case = listed_weight(weight_shape, "normal")
+    act = ActivationCase(activation_leading(rows, x_rank), x_layout, case.seed)
+    check_matmul(qbackend, qdevice, qcheck, spec, dtype, torch.float32, case, act, bias)
 
 
 # Fused small-batch kernels take over where the weight's rows are long: the Triton rows
@@ -122,17 +156,18 @@ SMALL_BATCH_SHAPES = {"cuda": (10, 1024), "cpu": (10, 256)}
 
 
 @pytest.mark.qconform_operation("matmul")
-@pytest.mark.qconform_axes("format", "double_quant", "hqq_axis", "dtype", "rows")
-def test_matmul_every_route(qtarget, qbackend, qdevice, qcheck, spec, dtype, rows):
+@pytest.mark.qconform_axes("format", "double_quant", "hqq_axis", "dtype", *ACTIVATION_AXES)
+def test_matmul_every_route(qtarget, qbackend, qdevice, qcheck, spec, dtype, rows, x_rank, x_layout, bias):
     """Every row count at which the backend declares a change of route
     (``Capabilities.dispatch_rows``, ``max_gemv_rows``), its neighbours, one row, 128 rows
-    and a prefill: the drawn activations of ``test_matmul_matches_reference`` need not hit
-    any of them. Contiguous x (what fused kernels take), with bias; fixed seeds."""
+    and a prefill, on a weight whose rows the fused kernels take (``SMALL_BATCH_SHAPES``),
+    each row count in every activation layout and rank, with and without bias (a fused
+    kernel reads x through its strides and alignment, and may take another kernel when it
+    cannot); fixed seeds."""
     require_claim(qbackend, qtarget, spec, dtype)
     case = WeightCase(SMALL_BATCH_SHAPES.get(qdevice.type, SMALL_BATCH_SHAPES["cpu"]), "normal", seed=17)
-    check_matmul(
-        qbackend, qdevice, qcheck, spec, dtype, dtype, case, ActivationCase((rows,), "contiguous", rows), with_bias=True
-    )
+    act = ActivationCase(activation_leading(rows, x_rank), x_layout, rows)
+    check_matmul(qbackend, qdevice, qcheck, spec, dtype, dtype, case, act, bias)
 
 
 LM_HEAD_K = 64  # a small K keeps a 151936-wide weight cheap; a block spans rows once the blocksize passes it
@@ -155,7 +190,10 @@ LM_HEAD_MAX_ROWS = 128  # the rows axis up to here (a filter: the values are the
 )
 def test_matmul_lm_head_widths(qtarget, qbackend, qdevice, qcheck, spec, dtype, out_features, rows):
     """The output widths of real lm_heads (``axes.LM_HEAD_WIDTHS``), at the instance's row
-    count: grids, index arithmetic and a last partial tile at N that no drawn shape reaches."""
+    count: grids, index arithmetic and a last partial tile at N that no drawn shape reaches.
+    x is 2-D and contiguous, with a bias, in every instance (the same on every arch): an
+    instance at these widths costs seconds on a CPU, and layouts, ranks and the bias meet
+    every route in ``test_matmul_every_route``."""
     require_claim(qbackend, qtarget, spec, dtype)
     case = WeightCase((out_features, LM_HEAD_K), "normal", seed=out_features)
     check_matmul(

@@ -16,23 +16,30 @@ from hypothesis import given
 
 from pytest_qconform.cases.strategies import fewer_examples, listed_weight, weight_cases, with_examples
 
-from ._cases import require_claim, shapes_for
+from ._cases import require_claim
 from ._quantizer import check_codes_and_absmax, check_hqq_nearest_levels
 
 pytestmark = pytest.mark.qconform_operation("quantize")
 
 BNB_LAYOUT = ("nf4", "fp4")
+# The weight's shape and distribution are axes (each pair with the spec is an instance) and
+# the draws vary only the seed: an instance draws a third as often as the profile says.
+SEED_DRAW_DIVISOR = 3
 
 
 @pytest.mark.qconform_dtype("fp32")
-@pytest.mark.qconform_axes("format", "blocksize", "double_quant", "distribution", format=BNB_LAYOUT)
-def test_quantize_codes_and_absmax_match_reference(qtarget, qbackend, qdevice, qcheck, spec, distribution):
-    """The instance's listed value distribution, then hypothesis' draws of any."""
+@pytest.mark.qconform_axes("format", "blocksize", "double_quant", "weight_shape", "distribution", format=BNB_LAYOUT)
+def test_quantize_codes_and_absmax_match_reference(
+    qtarget, qbackend, qdevice, qcheck, spec, weight_shape, distribution
+):
+    """The instance's weight shape and value distribution (all-zero and constant blocks
+    scale by their own rules, a partial last block has its own absmax): listed with a fixed
+    seed, then hypothesis' draws of seeds."""
     require_claim(qbackend, qtarget, spec)
-    shapes = shapes_for(spec)
 
-    @with_examples([{"case": listed_weight(shapes, distribution)}])
-    @given(case=weight_cases(shapes))
+    @with_examples([{"case": listed_weight(weight_shape, distribution)}])
+    @fewer_examples(SEED_DRAW_DIVISOR)
+    @given(case=weight_cases((weight_shape,), (distribution,)))
     def check(case):
         qcheck.describe(**case.describe())
         check_codes_and_absmax(qbackend, qcheck, spec, case.make(qdevice))
@@ -62,17 +69,27 @@ def test_quantize_every_claimed_blocksize(qtarget, qbackend, qdevice, qcheck, qp
     check()
 
 
-@pytest.mark.qconform_axes("format", "blocksize", "hqq_axis", "dtype", format=("hqq4",))
-def test_hqq_codes_are_the_nearest_levels(qtarget, qbackend, qdevice, qcheck, spec, dtype):
+@pytest.mark.qconform_axes(
+    "format",
+    "blocksize",
+    "hqq_axis",
+    "dtype",
+    "weight_shape",
+    "distribution",
+    format=("hqq4",),
+    distribution=("normal", "outliers", "heavy_tailed"),
+)
+def test_hqq_codes_are_the_nearest_levels(qtarget, qbackend, qdevice, qcheck, spec, dtype, weight_shape, distribution):
     """HQQ optimizes its zero point, so there is no reference for scale and zero; but
     given the stored ones, every code must be the nearest level, ``clamp(round(w / scale
     + zero), 0, 15)``, outside a band around the rounding ties as wide as the stored
     scale's and zero's rounding to the compute dtype (and to fp16, in which HQQ optimizes
-    on a GPU) can move a level. Every group size and axis."""
+    on a GPU) can move a level. Every group size and axis, each weight shape and
+    distribution; hypothesis draws the seeds."""
     require_claim(qbackend, qtarget, spec, dtype)
 
     @fewer_examples()
-    @given(case=weight_cases(shapes_for(spec), ("normal", "outliers", "heavy_tailed")))
+    @given(case=weight_cases((weight_shape,), (distribution,)))
     def check(case):
         qcheck.describe(**case.describe())
         check_hqq_nearest_levels(qbackend, qcheck, spec, case.make(qdevice).to(dtype), qdevice)

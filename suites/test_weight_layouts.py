@@ -17,7 +17,7 @@ from hypothesis import given
 from pytest_qconform.cases.axes import WEIGHT_LAYOUTS
 from pytest_qconform.cases.strategies import WeightCase, listed_weight, weight_cases, with_examples
 
-from ._cases import dtype_id, packed_dequantize_bound, reference_decode, require_claim, shapes_for
+from ._cases import dtype_id, packed_dequantize_bound, reference_decode, require_claim
 from ._quantizer import check_codes_and_absmax, check_hqq_nearest_levels
 
 pytestmark = pytest.mark.qconform_operation("quantize-layout")
@@ -42,21 +42,31 @@ def strided_view(values: torch.Tensor, layout: str) -> torch.Tensor:
     raise ValueError(f"unknown layout {layout!r}; known: {WEIGHT_LAYOUTS}")
 
 
-@pytest.mark.qconform_axes("format", "blocksize", "double_quant", "hqq_axis", "dtype", "weight_layout")
+@pytest.mark.qconform_axes(
+    "format",
+    "blocksize",
+    "double_quant",
+    "hqq_axis",
+    "dtype",
+    "weight_layout",
+    "weight_shape",
+    "distribution",
+    distribution=("normal", "outliers"),
+)
 def test_strided_weight_quantizes_like_its_contiguous_copy(
-    qtarget, qbackend, qdevice, qcheck, spec, dtype, weight_layout
+    qtarget, qbackend, qdevice, qcheck, spec, dtype, weight_layout, weight_shape, distribution
 ):
     """Each layout: the state quantized from the view passes the quantize suite's checks
     of the logical values (bitsandbytes layout: codes and absmax against the reference
     quantizer; HQQ: codes the nearest levels of its scale and zero; a floating-point
     reduction may legitimately run in another order over a strided tensor, so HQQ's scale
     need not be bit-identical to the contiguous copy's), and its dequantize is within
-    bound of the reference decoding. ``dtype`` is the weight's."""
+    bound of the reference decoding. ``dtype`` is the weight's; the weight's shape and
+    distribution are the instance's (listed with a fixed seed, then drawn seeds)."""
     require_claim(qbackend, qtarget, spec, dtype, dequantize=True)
-    shapes = shapes_for(spec)
 
-    @with_examples([{"case": listed_weight(shapes, "normal")}])
-    @given(case=weight_cases(shapes, ("normal", "outliers")))
+    @with_examples([{"case": listed_weight(weight_shape, distribution)}])
+    @given(case=weight_cases((weight_shape,), (distribution,)))
     def check(case: WeightCase):
         layout = weight_layout
         qcheck.describe(**case.describe(), layout=layout, weight_dtype=dtype_id(dtype))

@@ -88,28 +88,57 @@ def _run_zoo(root, names: list[str], keyword: str, *extra: str) -> dict:
     return json.loads(reports[0].read_text())
 
 
+# The zoo's runs beside the original suites': each runs these suites against the mutants of
+# their classes (the mutants whose ``suites`` name them).
+GROUPS = {
+    "user-input": USER_INPUT_SUITES,
+    "layers": LAYER_SUITES,
+    "paths": PATH_SUITES,
+    "lifecycle": LIFECYCLE_SUITES,
+    "workloads": WORKLOAD_SUITES,
+}
+# The tests that judge the correct backends over every run's cells.
+WHOLE_ZOO_TESTS = ("test_correct_backend_passes_every_check", "test_every_claimed_axis_value_is_checked")
+
+
+def _group(mutant) -> str:
+    """The run a mutant belongs to: ``original`` or the label of the suites it names."""
+    suites = getattr(mutant, "suites", None)
+    return "original" if suites is None else next(label for label, group in GROUPS.items() if group == suites)
+
+
+def _keyword(label: str) -> str:
+    """The ``-k`` expression of a run's suites."""
+    if label == "original":
+        return "not (" + " or ".join(name for suites in GROUPS.values() for name in suites) + ")"
+    return " or ".join(GROUPS[label])
+
+
 @pytest.fixture(scope="module")
-def zoo_report(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def zoo_report(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Run the suites against the zoo (module scope: the runs are the expensive part),
-    the five runs' cells in one report."""
-    groups = {
-        "user-input": USER_INPUT_SUITES,
-        "layers": LAYER_SUITES,
-        "paths": PATH_SUITES,
-        "lifecycle": LIFECYCLE_SUITES,
-        "workloads": WORKLOAD_SUITES,
+    the runs' cells in one report. Each selected mutant runs in its group's run, beside the
+    correct backends; a selection without the correct backends' tests (``-k`` on a
+    mutant's name) runs only its mutants' groups and only those mutants, so one mutant is
+    checked in minutes. The whole module runs every group with every mutant."""
+    selected = [item for item in request.session.items if item.module is request.module]
+    whole = any(item.originalname in WHOLE_ZOO_TESTS for item in selected)
+    chosen = {
+        item.callspec.params["mutant"]
+        for item in selected
+        if item.originalname == "test_mutant_is_caught_by_its_check" and hasattr(item, "callspec")
     }
-    newer = " or ".join(name for suites in groups.values() for name in suites)
-    runs = [("original", [m.name for m in RUN_MUTANTS if getattr(m, "suites", None) is None], f"not ({newer})")]
-    runs += [
-        (label, [m.name for m in RUN_MUTANTS if getattr(m, "suites", None) == suites], " or ".join(suites))
-        for label, suites in groups.items()
-    ]
+    labels = ["original", *GROUPS]
+    runs = []
+    for label in labels:
+        names = [m.name for m in RUN_MUTANTS if _group(m) == label and m in chosen]
+        if names or whole:
+            runs.append((label, names))
     cells, coverage = [], []
-    for label, names, keyword in runs:
+    for label, names in runs:
         root = tmp_path_factory.mktemp(f"zoo-{label}")
         (root / "conftest.py").write_text(CONFTEST)
-        report = _run_zoo(root, [*CORRECT, *names], keyword)
+        report = _run_zoo(root, [*CORRECT, *names], _keyword(label))
         cells += report["cells"]
         coverage += _merged_by_operation(report.get("coverage", []), coverage)
     return {"cells": cells, "coverage": coverage}

@@ -778,6 +778,36 @@ class StagedInputKeptByIdentity(TorchNF4Backend):
 MUTANTS += (CompiledFallbackSwapsNibbles, StagedInputKeptByIdentity)
 
 
+# -- issue 36: a bug of one route and one layout -----------------------------------------------------
+
+
+class TwoRowKernelMisreadsOffset(TorchNF4Backend):
+    """A kernel of its own for two rows (declared: ``dispatch_rows`` 2 and 3, between the
+    gemv for one row and the GEMM from three) that loads x with aligned vector loads from
+    where its storage would start: an activation one element into its storage is read one
+    element early there, and only there (the other routes read it right, and an fp32
+    activation is cast first, into a fresh aligned tensor). The old checks never ran that
+    pair: the matmul check drew its rows (1, 3, 10, 16 or 40; its listed case 5) apart from
+    its layout axis, and the route check ran its rows (2 among them) with contiguous x only.
+    As axes, (2 rows, offset) is an instance of both."""
+
+    name = "mutant-two-row-kernel-offset"
+    catches = "matmul"
+    ROWS = 2
+
+    def capabilities(self, device):
+        return dataclasses.replace(super().capabilities(device), dispatch_rows=(self.ROWS, self.ROWS + 1))
+
+    def matmul(self, x, q, bias, compute_dtype):
+        xc = x.to(compute_dtype)  # the adapter's cast: a new tensor, aligned, unless x has the dtype
+        if math.prod(x.shape[:-1]) == self.ROWS and xc.is_contiguous() and xc.storage_offset() % 8:
+            xc = torch.as_strided(xc, xc.shape, xc.stride(), storage_offset=xc.storage_offset() - 1)
+        return super().matmul(xc, q, bias, compute_dtype).to(x.dtype)
+
+
+MUTANTS += (TwoRowKernelMisreadsOffset,)
+
+
 # -- gemlite's conversion of an HQQ layer (hqq-gemlite) ------------------------------------------
 # Mutants of the CPU stand-in for hqq-gemlite (``torch_gemlite4``: HQQ's layer stored as
 # gemlite's conversion stores it, multiplied in plain PyTorch), since gemlite itself needs a

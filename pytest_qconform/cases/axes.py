@@ -8,9 +8,19 @@ profile), drawn from what each backend claims on each target. A value a backend 
 is therefore checked by every check that depends on its axis, and a backend that claims
 nothing a check needs still gets one instance, whose cell says so.
 
+What can select a code path in a backend is an axis, never a hypothesis draw: the row
+count (a fused gemv, a tensor-core kernel, dequantize + GEMM), the activation's rank,
+memory layout and storage offset, a bias or none, the weight's shape (kernels specialize
+on whole blocks, tiles and rows) and its value distribution (zero and constant blocks,
+subnormals). A pair of two such values drawn by hypothesis is reached by luck, and
+another machine's draws may miss it; as axes, every pair is in the covering array on
+every arch. Hypothesis varies only what no path depends on: seeds, the values inside a
+distribution, magnitudes. Which check takes which axis: docs/running.md, "What selects a
+code path".
+
 The covering arrays come from allpairspy (greedy, deterministic for a given input
 order); the constraints between axes (double quantization and storage dtypes belong to
-the bitsandbytes layout, the grouping axis to HQQ) are its filter.
+the bitsandbytes layout, the grouping axis and its shapes to HQQ) are its filter.
 """
 
 from __future__ import annotations
@@ -25,13 +35,19 @@ import torch
 
 from pytest_qconform.backends.base import Capabilities, QuantSpec
 from pytest_qconform.cases.claims import DTYPE_LABELS
-from pytest_qconform.cases.strategies import DISTRIBUTIONS
+from pytest_qconform.cases.strategies import DISTRIBUTIONS, HQQ_WEIGHT_SHAPES, WEIGHT_SHAPES
 
 # The axes that make up a QuantSpec; a check naming any of them takes a ``spec`` argument.
 SPEC_AXES: tuple[str, ...] = ("format", "blocksize", "double_quant", "hqq_axis", "quant_storage")
 # Activation memory as users hand it over: contiguous, a transposed view, every other
 # column of a wider tensor, and a storage offset of one element (breaks 16-byte alignment).
+# (A transposed view of one row is contiguous, as it is in users' code: torch ignores the
+# stride of a dimension of size one.)
 X_LAYOUTS: tuple[str, ...] = ("contiguous", "transposed", "sliced", "offset")
+# Activation rank: rows as a matrix (M, K), or as batch x sequence (B, S, K) with B S = M
+# (``strategies.activation_leading``); a kernel flattens the leading dims, and a strided
+# 3-D view may not flatten without a copy.
+X_RANKS: tuple[int, ...] = (2, 3)
 # Row counts every backend is checked at besides its declared route changes: one row (the
 # gemv path), a decode batch past every fused kernel, and a prefill.
 ALWAYS_ROWS: tuple[int, ...] = (1, 128, 300)
@@ -56,6 +72,16 @@ WORKLOAD_MODELS: tuple[str, ...] = ("llama", "qwen2", "gpt2", "moe")
 CHECKPOINTING: tuple[str, ...] = ("non-reentrant", "reentrant")
 
 _STORAGE_LABELS = {torch.uint8: "u8", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def _weight_shapes(caps: Capabilities) -> tuple[tuple[int, int], ...]:
+    """The weight shapes of the claimed formats' layouts (``_valid`` keeps each to its own)."""
+    shapes: list[tuple[int, int]] = []
+    if any(fmt != "hqq4" for fmt in caps.formats):
+        shapes += WEIGHT_SHAPES
+    if "hqq4" in caps.formats:
+        shapes += [shape for shape in HQQ_WEIGHT_SHAPES if shape not in shapes]
+    return tuple(shapes)
 
 
 def _rows(caps: Capabilities) -> tuple[int, ...]:
@@ -126,6 +152,24 @@ AXES: dict[str, Axis] = {
             "activation memory: contiguous, transposed, sliced, storage offset",
             lambda caps, bf16: X_LAYOUTS,
         ),
+        Axis(
+            "x_rank",
+            "activation rank: (M, K), or batch x sequence (B, S, K) of the same rows",
+            lambda caps, bf16: X_RANKS,
+            lambda v: f"x{v}d",
+        ),
+        Axis(
+            "bias",
+            "a bias added by the matmul, or none (a kernel specializes on it)",
+            lambda caps, bf16: (True, False),
+            lambda v: "bias" if v else "nobias",
+        ),
+        Axis(
+            "weight_shape",
+            "the weight's (N, K): whole blocks, a partial last block, one block (HQQ: whole groups)",
+            lambda caps, bf16: _weight_shapes(caps),
+            lambda v: "W" + "x".join(str(n) for n in v),
+        ),
         Axis("value_range", "where in the dtype's range the values lie", lambda caps, bf16: VALUE_RANGES),
         Axis(
             "distribution",
@@ -148,6 +192,9 @@ def _valid(names: Sequence[str], row: Sequence[Any]) -> bool:
     if fmt is None:
         return True
     bnb_layout = fmt in ("nf4", "fp4")
+    shape = value.get("weight_shape")
+    if shape is not None and shape not in (HQQ_WEIGHT_SHAPES if fmt == "hqq4" else WEIGHT_SHAPES):
+        return False
     if not bnb_layout and value.get("double_quant", False):
         return False
     if not bnb_layout and value.get("quant_storage", torch.uint8) is not torch.uint8:
@@ -285,6 +332,9 @@ def default_row(check: CheckAxes) -> dict[str, Any]:
         "rows": 1,
         "out_features": LM_HEAD_WIDTHS[0],
         "x_layout": "contiguous",
+        "x_rank": 2,
+        "bias": True,
+        "weight_shape": WEIGHT_SHAPES[0],
         "value_range": "near-max",
         "distribution": "normal",
         "weight_layout": "transposed",

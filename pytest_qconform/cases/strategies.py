@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, Phase, settings
 
 PROFILE_SETTINGS: dict[str, dict[str, Any]] = {
     # ci: 3 random draws on top of each instance's listed example (the instances are a
-    # covering array of the check's axes, so the draws add breadth, not coverage).
+    # covering array of the check's axes, so the draws add breadth, not coverage: they vary
+    # seeds and magnitudes, never a value that selects a code path).
     "ci": dict(
         max_examples=3,
         deadline=None,
@@ -43,9 +44,10 @@ PROFILE_SETTINGS: dict[str, dict[str, Any]] = {
 
 def fewer_examples(divisor: int = 3) -> settings:
     """The loaded profile with ``1 / divisor`` of its examples (at least one): for checks
-    whose every example costs a second or more on a 2-core CPU runner, so that ``ci``
-    draws 2 where it draws 6 elsewhere and ``thorough`` 20. Call it inside the test, after
-    the profile is loaded."""
+    whose every example costs a second or more on a 2-core CPU runner, or whose path axes
+    multiply their instances (each instance then draws ``1 / divisor`` as often, so the
+    check's draws stay about as many in all: ``ci`` 1 where it draws 3 elsewhere,
+    ``thorough`` 20 of 60). Call it inside the test, after the profile is loaded."""
     loaded = settings()  # a copy of the loaded profile
     return settings(loaded, max_examples=max(1, loaded.max_examples // divisor))
 
@@ -75,6 +77,7 @@ def load_profile(name: str, database: str | None = None) -> None:
 # ---------------------------------------------------------------------------
 # Input strategies
 # ---------------------------------------------------------------------------
+import math  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 
 import torch  # noqa: E402
@@ -83,7 +86,13 @@ from hypothesis import strategies as st  # noqa: E402
 # Few shapes on purpose: bitsandbytes' CPU path torch.compiles its dequantize per new
 # shape, so the shape set decides the CPU run time. Each shape covers a contract clause:
 # a multiple of every blocksize, an odd element count with a partial final block, one block.
+# Kernels specialize on them (whole blocks and tiles or masked ones, one weight row), so
+# they are an axis (``axes.AXES["weight_shape"]``), not a draw.
 WEIGHT_SHAPES: tuple[tuple[int, int], ...] = ((64, 128), (33, 47), (1, 64))
+# HQQ groups run along the rows of the grouped weight: shapes whose rows and element count
+# divide by every group size it takes.
+HQQ_WEIGHT_SHAPES: tuple[tuple[int, int], ...] = ((64, 128), (16, 256))
+SEEDS = st.integers(0, 2**31 - 1)
 DISTRIBUTIONS: tuple[str, ...] = (
     "normal",
     "heavy_tailed",
@@ -134,7 +143,9 @@ class WeightCase:
 def weight_cases(
     shapes: tuple[tuple[int, ...], ...] = WEIGHT_SHAPES, distributions: tuple[str, ...] = DISTRIBUTIONS
 ) -> st.SearchStrategy[WeightCase]:
-    return st.builds(WeightCase, st.sampled_from(shapes), st.sampled_from(distributions), st.integers(0, 2**31 - 1))
+    """Weights of drawn seeds, each of one of ``shapes`` and ``distributions``: give a check's
+    axis values (one shape, one distribution) where a path may depend on them."""
+    return st.builds(WeightCase, st.sampled_from(shapes), st.sampled_from(distributions), SEEDS)
 
 
 @dataclass(frozen=True)
@@ -171,23 +182,30 @@ class ActivationCase:
         return {"x_leading": self.leading, "x_layout": self.layout, "x_seed": self.seed}
 
 
-ACTIVATION_LEADING: tuple[tuple[int, ...], ...] = ((1,), (3,), (16,), (2, 5), (1, 1), (40,))
+def activation_leading(rows: int, rank: int) -> tuple[int, ...]:
+    """The leading dims of an activation of ``rows`` rows (an ``x_rank`` axis value): ``(rows,)``
+    as a matrix; as batch x sequence, the most nearly square split with the batch the
+    smaller: 1 x 1 for a decode step, 1 x 17 for a prime count, 15 x 20 for 300 rows."""
+    if rank == 2:
+        return (rows,)
+    if rank != 3:
+        raise ValueError(f"activations of rank 2 or 3 are checked, not {rank}")
+    batch = max(d for d in range(1, math.isqrt(rows) + 1) if rows % d == 0)
+    return (batch, rows // batch)
 
 
-def activation_cases(layout: str | None = None) -> st.SearchStrategy[ActivationCase]:
-    """Activations of a drawn shape; in ``layout`` when a check's axis fixes it."""
-    layouts = (layout,) if layout else ("contiguous", "transposed", "sliced", "offset")
-    return st.builds(
-        ActivationCase, st.sampled_from(ACTIVATION_LEADING), st.sampled_from(layouts), st.integers(0, 2**31 - 1)
-    )
+def activation_cases(leading: tuple[int, ...], layout: str) -> st.SearchStrategy[ActivationCase]:
+    """Activations of the instance's leading dims and layout (its axes' values: rows, rank,
+    ``x_layout``), of drawn values (the seed)."""
+    return st.builds(ActivationCase, st.just(tuple(leading)), st.just(layout), SEEDS)
 
 
-def listed_weight(shapes: tuple[tuple[int, ...], ...], distribution: str) -> WeightCase:
-    """The weight of a listed distribution (a ``distribution`` axis value) that an instance
-    runs before hypothesis' random draws, so that no listed distribution depends on the
-    draw to be reached: the distribution's own shape among ``shapes`` and seed, fixed."""
+def listed_weight(shape: tuple[int, ...], distribution: str) -> WeightCase:
+    """The weight of an instance's shape and distribution (its axes' values) that it runs
+    before hypothesis' random draws of other seeds: fixed, so that a failure of the listed
+    case reproduces without hypothesis."""
     index = DISTRIBUTIONS.index(distribution)
-    return WeightCase(tuple(shapes[index % len(shapes)]), distribution, seed=1009 + index)
+    return WeightCase(tuple(shape), distribution, seed=1009 + index)
 
 
 def with_examples(examples: list[dict]):
