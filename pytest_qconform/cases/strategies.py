@@ -143,8 +143,8 @@ class WeightCase:
 def weight_cases(
     shapes: tuple[tuple[int, ...], ...] = WEIGHT_SHAPES, distributions: tuple[str, ...] = DISTRIBUTIONS
 ) -> st.SearchStrategy[WeightCase]:
-    """Weights of drawn seeds, each of one of ``shapes`` and ``distributions``: give a check's
-    axis values (one shape, one distribution) where a path may depend on them."""
+    """Weights of drawn seeds, each of one of ``shapes`` and ``distributions``. A check whose
+    paths depend on the shape or distribution passes one of each, its axes' values."""
     return st.builds(WeightCase, st.sampled_from(shapes), st.sampled_from(distributions), SEEDS)
 
 
