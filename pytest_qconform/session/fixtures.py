@@ -213,10 +213,15 @@ def qwatch(request: pytest.FixtureRequest, qcheck: Checker):
     from contextlib import contextmanager
 
     from pytest_qconform.report.calls import CALLS_PROPERTY
-    from pytest_qconform.watch import WatchFailure, conclude, layer_facets
+    from pytest_qconform.watch import WatchFailure, watch
     from pytest_qconform.watch.oracle import FIRST_CALLS, CallOracle
 
     config = request.config
+
+    def record(oracle: CallOracle) -> None:
+        request.node.user_properties.append((CALLS_PROPERTY, oracle.summary()))
+        if oracle.verdicts:
+            qcheck.record_multiple(float(oracle.worst_multiple or 0.0))
 
     @contextmanager
     def watching(model: torch.nn.Module, backends: Any = None, *, first_calls: int = FIRST_CALLS):
@@ -226,17 +231,9 @@ def qwatch(request: pytest.FixtureRequest, qcheck: Checker):
                 for name in sorted(config.stash[state.BACKEND_FACTORIES].keys())
                 if state.available(config, name)
             ]
-        oracle = CallOracle(layer_facets(backends), first_calls=first_calls)
-        oracle.attach(model)
         try:
-            yield oracle
-        finally:
-            oracle.detach()
-            request.node.user_properties.append((CALLS_PROPERTY, oracle.summary()))
-            if oracle.verdicts:
-                qcheck.record_multiple(float(oracle.worst_multiple or 0.0))
-        try:
-            conclude(oracle)
+            with watch(model, backends, first_calls=first_calls, on_detach=record) as oracle:
+                yield oracle
         except WatchFailure as exc:
             raise AssertionError(f"{exc}\n  {qcheck.where()}") from None
 

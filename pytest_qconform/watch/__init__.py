@@ -17,7 +17,7 @@ the same and writes the calls into the run report. Docs: docs/watch.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -66,14 +66,19 @@ def watch(
     *,
     first_calls: int = FIRST_CALLS,
     require_calls: bool = True,
+    on_detach: Callable[[CallOracle], None] | None = None,
 ) -> Iterator[CallOracle]:
-    """Judge every sampled call of ``model``'s quantized layers while the block runs."""
+    """Judge every sampled call of ``model``'s quantized layers while the block runs.
+    ``on_detach``: called with the oracle when the block ends, however it ends (the
+    ``qwatch`` fixture records the calls into the report there)."""
     oracle = CallOracle(layer_facets(backends), first_calls=first_calls)
     oracle.attach(model)
     try:
         yield oracle
     finally:
         oracle.detach()
+        if on_detach is not None:
+            on_detach(oracle)
     conclude(oracle, require_calls=require_calls)
 
 
