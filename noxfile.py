@@ -58,7 +58,7 @@ def matrix(session: nox.Session) -> None:
 
 # What docs/matrix-page.png shows: bitsandbytes' NF4 blocksize-64 cells on both archs, and the detail of
 # a cell that passed in 0.49.2 and is a known failure in 0.50.2 (a regression, with its repro).
-SCREENSHOT_VIEW = "#backend=bitsandbytes&format=nf4-b64&cell=bitsandbytes|matmul|nf4-b64|bf16@sm90"
+SCREENSHOT_VIEW = "#backend=bitsandbytes&format=nf4-b64&cell=bitsandbytes|matmul|nf4-b64-dq|fp16@sm90"
 
 
 @nox.session(name="matrix-screenshot", python=False)
