@@ -101,9 +101,11 @@ def test_absent_hardware_is_selected_and_skipped_with_reason(
 ) -> None:
     fake_backend_project.makepyfile(test_suite=SUITE)
     result = run(fake_backend_project, "-m", expr, "-rs")
-    assert result.ret == 0
     result.assert_outcomes(skipped=2)
     result.stdout.fnmatch_lines([f"*{needs}; this run found cpu*"])
+    # Selected and skipped is not checked: a mislabelled runner must not go green.
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    result.stdout.fnmatch_lines(["qconform: nothing was checked*all 2 recorded cases were skipped*"])
 
 
 def test_a_selection_matching_nothing_fails_saying_why(fake_backend_project: pytest.Pytester) -> None:
@@ -113,7 +115,7 @@ def test_a_selection_matching_nothing_fails_saying_why(fake_backend_project: pyt
     result.stdout.fnmatch_lines(
         [
             "qconform: nothing was checked, so this run fails (exit code 5): no conformance "
-            "cell was recorded; all 2 collected tests were deselected (by -k, -m, "
+            "cell was computed; all 2 collected tests were deselected (by -k, -m, "
             "--qconform-format, --qconform-dtype, or as not applying here: see above)*"
         ]
     )
@@ -227,7 +229,7 @@ def test_defaults(qtarget, qbackend, qconform_probe):
 """
     )
     result = run(fake_backend_project, "--qconform-simulate=gfx1200", "-m", "gfx1200", "-rs")
-    assert result.ret == 0
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED  # computing nothing, it checked nothing
     result.assert_outcomes(skipped=2)
     result.stdout.fnmatch_lines(["*SIMULATED*", "*simulated gfx1200: the probe is simulated*"])
 
@@ -245,7 +247,7 @@ def test_defaults(qtarget, qbackend):
 """
     )
     result = run(fake_backend_project, "--qconform-simulate=gfx1200", "-rs")
-    assert result.ret == 0
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED  # computing nothing, it checked nothing
     result.assert_outcomes(skipped=2, deselected=2)  # two backends x (simulated gfx1200: skipped, cpu: left out)
     result.stdout.fnmatch_lines(
         [

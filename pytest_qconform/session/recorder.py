@@ -13,7 +13,7 @@ import pytest
 from pytest_qconform.session import outcomes, state
 from pytest_qconform.session.applicability import NOT_HERE
 from pytest_qconform.session.options import LOCAL_REPORT_DIR
-from pytest_qconform.vocabulary import FAILING
+from pytest_qconform.vocabulary import FAILING, Verdict
 
 # pytest-benchmark's skip of every non-benchmark test under --benchmark-only: it says
 # nothing about conformance, so a benchmark run's report holds no cells.
@@ -116,9 +116,22 @@ class RunRecorder:
             grouped.setdefault(case.cell_key, []).append(cell)
         return [fold_cell(group) for _, group in sorted(grouped.items())]
 
+    def _computed_cases(self) -> list:
+        """The cases that computed something (pass, fail, known failure, crash, timeout): a
+        run whose every case skipped (another device's, a missing extra, an unavailable
+        backend) checked nothing, whatever cells it records."""
+        skipped = (Verdict.SKIPPED, Verdict.UNAVAILABLE, Verdict.NOT_CLAIMED)
+        return [case for case in self.config.stash[state.CASES].values() if case.verdict not in skipped]
+
     def _why_nothing_was_checked(self) -> str:
         """Why a run recorded no cell, and what to try: for a run that must fail on it."""
-        if self.collected == 0:
+        cases = sorted(self.config.stash[state.CASES].items())
+        if cases:
+            what = (
+                f"all {len(cases)} recorded cases were skipped, unavailable or not claimed, e.g. "
+                f"{cases[0][1].message!r}"
+            )
+        elif self.collected == 0:
             what = (
                 f"all {self.deselected} collected tests were deselected (by -k, -m, --qconform-format, "
                 "--qconform-dtype, or as not applying here: see above)"
@@ -138,7 +151,7 @@ class RunRecorder:
             )
         return (
             f"qconform: nothing was checked, so this run fails (exit code {int(pytest.ExitCode.NO_TESTS_COLLECTED)})"
-            f": no conformance cell was recorded; {what} (probe: {state.probe(self.config).summary()}). "
+            f": no conformance cell was computed; {what} (probe: {state.probe(self.config).summary()}). "
             "`pytest --qconform --collect-only -q` lists the tests, `python -m pytest_qconform doctor` what "
             "this machine has."
         )
@@ -165,7 +178,7 @@ class RunRecorder:
             not worker
             and not timing_only
             and not self.config.getoption("collectonly")
-            and not self.config.stash[state.CASES]
+            and not self._computed_cases()
             and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)
         ):
             self.nothing_checked = self._why_nothing_was_checked()
