@@ -78,7 +78,18 @@ def check_product(qbackend, qdevice, qcheck, compute_dtype, x_dtype, quantized, 
         w_error=weight_error(packed, w_exact, compute_dtype, rows=x.numel() // k),
         exact=y_exact,
     )
-    qcheck.within(y, y_exact, bound, "matmul vs float64 x W^T + b", rounding_units=output_columns(y))
+    # Round to nearest errs both ways over independent units (output columns), as long as the
+    # weight's own rounding to the compute dtype is not shared between them: a weight of fewer
+    # distinct magnitudes than columns (FP4 at blocksize 4096: 8 codes x 2 scales) rounds the same
+    # few values in every column, and their common direction is the correct kernel's, not a bias.
+    independent = torch.unique(w_exact.abs()).numel() >= y.shape[-1]
+    qcheck.within(
+        y,
+        y_exact,
+        bound,
+        "matmul vs float64 x W^T + b",
+        rounding_units=output_columns(y) if independent else None,
+    )
 
 
 @pytest.mark.qconform_operation("matmul")
