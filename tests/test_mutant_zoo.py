@@ -282,7 +282,10 @@ def test_matmul_suite_catches_systematic_error_at_the_documented_threshold(tmp_p
         f"--qconform-report-dir={tmp_path / 'out'}",
         "--qconform-backend=mutant-scaled-matmul",
         "-k",
-        "test_matmul_matches_reference and nf4",
+        # Not where a weight has fewer distinct magnitudes than output columns (2-8 blocks of
+        # 16 codes: blocksizes 1024-4096 at these shapes): there the direction check does not
+        # apply (suites/test_matmul.py), and the threshold is the bound's (docs/sensitivity.md).
+        "test_matmul_matches_reference and nf4 and not -b1024 and not -b2048 and not -b4096",
     ]
     proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     report = json.loads(next((tmp_path / "out").glob("*.json")).read_text())
