@@ -178,7 +178,8 @@ def downstream(session: nox.Session) -> None:
     started = time.monotonic()
     root = Path(__file__).resolve().parent
     session.install("-c", "constraints/cpu.txt", "torch==2.13.0")
-    session.install("-c", "constraints/cpu.txt", "-e", ".", "safetensors")  # safetensors: the checkpoint suite
+    # the layers extra: the checkpoint suite (safetensors) and the workload suite (transformers, PEFT)
+    session.install("-c", "constraints/cpu.txt", "-e", ".[layers]")
     with tempfile.TemporaryDirectory(prefix="qconform-downstream-") as scratch_dir:
         scratch = Path(scratch_dir)
         # Build the examples from a copy: an in-tree build leaves src/*.egg-info behind, which
