@@ -76,38 +76,34 @@ class CallContext:
     dtype: str
 
     @classmethod
-    def of_forward(cls, x: torch.Tensor) -> CallContext:
+    def _of(cls, t: torch.Tensor, direction: str, **settings: object) -> CallContext:
+        """The tensor's part of the context (device, rank, rows, layout, dtype) and ``settings``."""
         return cls(
-            direction="forward",
+            direction=direction,
             grad=torch.is_grad_enabled(),
+            stream=_stream(t.device),
+            device=t.device.type,
+            rank=t.dim(),
+            rows=t.numel() // max(t.shape[-1], 1) if t.dim() else 0,
+            layout=_layout(t),
+            storage_offset=t.storage_offset() != 0,
+            dtype=_dtype_label(t.dtype),
+            **settings,  # type: ignore[arg-type]
+        )
+
+    @classmethod
+    def of_forward(cls, x: torch.Tensor) -> CallContext:
+        return cls._of(
+            x,
+            "forward",
             inference_mode=torch.is_inference_mode_enabled(),
             autocast=_autocast(x.device),
             recompute=in_backward(),
-            stream=_stream(x.device),
-            device=x.device.type,
-            rank=x.dim(),
-            rows=x.numel() // max(x.shape[-1], 1) if x.dim() else 0,
-            layout=_layout(x),
-            storage_offset=x.storage_offset() != 0,
-            dtype=_dtype_label(x.dtype),
         )
 
     @classmethod
     def of_backward(cls, dy: torch.Tensor) -> CallContext:
-        return cls(
-            direction="backward",
-            grad=torch.is_grad_enabled(),
-            inference_mode=False,
-            autocast="off",
-            recompute=False,
-            stream=_stream(dy.device),
-            device=dy.device.type,
-            rank=dy.dim(),
-            rows=dy.numel() // max(dy.shape[-1], 1) if dy.dim() else 0,
-            layout=_layout(dy),
-            storage_offset=dy.storage_offset() != 0,
-            dtype=_dtype_label(dy.dtype),
-        )
+        return cls._of(dy, "backward", inference_mode=False, autocast="off", recompute=False)
 
     def signature(self) -> str:
         """Everything but the row count, as one readable string (the report's coverage key)."""
