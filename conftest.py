@@ -9,7 +9,13 @@ package (from a checkout: ``pip install -e .``, which maps it to ``suites/``). W
 from pathlib import Path
 
 _HERE = Path(__file__).parent
-_NOT_TESTS = {_HERE / "suites", _HERE / "reference", _HERE / "examples", _HERE / "bench"}
+_NOT_TESTS = {
+    _HERE / "suites",
+    _HERE / "reference",
+    _HERE / "examples",
+    _HERE / "bench",
+    _HERE / "triton-nf4" / "bench",
+}
 
 
 def pytest_ignore_collect(collection_path, config):

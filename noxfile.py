@@ -102,16 +102,16 @@ RECORDING_RUN = ("-m", "pytest", "--qconform", "-q", "-p", "no:cacheprovider", "
 @nox.session(name="kernel-calls", python=False)
 def kernel_calls(session: nox.Session) -> None:
     """Record the calls a default run makes to our Triton kernels into the packaged log
-    that the GPU warm-up replays (pytest_qconform/triton_nf4/warmup.py). Run it on a GPU after
+    that the GPU warm-up replays (triton-nf4/qconform_triton_nf4/warmup.py). Run it on a GPU after
     the suites or the kernels' entry points change: the draws are derandomized, but a CPU
-    run gives some size-1 dimensions of x other strides, which Triton keys on (bench/notes.md
+    run gives some size-1 dimensions of x other strides, which Triton keys on (triton-nf4/bench/notes.md
     "Warm-up"). tests/test_triton_warmup.py checks that a replayed log launches the
     recorded run's kernel keys. Runs in the current environment."""
     session.run(
         _python(session),
         *RECORDING_RUN,
         "--qconform-warmup-workers=0",
-        "--qconform-record-kernel-calls=pytest_qconform/triton_nf4/default_run_kernel_calls.json",
+        "--qconform-record-kernel-calls=triton-nf4/qconform_triton_nf4/default_run_kernel_calls.json",
         *session.posargs,
     )
 
@@ -138,13 +138,13 @@ def compile_check(session: nox.Session) -> None:
     and write the results the matrix reads (reports/compiled/compile-check.json) and the
     registers/spills/occupancy table (docs/kernels-compiled.md). Run it after the kernels,
     the kernel-call log or the Triton pin change; tests/test_compile_check.py fails until the
-    committed files match. Extra arguments go to ``python -m pytest_qconform.compile.check``.
+    committed files match. Extra arguments go to ``python -m qconform_triton_nf4.compile.check``.
     19 min on 2 CPU cores with a cold Triton cache (one process per core; 346 variants per arch
     since the log holds the quantize calls too, 2026-11-26), seconds warm."""
     session.run(
         _python(session),
         "-m",
-        "pytest_qconform.compile.check",
+        "qconform_triton_nf4.compile.check",
         "--json",
         "reports/compiled/compile-check.json",
         "--doc",
@@ -246,7 +246,7 @@ def bench(session: nox.Session) -> None:
 
     if session.venv_backend != "none":
         session.install("-c", "constraints/cpu.txt", "torch==2.13.0")
-        session.install("-c", "constraints/cpu.txt", "-e", ".[backends,bench]")
+        session.install("-c", "constraints/cpu.txt", "-e", ".[backends,bench]", "-e", "./triton-nf4")
     has_gpu = session.run(_python(session), "-c", "import torch; print(int(torch.cuda.is_available()))", silent=True)
     shapes = "full" if str(has_gpu).strip().endswith("1") else "small"
     reports = Path("reports")

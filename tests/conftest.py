@@ -22,7 +22,7 @@ import pytest_qconform.session.state  # noqa: F401  (torch and backends.base und
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 try:
-    import pytest_qconform.triton_nf4.kernels  # noqa: F401
+    import qconform_triton_nf4.kernels  # noqa: F401
 except ImportError:  # no triton: the tests that need it skip
     pass
 

@@ -161,7 +161,7 @@ def test_broken_native_library_reports_first_line_of_error(monkeypatch, backend_
 
 def test_triton_without_interpreter_or_gpu_is_unavailable_with_reason(monkeypatch):
     pytest.importorskip("triton")
-    from pytest_qconform.triton_nf4 import kernels
+    from qconform_triton_nf4 import kernels
 
     monkeypatch.setattr(kernels, "interpreter_active", lambda: False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -331,8 +331,8 @@ def test_triton_buffer_follows_dtype_sequence():
 def test_triton_operators_for_torch_compile_match_the_kernels(rows):
     """What torch.compile calls (triton_nf4_ops) gives the eager kernels' bytes, and the
     operators pass torch's own checks (schema, fake tensors, autograd registration)."""
-    from pytest_qconform.triton_nf4 import ops as triton_nf4_ops
-    from pytest_qconform.triton_nf4.backend import FUSED_MAX_ROWS
+    from qconform_triton_nf4 import ops as triton_nf4_ops
+    from qconform_triton_nf4.backend import FUSED_MAX_ROWS
 
     backend = available_backend("triton-nf4")
     state = backend.quantize(weight((64, 128)), QuantSpec("nf4", 64, double_quant=True)).handle

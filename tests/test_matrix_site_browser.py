@@ -164,7 +164,7 @@ def test_a_regressed_cell_says_what_each_version_said(browser, tmp_path):
 
 
 def test_an_arch_without_a_run_says_compiled_not_run(browser, tmp_path):
-    from pytest_qconform.compile.report import read_results
+    from qconform_triton_nf4.compile.report import read_results
 
     compiled = read_results(Path(__file__).resolve().parent.parent / "reports" / "compiled" / "compile-check.json")
     open_page(browser, write_site(committed_matrix(), tmp_path / "index.html", compiled))

@@ -106,7 +106,7 @@ def test_bitsandbytes_failing_to_import_on_rocm_is_unavailable_with_its_message(
 def test_triton_nf4_is_unavailable_where_triton_rejects_the_target(monkeypatch: pytest.MonkeyPatch) -> None:
     """RDNA2: Triton 3.9 compiles nothing for gfx1030 (the compile check found it)."""
     pytest.importorskip("triton")
-    from pytest_qconform.triton_nf4.backend import TritonNf4Backend
+    from qconform_triton_nf4.backend import TritonNf4Backend
 
     patch_torch(monkeypatch, "gfx1030")
     rejected = TritonNf4Backend().availability()

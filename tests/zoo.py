@@ -25,7 +25,7 @@ from torch_gemlite4 import TorchGemlite4Backend
 from pytest_qconform.backends._torch_util import code_table
 from pytest_qconform.backends.base import Backend, Quantized
 from pytest_qconform.backends.functional_layer import PREFIX, FunctionalLayers, FunctionalLinear
-from pytest_qconform.triton_nf4.backend import TritonNf4Backend
+from qconform_triton_nf4.backend import TritonNf4Backend
 
 
 class KeepsFirstDtypeBuffer(TorchNF4Backend):

@@ -20,13 +20,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pytest_qconform.compile import report as compile_report
 from pytest_qconform.matrix.markdown import readme_markdown, to_markdown, update_readme
 from pytest_qconform.matrix.model import Entry, Matrix, MatrixError, find_report_files, merge
 from pytest_qconform.matrix.site import write_site
 from pytest_qconform.matrix.versions import contract_revisions
 from pytest_qconform.report.atomic import write_text_atomically
 from pytest_qconform.report.run_report import ReportError, read_report
+from qconform_triton_nf4.compile import report as compile_report
 
 __all__ = ["Entry", "Matrix", "MatrixError", "main", "merge"]
 DEFAULT_MAX_AGE_DAYS = 30.0

@@ -11,7 +11,6 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_qconform.compile.report import CompileCheck, matrix_lines
 from pytest_qconform.matrix.model import Entry, Matrix, MatrixError, known_archs, natural_key
 from pytest_qconform.matrix.summary import DISAGREE, Summary, SummaryEntry, summarize
 from pytest_qconform.matrix.versions import contract_revisions, other_differences, ranges
@@ -19,6 +18,7 @@ from pytest_qconform.report.atomic import write_text_atomically
 from pytest_qconform.report.run_report import VERDICTS
 from pytest_qconform.report.tables import format_multiple
 from pytest_qconform.vocabulary import Verdict
+from qconform_triton_nf4.compile.report import CompileCheck, matrix_lines
 
 MARKER_START = "<!-- qconform-matrix:start -->"
 MARKER_END = "<!-- qconform-matrix:end -->"

@@ -25,10 +25,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from pytest_qconform.compile.report import CompileCheck
 from pytest_qconform.matrix.model import Matrix
 from pytest_qconform.matrix.site_data import page_data
 from pytest_qconform.report.atomic import write_text_atomically
+from qconform_triton_nf4.compile.report import CompileCheck
 
 DEFAULT_SITE = Path("reports/site/index.html")  # where nox -s matrix writes it; the README links it
 _ASSETS = "site_assets"

@@ -28,7 +28,6 @@ import shlex
 from typing import Any
 
 from pytest_qconform import __version__
-from pytest_qconform.compile.report import CompileCheck, not_run_archs
 from pytest_qconform.hardware.targets import hardware_marker_names
 from pytest_qconform.matrix.heatmap import HEAT_COLORS, OTHER_COLOR, WORDS, versions_label
 from pytest_qconform.matrix.known_repros import NOT_RUN_PREFIX, registry_repros, repro_for
@@ -42,6 +41,7 @@ from pytest_qconform.report.schema import multiple_to_json
 from pytest_qconform.report.tables import format_multiple
 from pytest_qconform.session.options import DTYPE_NAMES, FORMATS
 from pytest_qconform.vocabulary import Verdict
+from qconform_triton_nf4.compile.report import CompileCheck, not_run_archs
 
 PAGE_SCHEMA = "pytest-qconform/matrix-page"
 PAGE_SCHEMA_VERSION = 1

@@ -1,0 +1,763 @@
+"""Fused 4-bit matmul for 2-32 activation rows on tensor cores: ``y = x W^T + b``.
+
+The per-row kernels (``nf4_gemv``) decode every weight once per row of x; from a few rows
+on, that decode is the cost (8192 x 8192 on the H100: 22 us for one row, 65 us for four).
+Here each weight is decoded once and multiplied with every row of x by ``mma.sync``
+(m16n8k16, fp32 accumulators): A is 16 weight rows x 16 columns, B the same 16 columns of
+8 rows of x. W is read in bitsandbytes' layout, unchanged (see ``nf4_dequant``).
+
+Arithmetic, the same as dequantize-then-GEMM: each weight is fp32 ``code * absmax`` (the
+value ``dequantize_4bit`` computes) rounded once to x's dtype (bf16 or fp16); the tensor
+cores multiply it with x exactly and accumulate in fp32; the sum of a K split (and the
+bias) is added in fp32 and rounded once to x's dtype. So the suites judge this route with
+the dequantize-then-GEMM error model, as they judge dequantize + cuBLAS.
+
+Layout. Every tensor is 1-D with one element per thread (``arange * one``, ``one`` a
+runtime 1, so Triton cannot prove contiguity and keeps one element per thread): an
+element's value is its lane's register, which is what the mma fragments are (PTX ISA,
+"Matrix Fragments for mma.m16n8k16"). Lane ``4 g + t`` holds A rows g and g + 8 and B
+column g. The 16 columns of one product are a permutation of K, the same for A and B:
+in a 64-column chunk, lane t owns columns ``16 t .. 16 t + 15`` (8 packed bytes of each of
+its two weight rows, one 8-byte load each, inside one quantization block, so one absmax),
+and product q (0-3) takes its columns ``16 t + 4 q .. + 3``: A's registers a0/a2 are rows
+g's columns +0, +1 / +2, +3 (a1/a3 the same of row g + 8), B's b0/b1 the same columns of
+row g of x, one 8-byte load of x. Programs are 16 * ROW_TILES weight rows; their warps,
+and SPLIT programs along the grid's second axis, take turns over the chunks; the warps'
+sums are added in the program, the splits' by ``_sum_splits_kernel``, in a fixed order.
+
+NVIDIA only: the products (``mma.sync``), the code lookups (a warp shuffle, as in
+``nf4_gemv``) and the bf16/fp16 packing (``cvt.rn``) are inline PTX. With ``PTX`` off (the
+interpreter, ROCm builds) the same kernel loads codes from the table, packs with integer
+rounding and computes each product from the other lanes' registers (``tl.gather``), so it
+compiles for any target and the CPU tests run the same indexing. The matmul route sends
+only NVIDIA GPUs of compute capability 8.0+ here (``mma_route_ok``). Versions and
+timings: bench/notes.md "v11" and "v13".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import triton
+import triton.language as tl
+
+from qconform_triton_nf4.kernels.launch import BoundLaunch
+from qconform_triton_nf4.kernels.nf4_dequant import (
+    interpreter_active,
+    load_block_absmax,
+    store_as,
+)
+
+MAX_ROWS = 32  # four groups of 8 rows of x (B is 8 columns wide)
+CHUNK = 64  # columns of K per warp step: 4 products of 16 columns
+_CHUNK = tl.constexpr(CHUNK)  # the same, readable inside the kernels
+# (ROW_TILES, num_warps, warps per multiprocessor the split aims at) by groups of 8 rows
+# of x: the GPU's choice from bench/notes.md v11, v13 and v15 (H100, bf16: 8192^2 8 rows
+# 39.1 us with (1, 4, 32), 17-24 rows 53.3-60.3, 32 rows 84.1; 14336 x 4096 16 rows 40.0
+# with (2, 4, 32)); below NARROW_N outputs, two groups take ``_GPU_CONFIG_NARROW`` (v15:
+# 8192^2 16 rows 47.3 us against 56.2, 4096^2 20.6 against 25.2; at 14336 x 4096 it
+# loses, 44.1 against 40.0). Three and four groups stay in one row tile (the kernel holds
+# accumulators for two groups per tile of a pair). The interpreter runs two warps, and two
+# row tiles for one or two groups: each interpreted operation costs about the same whatever
+# its width, so a 128-wide K in one step instead of two and half the programs (a layer check
+# 3.8 -> 2.4 s), and the CPU runs the kernel's multi-warp sums as the GPU does.
+_GPU_CONFIG = {1: (1, 4, 32), 2: (2, 4, 32), 3: (1, 4, 32), 4: (1, 4, 32)}
+NARROW_N = 12288
+_GPU_CONFIG_NARROW = {2: (1, 8, 32)}
+_INTERPRETER_CONFIG = {1: (2, 2, 1), 2: (2, 2, 1), 3: (1, 2, 1), 4: (1, 2, 1)}
+
+
+@triton.jit
+def _lane_code(lane, code_ptr, PTX: tl.constexpr):
+    """code[lane % 16] as int32 bits (the shuffle table), or unused zeros without PTX."""
+    if PTX:
+        return tl.load(code_ptr + (lane & 15)).to(tl.int32, bitcast=True)
+    return lane * 0
+
+
+@triton.jit
+def _code_value(lane_code, code_ptr, shifted, PTX: tl.constexpr):
+    """fp32 ``code[shifted & 15]``: a shuffle from the lane holding it (its low 5 bits are
+    the lane; lanes n and n + 16 hold the same value, so no mask), or a table load."""
+    if PTX:
+        return tl.inline_asm_elementwise(
+            "shfl.sync.idx.b32 $0, $1, $2, 0x1f, -1;",
+            "=r,r,r",
+            [lane_code, shifted],
+            dtype=tl.int32,
+            is_pure=True,
+            pack=1,
+        ).to(tl.float32, bitcast=True)
+    return tl.load(code_ptr + (shifted & 15))
+
+
+@triton.jit
+def _pack2(low, high, X_FP16: tl.constexpr, PTX: tl.constexpr):
+    """int32 holding ``low`` (bits 0-15) and ``high`` (16-31) rounded to nearest even to
+    bf16 (fp16 with X_FP16): one register of an mma fragment."""
+    if PTX:
+        if X_FP16:
+            return tl.inline_asm_elementwise(
+                "cvt.rn.f16x2.f32 $0, $1, $2;", "=r,f,f", [high, low], dtype=tl.int32, is_pure=True, pack=1
+            )
+        return tl.inline_asm_elementwise(
+            "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", [high, low], dtype=tl.int32, is_pure=True, pack=1
+        )
+    if X_FP16:
+        low_bits = low.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        high_bits = high.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    else:  # integer round to nearest even (the interpreter truncates bf16 casts)
+        low_bits = _bf16_bits(low)
+        high_bits = _bf16_bits(high)
+    return low_bits | (high_bits << 16)
+
+
+@triton.jit
+def _bf16_bits(values):
+    """bf16 bits (0..0xFFFF, in an int32) of fp32 ``values`` rounded to nearest even."""
+    bits = values.to(tl.uint32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return tl.where(values != values, 0x7FC0, rounded).to(tl.int32)
+
+
+@triton.jit
+def _half(register, index: tl.constexpr, X_FP16: tl.constexpr):
+    """fp32 value of 16-bit half ``index`` (0: bits 0-15) of an mma fragment register."""
+    bits = (register >> (16 * index)) & 0xFFFF
+    if X_FP16:
+        return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return (bits << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _fragment_matrix(register, NUM_WARPS: tl.constexpr, X_FP16: tl.constexpr):
+    """[NUM_WARPS, 8, 8] fp32: entry (w, i, 2 t + h) is half h of lane (i, t)'s ``register``
+    in warp w, i.e. an 8 x 8 quarter of A (i its row) or of B transposed (i its column)."""
+    pairs = tl.join(_half(register, 0, X_FP16), _half(register, 1, X_FP16))  # [32 * NUM_WARPS, 2]
+    return tl.reshape(pairs, (NUM_WARPS, 8, 8))
+
+
+@triton.jit
+def _lane_columns(d, NUM_WARPS: tl.constexpr):
+    """Half of D (rows 0-7 or 8-15) [NUM_WARPS, 8, 8] as the lanes hold it: columns 2t, 2t + 1."""
+    even, odd = tl.split(tl.reshape(d, (NUM_WARPS, 8, 4, 2)))
+    return tl.reshape(even, (32 * NUM_WARPS,)), tl.reshape(odd, (32 * NUM_WARPS,))
+
+
+@triton.jit
+def _mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, NUM_WARPS: tl.constexpr, X_FP16: tl.constexpr, PTX: tl.constexpr):
+    """D = A B + C of one m16n8k16 product (fp32 accumulators), every operand this lane's
+    fragment register (lane 4 g + t of each warp: A rows g and g + 8, B column g)."""
+    if PTX:
+        if X_FP16:
+            return tl.inline_asm_elementwise(
+                "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, "
+                "{$10,$11,$12,$13};",
+                "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f",
+                [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
+                dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
+                is_pure=True,
+                pack=1,
+            )
+        return tl.inline_asm_elementwise(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, "
+            "{$10,$11,$12,$13};",
+            "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f",
+            [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
+            dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
+            is_pure=True,
+            pack=1,
+        )
+    # Without PTX: the fragments as matrices (A's quarters, B transposed), the product
+    # summed in fp32 and handed back in D's fragment layout.
+    b_low = _fragment_matrix(b0, NUM_WARPS, X_FP16)[:, None, :, :]  # [w, 1, n, k 0-7]
+    b_high = _fragment_matrix(b1, NUM_WARPS, X_FP16)[:, None, :, :]  # k 8-15
+    top = tl.sum(
+        _fragment_matrix(a0, NUM_WARPS, X_FP16)[:, :, None, :] * b_low
+        + _fragment_matrix(a2, NUM_WARPS, X_FP16)[:, :, None, :] * b_high,
+        axis=3,
+    )  # [w, row, n]
+    bottom = tl.sum(
+        _fragment_matrix(a1, NUM_WARPS, X_FP16)[:, :, None, :] * b_low
+        + _fragment_matrix(a3, NUM_WARPS, X_FP16)[:, :, None, :] * b_high,
+        axis=3,
+    )
+    top_even, top_odd = _lane_columns(top, NUM_WARPS)
+    bottom_even, bottom_odd = _lane_columns(bottom, NUM_WARPS)
+    return c0 + top_even, c1 + top_odd, c2 + bottom_even, c3 + bottom_odd
+
+
+@triton.jit
+def _tile_loads(
+    pairs_ptr,
+    absmax_ptr,
+    nested_absmax_ptr,
+    nested_code_ptr,
+    offset,
+    row0,
+    row1,
+    c,
+    t,
+    valid,
+    K,
+    BLOCKSIZE: tl.constexpr,
+    NESTED_BLOCKSIZE: tl.constexpr,
+    DOUBLE_QUANT: tl.constexpr,
+):
+    """Chunk ``c`` of a lane's two weight rows (int64 rows, clamped): its 8 packed bytes of
+    each (8 * t .. 8 * t + 7 of the chunk's 32) and their absmax (one block: 16 columns
+    starting on a multiple of 16 never straddle one). Zeros where not ``valid``."""
+    at = 4 * c + t
+    unit0 = tl.load(pairs_ptr + row0 * (K // 16) + at, mask=valid, other=0)
+    unit1 = tl.load(pairs_ptr + row1 * (K // 16) + at, mask=valid, other=0)
+    column = _CHUNK * c + 16 * t
+    scale0 = load_block_absmax(
+        absmax_ptr,
+        (row0 * K + column) // BLOCKSIZE,
+        valid,
+        nested_absmax_ptr,
+        nested_code_ptr,
+        offset,
+        NESTED_BLOCKSIZE,
+        DOUBLE_QUANT,
+    )
+    scale1 = load_block_absmax(
+        absmax_ptr,
+        (row1 * K + column) // BLOCKSIZE,
+        valid,
+        nested_absmax_ptr,
+        nested_code_ptr,
+        offset,
+        NESTED_BLOCKSIZE,
+        DOUBLE_QUANT,
+    )
+    return unit0, unit1, scale0, scale1
+
+
+@triton.jit
+def _x_loads(x_quads, x_row, x_ok, c, t):
+    """B's registers for the chunk's 4 products from one row of x (``x_row``, in int64
+    quads): columns 16 t + 4 q .. + 3 for q = 0..3, zeros where not ``x_ok``."""
+    at = x_row + 16 * c + 4 * t
+    return (
+        tl.load(x_quads + at, mask=x_ok, other=0),
+        tl.load(x_quads + at + 1, mask=x_ok, other=0),
+        tl.load(x_quads + at + 2, mask=x_ok, other=0),
+        tl.load(x_quads + at + 3, mask=x_ok, other=0),
+    )
+
+
+@triton.jit
+def _a_registers(
+    unit0, unit1, scale0, scale1, q: tl.constexpr, lane_code, code_ptr, X_FP16: tl.constexpr, PTX: tl.constexpr
+):
+    """A's 4 registers of product q: columns +0, +1 (a0, a1) and +2, +3 (a2, a3) of rows g
+    (``unit0``) and g + 8 (``unit1``): bytes 2q and 2q + 1 of each unit, the high nibble
+    first (even flat index), each ``code * absmax`` in fp32 rounded to x's dtype."""
+    SHIFT: tl.constexpr = 16 * (q % 2)  # byte 2q of the unit is byte (2q) % 4 of word q // 2
+    w0 = (unit0 >> (32 * (q // 2))).to(tl.int32)
+    w1 = (unit1 >> (32 * (q // 2))).to(tl.int32)
+    a0 = _pack2(
+        _code_value(lane_code, code_ptr, w0 >> (SHIFT + 4), PTX) * scale0,
+        _code_value(lane_code, code_ptr, w0 >> SHIFT, PTX) * scale0,
+        X_FP16,
+        PTX,
+    )
+    a2 = _pack2(
+        _code_value(lane_code, code_ptr, w0 >> (SHIFT + 12), PTX) * scale0,
+        _code_value(lane_code, code_ptr, w0 >> (SHIFT + 8), PTX) * scale0,
+        X_FP16,
+        PTX,
+    )
+    a1 = _pack2(
+        _code_value(lane_code, code_ptr, w1 >> (SHIFT + 4), PTX) * scale1,
+        _code_value(lane_code, code_ptr, w1 >> SHIFT, PTX) * scale1,
+        X_FP16,
+        PTX,
+    )
+    a3 = _pack2(
+        _code_value(lane_code, code_ptr, w1 >> (SHIFT + 12), PTX) * scale1,
+        _code_value(lane_code, code_ptr, w1 >> (SHIFT + 8), PTX) * scale1,
+        X_FP16,
+        PTX,
+    )
+    return a0, a1, a2, a3
+
+
+@triton.jit
+def _tile_products(
+    unit0,
+    unit1,
+    scale0,
+    scale1,
+    xa,
+    xb,
+    xc,
+    xd,
+    d0,
+    d1,
+    d2,
+    d3,
+    e0,
+    e1,
+    e2,
+    e3,
+    p0,
+    p1,
+    p2,
+    p3,
+    r0,
+    r1,
+    r2,
+    r3,
+    lane_code,
+    code_ptr,
+    NUM_WARPS: tl.constexpr,
+    X_GROUPS: tl.constexpr,
+    X_FP16: tl.constexpr,
+    PTX: tl.constexpr,
+):
+    """One chunk of one 16-row tile against x rows 0-7 (``xa``, into d), 8-15 (``xb``, into
+    e, when X_GROUPS >= 2), 16-23 (``xc``, into p, X_GROUPS >= 3) and 24-31 (``xd``, into
+    r, X_GROUPS 4): 4 products each, A decoded once for all."""
+    for q in tl.static_range(4):
+        a0, a1, a2, a3 = _a_registers(unit0, unit1, scale0, scale1, q, lane_code, code_ptr, X_FP16, PTX)
+        d0, d1, d2, d3 = _mma(
+            a0, a1, a2, a3, xa[q].to(tl.int32), (xa[q] >> 32).to(tl.int32), d0, d1, d2, d3, NUM_WARPS, X_FP16, PTX
+        )
+        if X_GROUPS >= 2:
+            e0, e1, e2, e3 = _mma(
+                a0, a1, a2, a3, xb[q].to(tl.int32), (xb[q] >> 32).to(tl.int32), e0, e1, e2, e3, NUM_WARPS, X_FP16, PTX
+            )
+        if X_GROUPS >= 3:
+            p0, p1, p2, p3 = _mma(
+                a0, a1, a2, a3, xc[q].to(tl.int32), (xc[q] >> 32).to(tl.int32), p0, p1, p2, p3, NUM_WARPS, X_FP16, PTX
+            )
+        if X_GROUPS >= 4:
+            r0, r1, r2, r3 = _mma(
+                a0, a1, a2, a3, xd[q].to(tl.int32), (xd[q] >> 32).to(tl.int32), r0, r1, r2, r3, NUM_WARPS, X_FP16, PTX
+            )
+    return d0, d1, d2, d3, e0, e1, e2, e3, p0, p1, p2, p3, r0, r1, r2, r3
+
+
+@triton.jit
+def _store_sums(
+    out_ptr,
+    bias_ptr,
+    acc,
+    n,
+    m,
+    M,
+    N,
+    NUM_WARPS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SPLIT_SUMS: tl.constexpr,
+    BF16_BITS: tl.constexpr,
+):
+    """Sum one accumulator over the warps and store it at rows ``m`` of x, weight rows ``n``
+    (both [32], by lane): the fp32 sum (SPLIT_SUMS: ``out_ptr`` is this split's [M, N]
+    slab) or, plus the bias, rounded to the output dtype."""
+    y = tl.sum(tl.reshape(acc, (NUM_WARPS, 32)), axis=0)
+    ok = (n < N) & (m < M)
+    if SPLIT_SUMS:
+        tl.store(out_ptr + m.to(tl.int64) * N + n, y, mask=ok)
+    else:
+        if HAS_BIAS:
+            y += tl.load(bias_ptr + tl.minimum(n, N - 1)).to(tl.float32)
+        store_as(out_ptr + m.to(tl.int64) * N + n, y, ok, BF16_BITS)
+
+
+@triton.jit
+def _store_tile(
+    out_ptr,
+    bias_ptr,
+    d0,
+    d1,
+    d2,
+    d3,
+    first_row,
+    first_m,
+    M,
+    N,
+    NUM_WARPS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SPLIT_SUMS: tl.constexpr,
+    BF16_BITS: tl.constexpr,
+):
+    """One (16 weight rows, 8 rows of x) tile: lane (g, t) holds D rows g, g + 8 (weight rows
+    ``first_row + g``, + 8) and columns 2t, 2t + 1 (rows ``first_m + 2 t``, + 1 of x)."""
+    lane = tl.arange(0, 32)
+    n = first_row + lane // 4
+    m = first_m + 2 * (lane % 4)
+    _store_sums(out_ptr, bias_ptr, d0, n, m, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS)
+    _store_sums(out_ptr, bias_ptr, d1, n, m + 1, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS)
+    _store_sums(out_ptr, bias_ptr, d2, n + 8, m, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS)
+    _store_sums(out_ptr, bias_ptr, d3, n + 8, m + 1, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS)
+
+
+@triton.jit(do_not_specialize=["M", "N", "one"])
+def _gemm_4bit_mma_kernel(
+    x_ptr,
+    pairs_ptr,
+    absmax_ptr,
+    code_ptr,
+    bias_ptr,
+    out_ptr,
+    nested_absmax_ptr,
+    nested_code_ptr,
+    offset,
+    M,
+    N,
+    K,
+    stride_xm,
+    one,
+    BLOCKSIZE: tl.constexpr,
+    NESTED_BLOCKSIZE: tl.constexpr,
+    DOUBLE_QUANT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BF16_BITS: tl.constexpr,
+    X_FP16: tl.constexpr,
+    X_GROUPS: tl.constexpr,
+    ROW_TILES: tl.constexpr,
+    NUM_WARPS: tl.constexpr,
+    SPLIT_SUMS: tl.constexpr,
+    PTX: tl.constexpr,
+):
+    """Weight rows ``16 * ROW_TILES * pid0 ..`` against every row of x (at most 8 *
+    X_GROUPS; two row tiles take at most two groups), over the chunks of split pid1 (chunks
+    pid1 * NUM_WARPS + warp, then every NUM_WARPS * splits). One split: bias and rounding here; several: fp32 sums into
+    ``out_ptr`` [splits, M, N] for ``_sum_splits_kernel``."""
+    tl.static_assert(ROW_TILES == 1 or X_GROUPS <= 2, "two row tiles hold accumulators for two groups of x")
+    lane = tl.arange(0, 32 * NUM_WARPS) * one
+    warp = lane // 32
+    g = (lane % 32) // 4
+    t = lane % 4
+    lane_code = _lane_code(lane, code_ptr, PTX)
+    split = tl.program_id(1)
+    splits = tl.num_programs(1)
+    first_row = tl.program_id(0) * (16 * ROW_TILES)
+    last = N - 1
+    row0 = tl.minimum(first_row + g, last).to(tl.int64)
+    row1 = tl.minimum(first_row + g + 8, last).to(tl.int64)
+    row2 = tl.minimum(first_row + g + 16, last).to(tl.int64)
+    row3 = tl.minimum(first_row + g + 24, last).to(tl.int64)
+    x_quads = x_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
+    quads_per_x_row = stride_xm // 4
+    xa_row = g.to(tl.int64) * quads_per_x_row
+    xb_row = (g + 8).to(tl.int64) * quads_per_x_row
+    xc_row = (g + 16).to(tl.int64) * quads_per_x_row
+    xd_row = (g + 24).to(tl.int64) * quads_per_x_row
+    chunks = K // _CHUNK
+    stride = NUM_WARPS * splits
+    iterations = tl.cdiv(chunks, stride)
+    zero = tl.zeros(lane.shape, dtype=tl.float32)
+    d0, d1, d2, d3, e0, e1, e2, e3 = zero, zero, zero, zero, zero, zero, zero, zero
+    f0, f1, f2, f3, h0, h1, h2, h3 = zero, zero, zero, zero, zero, zero, zero, zero
+    p0, p1, p2, p3, r0, r1, r2, r3 = zero, zero, zero, zero, zero, zero, zero, zero
+    for i in range(0, iterations):
+        c = split * NUM_WARPS + warp + i * stride
+        valid = c < chunks
+        c = tl.minimum(c, chunks - 1)
+        xa = _x_loads(x_quads, xa_row, valid & (g < M), c, t)
+        xb = xa
+        xc = xa
+        xd = xa
+        if X_GROUPS >= 2:
+            xb = _x_loads(x_quads, xb_row, valid & (g + 8 < M), c, t)
+        if X_GROUPS >= 3:
+            xc = _x_loads(x_quads, xc_row, valid & (g + 16 < M), c, t)
+        if X_GROUPS >= 4:
+            xd = _x_loads(x_quads, xd_row, valid & (g + 24 < M), c, t)
+        unit0, unit1, scale0, scale1 = _tile_loads(
+            pairs_ptr,
+            absmax_ptr,
+            nested_absmax_ptr,
+            nested_code_ptr,
+            offset,
+            row0,
+            row1,
+            c,
+            t,
+            valid,
+            K,
+            BLOCKSIZE,
+            NESTED_BLOCKSIZE,
+            DOUBLE_QUANT,
+        )
+        d0, d1, d2, d3, e0, e1, e2, e3, p0, p1, p2, p3, r0, r1, r2, r3 = _tile_products(
+            unit0,
+            unit1,
+            scale0,
+            scale1,
+            xa,
+            xb,
+            xc,
+            xd,
+            d0,
+            d1,
+            d2,
+            d3,
+            e0,
+            e1,
+            e2,
+            e3,
+            p0,
+            p1,
+            p2,
+            p3,
+            r0,
+            r1,
+            r2,
+            r3,
+            lane_code,
+            code_ptr,
+            NUM_WARPS,
+            X_GROUPS,
+            X_FP16,
+            PTX,
+        )
+        if ROW_TILES == 2:
+            unit2, unit3, scale2, scale3 = _tile_loads(
+                pairs_ptr,
+                absmax_ptr,
+                nested_absmax_ptr,
+                nested_code_ptr,
+                offset,
+                row2,
+                row3,
+                c,
+                t,
+                valid,
+                K,
+                BLOCKSIZE,
+                NESTED_BLOCKSIZE,
+                DOUBLE_QUANT,
+            )
+            f0, f1, f2, f3, h0, h1, h2, h3, _, _, _, _, _, _, _, _ = _tile_products(
+                unit2,
+                unit3,
+                scale2,
+                scale3,
+                xa,
+                xb,
+                xa,
+                xa,
+                f0,
+                f1,
+                f2,
+                f3,
+                h0,
+                h1,
+                h2,
+                h3,
+                zero,
+                zero,
+                zero,
+                zero,
+                zero,
+                zero,
+                zero,
+                zero,
+                lane_code,
+                code_ptr,
+                NUM_WARPS,
+                X_GROUPS,
+                X_FP16,
+                PTX,
+            )
+    out = out_ptr + split.to(tl.int64) * M * N
+    _store_tile(out, bias_ptr, d0, d1, d2, d3, first_row, 0, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS)
+    if X_GROUPS >= 2:
+        _store_tile(out, bias_ptr, e0, e1, e2, e3, first_row, 8, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS)
+    if X_GROUPS >= 3:
+        _store_tile(out, bias_ptr, p0, p1, p2, p3, first_row, 16, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS)
+    if X_GROUPS >= 4:
+        _store_tile(out, bias_ptr, r0, r1, r2, r3, first_row, 24, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS)
+    if ROW_TILES == 2:
+        _store_tile(out, bias_ptr, f0, f1, f2, f3, first_row + 16, 0, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS)
+        if X_GROUPS >= 2:
+            _store_tile(
+                out, bias_ptr, h0, h1, h2, h3, first_row + 16, 8, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS
+            )
+
+
+@triton.jit(do_not_specialize=["numel", "N"])
+def _sum_splits_kernel(
+    partial_ptr,
+    bias_ptr,
+    out_ptr,
+    numel,
+    N,
+    SPLITS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BF16_BITS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """``out = sum over splits of partial[split] (+ bias)``, in split order, rounded once."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < numel
+    y = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in tl.static_range(SPLITS):
+        y += tl.load(partial_ptr + s * numel + i, mask=ok, other=0.0)
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + i % N, mask=ok, other=0.0).to(tl.float32)
+    store_as(out_ptr + i, y, ok, BF16_BITS)
+
+
+MMA_CAPABILITY = (8, 0)  # mma.sync m16n8k16 with bf16/fp16 operands: sm_80 and newer
+
+
+def mma_ptx_ok(device: torch.device) -> bool:
+    """Whether the kernel may use its PTX (mma.sync m16n8k16 with bf16/fp16 needs compute
+    capability 8.0): compiled for an NVIDIA GPU of sm_80 or newer."""
+    if device.type != "cuda" or torch.version.hip is not None or interpreter_active():
+        return False
+    return torch.cuda.get_device_capability(device) >= MMA_CAPABILITY
+
+
+def x_readable(x2: torch.Tensor) -> bool:
+    """Whether the kernel can read x: bf16/fp16 (B's 8-byte loads of 4 values), contiguous
+    columns, rows starting on 8-byte boundaries."""
+    return (
+        x2.dtype in (torch.bfloat16, torch.float16)
+        and x2.stride(1) == 1
+        and (x2.shape[0] == 1 or x2.stride(0) % 4 == 0)
+        and x2.data_ptr() % 8 == 0
+    )
+
+
+def weight_readable(packed: torch.Tensor, K: int) -> bool:
+    """Whether the kernel can read the weight: rows of whole 64-column chunks, the packed
+    bytes 8-byte aligned (read as int64)."""
+    return K % CHUNK == 0 and packed.data_ptr() % 8 == 0 and packed.numel() % 8 == 0
+
+
+def splits_for(tiles: int, num_warps: int, warps_per_sm: int, chunks: int, multiprocessors: int) -> int:
+    """K splits so that the grid's ``tiles * splits`` programs of ``num_warps`` warps give
+    about ``warps_per_sm`` warps to each multiprocessor, each warp still taking at least
+    one chunk."""
+    wanted = max(1, round(warps_per_sm * multiprocessors / (tiles * num_warps)))
+    return max(1, min(wanted, chunks // num_warps, 64))
+
+
+def gemm_4bit_mma(
+    x2: torch.Tensor,
+    packed: torch.Tensor,
+    absmax: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    bias: torch.Tensor | None,
+    blocksize: int,
+    nested_absmax: torch.Tensor,
+    nested_code: torch.Tensor,
+    nested_blocksize: int,
+    offset: float,
+    double_quant: bool,
+    code: torch.Tensor,
+    multiprocessors: int,
+) -> torch.Tensor:
+    """``out = x2 @ W^T + bias`` for x2 [M <= 32, K] (``x_readable``), W (N, K)
+    (``weight_readable``), ``out`` [M, N] in x2's dtype."""
+    plan_gemm_4bit_mma(
+        x2,
+        packed,
+        absmax,
+        out.shape[1],
+        has_bias=bias is not None,
+        blocksize=blocksize,
+        nested_absmax=nested_absmax,
+        nested_code=nested_code,
+        nested_blocksize=nested_blocksize,
+        offset=offset,
+        double_quant=double_quant,
+        code=code,
+        multiprocessors=multiprocessors,
+    )(x2, out, bias)
+    return out
+
+
+def plan_gemm_4bit_mma(
+    x2: torch.Tensor,
+    packed: torch.Tensor,
+    absmax: torch.Tensor,
+    N: int,
+    *,
+    has_bias: bool,
+    blocksize: int,
+    nested_absmax: torch.Tensor,
+    nested_code: torch.Tensor,
+    nested_blocksize: int,
+    offset: float,
+    double_quant: bool,
+    code: torch.Tensor,
+    multiprocessors: int,
+) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], None]:
+    """The launches of ``gemm_4bit_mma`` for x like ``x2`` (dtype, shape, row stride,
+    alignment), decided and bound once: ``plan(x2, out, bias)``."""
+    M, K = x2.shape
+    ptx = mma_ptx_ok(x2.device)
+    x_groups = math.ceil(M / 8)
+    if x2.device.type == "cpu":
+        row_tiles, num_warps, warps_per_sm = _INTERPRETER_CONFIG[x_groups]
+    elif N < NARROW_N and x_groups in _GPU_CONFIG_NARROW:
+        row_tiles, num_warps, warps_per_sm = _GPU_CONFIG_NARROW[x_groups]
+    else:
+        row_tiles, num_warps, warps_per_sm = _GPU_CONFIG[x_groups]
+    tiles = math.ceil(N / (16 * row_tiles))
+    splits = splits_for(tiles, num_warps, warps_per_sm, K // CHUNK, multiprocessors)
+    bf16_bits = x2.dtype == torch.bfloat16 and interpreter_active()
+    stride_xm = x2.stride(0) if M > 1 else K
+    pairs = packed.view(torch.int64)
+    device = x2.device
+    gemm = BoundLaunch(
+        _gemm_4bit_mma_kernel,
+        (tiles, splits),
+        dict(
+            BLOCKSIZE=blocksize,
+            NESTED_BLOCKSIZE=nested_blocksize,
+            DOUBLE_QUANT=double_quant,
+            HAS_BIAS=has_bias,
+            BF16_BITS=bf16_bits,
+            X_FP16=x2.dtype == torch.float16,
+            X_GROUPS=x_groups,
+            ROW_TILES=row_tiles,
+            NUM_WARPS=num_warps,
+            SPLIT_SUMS=splits > 1,
+            PTX=ptx,
+            num_warps=num_warps,
+        ),
+    )
+    block = 1024
+    sums = BoundLaunch(
+        _sum_splits_kernel,
+        (math.ceil(M * N / block),),
+        dict(SPLITS=splits, HAS_BIAS=has_bias, BF16_BITS=bf16_bits, BLOCK=block, num_warps=4),
+    )
+
+    def run(x2: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None) -> None:
+        bias_arg = bias if bias is not None else absmax
+        if splits == 1:
+            gemm(
+                x2,
+                pairs,
+                absmax,
+                code,
+                bias_arg,
+                out.view(torch.int16) if bf16_bits else out,
+                nested_absmax,
+                nested_code,
+                offset,
+                M,
+                N,
+                K,
+                stride_xm,
+                1,
+            )
+            return
+        partial = torch.empty((splits, M, N), dtype=torch.float32, device=device)
+        gemm(x2, pairs, absmax, code, bias_arg, partial, nested_absmax, nested_code, offset, M, N, K, stride_xm, 1)
+        sums(partial, bias_arg, out.view(torch.int16) if bf16_bits else out, M * N, N)
+
+    return run

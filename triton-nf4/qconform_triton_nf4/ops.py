@@ -1,0 +1,155 @@
+"""The Triton adapter's forward route, and our NF4 kernels as torch custom operators, the
+form ``torch.compile`` takes them in.
+
+Why: dynamo traces a Python kernel launcher like any other Python. Under
+``TRITON_INTERPRET=1`` that launcher is Triton's interpreter, whose NumPy pointer
+arithmetic dynamo cannot run on fake tensors (``KeyError(torch.uint64)`` after ~40 s of
+tracing, torch 2.13 / Triton 3.9), and the adapter's routing reads a data pointer
+(``kernels.fused_rows_limit``), which fake tensors do not have. An operator with a
+shape-only fake implementation is PyTorch's documented way to put a third-party kernel
+into a graph (bitsandbytes registers its kernels the same way), on the CPU and the GPU
+alike. The adapter calls these only while dynamo traces (``torch.compiler.is_compiling()``):
+eager calls, and CUDA-graph capture, go to the kernels directly, with no dispatcher in
+front of the benchmarked path. Inside an operator the code is the eager code, run on
+real tensors; only the adapter's reusable ``WeightBuffer`` is left out (a compiled graph
+owns its memory).
+
+Registered once, when ``triton_nf4`` is imported (the namespace ``qconform``).
+"""
+
+# No ``from __future__ import annotations``: custom_op reads the parameter types as objects.
+import math
+from collections.abc import Callable
+
+import torch
+
+
+def fused_or_dequantized(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    absmax: torch.Tensor,
+    kernel_args: dict,
+    bias: torch.Tensor | None,
+    dequantized: Callable[[torch.dtype], torch.Tensor],
+    fused_max_rows: int,
+) -> torch.Tensor:
+    """The adapter's forward route: as many rows as the fused ``gemv_4bit`` serves faster
+    (at most ``fused_max_rows``) go through it; more rows multiply ``dequantized(x.dtype)``
+    with ``torch.matmul``. ``kernel_args``: ``Nf4State.kernel_args()``."""
+    from qconform_triton_nf4 import kernels
+
+    rows = math.prod(x.shape[:-1])
+    if rows <= min(fused_max_rows, kernels.fused_rows_limit(x, packed, kernel_args["shape"][1])):
+        return kernels.gemv_4bit(x, packed, absmax, bias=bias, **kernel_args)
+    y = torch.matmul(x, dequantized(x.dtype).t())
+    return y + bias if bias is not None else y
+
+
+def _kernel_args(code, nested_absmax, nested_code, blocksize, shape, nested_blocksize, offset) -> dict:
+    return {
+        "blocksize": blocksize,
+        "shape": tuple(shape),
+        "code": code,
+        "nested_absmax": nested_absmax,
+        "nested_code": nested_code,
+        "nested_blocksize": nested_blocksize,
+        "offset": offset,
+    }
+
+
+@torch.library.custom_op("qconform::nf4_dequantize", mutates_args=())
+def nf4_dequantize(
+    packed: torch.Tensor,
+    absmax: torch.Tensor,
+    code: torch.Tensor,
+    nested_absmax: torch.Tensor | None,
+    nested_code: torch.Tensor | None,
+    blocksize: int,
+    shape: list[int],
+    nested_blocksize: int,
+    offset: float | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """``kernels.dequantize_4bit`` into a fresh tensor."""
+    from qconform_triton_nf4 import kernels
+
+    kernel_args = _kernel_args(code, nested_absmax, nested_code, blocksize, shape, nested_blocksize, offset)
+    return kernels.dequantize_4bit(packed, absmax, out_dtype=out_dtype, **kernel_args)
+
+
+@nf4_dequantize.register_fake
+def _(packed, absmax, code, nested_absmax, nested_code, blocksize, shape, nested_blocksize, offset, out_dtype):
+    return packed.new_empty(tuple(shape), dtype=out_dtype)
+
+
+@torch.library.custom_op("qconform::nf4_linear", mutates_args=())
+def nf4_linear(
+    x: torch.Tensor,
+    bias: torch.Tensor | None,
+    packed: torch.Tensor,
+    absmax: torch.Tensor,
+    code: torch.Tensor,
+    nested_absmax: torch.Tensor | None,
+    nested_code: torch.Tensor | None,
+    blocksize: int,
+    shape: list[int],
+    nested_blocksize: int,
+    offset: float | None,
+    fused_max_rows: int,
+) -> torch.Tensor:
+    """``fused_or_dequantized``, the weight dequantized afresh."""
+    from qconform_triton_nf4 import kernels
+
+    kernel_args = _kernel_args(code, nested_absmax, nested_code, blocksize, shape, nested_blocksize, offset)
+    return fused_or_dequantized(
+        x,
+        packed,
+        absmax,
+        kernel_args,
+        bias,
+        lambda dtype: kernels.dequantize_4bit(packed, absmax, out_dtype=dtype, **kernel_args),
+        fused_max_rows,
+    )
+
+
+@nf4_linear.register_fake
+def _(
+    x,
+    bias,
+    packed,
+    absmax,
+    code,
+    nested_absmax,
+    nested_code,
+    blocksize,
+    shape,
+    nested_blocksize,
+    offset,
+    fused_max_rows,
+):
+    return x.new_empty((*x.shape[:-1], shape[0]))
+
+
+def state_args(state) -> tuple:
+    """The operators' arguments for ``state`` (a ``triton_nf4.Nf4State``), after x and bias."""
+    return (
+        state.packed,
+        state.absmax,
+        state.code,
+        state.nested_absmax,
+        state.nested_code,
+        state.blocksize,
+        list(state.shape),
+        state.nested_blocksize,
+        state.offset,
+    )
+
+
+def dequantize(state, dtype: torch.dtype) -> torch.Tensor:
+    """``state`` (``triton_nf4.Nf4State``) decoded to ``dtype`` through the operator."""
+    return nf4_dequantize(*state_args(state), dtype)
+
+
+def linear(x: torch.Tensor, state, bias: torch.Tensor | None, fused_max_rows: int) -> torch.Tensor:
+    """``x W^T + b`` for ``state`` (``triton_nf4.Nf4State``) through the operator."""
+    return nf4_linear(x, bias, *state_args(state), fused_max_rows)

@@ -1,0 +1,121 @@
+"""The Triton adapter's planned eager calls (``backends/triton_nf4_plans``) and the bound
+kernel launch under them (``kernels/launch``): a planned call returns what the validated
+entry points return, plans follow the activation's layout, a copied weight starts with
+none, and a bound launch passes Triton's runner every argument in signature order."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+pytest.importorskip("triton")
+
+from pytest_qconform.backends.base import QuantSpec  # noqa: E402  (after TRITON_INTERPRET)
+from qconform_triton_nf4.backend import TritonNf4Backend  # noqa: E402
+from qconform_triton_nf4.kernels.launch import BoundLaunch, constexpr_tail  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class FakeKernel:
+    """A JIT kernel as ``BoundLaunch`` sees it: signature, constexpr positions, ``[grid]``
+    returning ``compiled`` (whose ``[grid]`` records the runner's calls)."""
+
+    def __init__(self, compiled: object | None) -> None:
+        def kernel(x_ptr, n, BLOCK, FLAG=True):  # noqa: N803 - Triton's constexpr naming
+            pass
+
+        self.signature = inspect.signature(kernel)
+        self.constexprs = [2, 3]
+        self.compiled = compiled
+        self.launches: list[tuple] = []
+
+    def __getitem__(self, grid):
+        def launch(*args, **meta):
+            self.launches.append((grid, args, meta))
+            return self.compiled
+
+        return launch
+
+
+class FakeCompiled:
+    def __init__(self) -> None:
+        self.runs: list[tuple] = []
+
+    def __getitem__(self, grid):
+        return lambda *args: self.runs.append((grid, args))
+
+
+def test_bound_launch_runs_the_compiled_kernel_with_constexprs_after_the_first_call() -> None:
+    compiled = FakeCompiled()
+    kernel = FakeKernel(compiled)
+    launch = BoundLaunch(kernel, (5,), {"BLOCK": 64, "num_warps": 4})
+    launch("x", 10)
+    assert kernel.launches == [((5,), ("x", 10), {"BLOCK": 64, "num_warps": 4})] and launch.bound
+    launch("y", 10)
+    assert compiled.runs == [((5, 1, 1), ("y", 10, 64, True))]  # FLAG from its default; num_warps is no parameter
+    assert len(kernel.launches) == 1
+
+
+def test_bound_launch_keeps_the_ordinary_launch_without_a_compiled_kernel() -> None:
+    kernel = FakeKernel(None)  # Triton's interpreter returns nothing
+    launch = BoundLaunch(kernel, (2,), {"BLOCK": 64})
+    launch("x", 1)
+    launch("y", 1)
+    assert [args for _, args, _ in kernel.launches] == [("x", 1), ("y", 1)] and not launch.bound
+
+
+def test_constexpr_tail_refuses_kernels_it_cannot_order() -> None:
+    kernel = FakeKernel(None)
+    assert constexpr_tail(kernel, 2, {"BLOCK": 8}) == (8, True)
+    assert constexpr_tail(kernel, 1, {"BLOCK": 8}) is None  # a runtime parameter would be left out
+    assert constexpr_tail(kernel, 2, {}) is None  # BLOCK has no value
+    assert constexpr_tail(object(), 2, {}) is None
+
+
+@pytest.fixture(scope="module")
+def quantized():
+    backend = TritonNf4Backend()
+    weight = torch.randn(64, 256, generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    return backend, backend.quantize(weight, QuantSpec("nf4", 64, double_quant=True))
+
+
+@pytest.mark.parametrize("rows", [1, 4, 17], ids=lambda rows: f"M{rows}")
+def test_planned_matmul_equals_the_first_call_through_the_entry_points(quantized, rows: int) -> None:
+    backend, q = quantized
+    q = copy.deepcopy(q)
+    x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows)).to(DEVICE, torch.bfloat16)
+    bias = torch.randn(64).to(DEVICE, torch.bfloat16)
+    first = backend.matmul(x, q, bias, torch.bfloat16)  # validated entry points; leaves a plan
+    assert len(q.handle.plans) >= 1
+    again = backend.matmul(x.clone(), q, bias, torch.bfloat16)  # the plan
+    assert torch.equal(first, again)
+
+
+def test_plans_follow_the_layout_and_copies_start_without_them(quantized) -> None:
+    backend, q = quantized
+    q = copy.deepcopy(q)
+    assert q.handle.plans == {}
+    x = torch.randn(2, 257).to(DEVICE, torch.bfloat16)
+    backend.matmul(x[:, :256], q, None, torch.bfloat16)
+    backend.matmul(x[:, 1:], q, None, torch.bfloat16)  # another pointer alignment: another plan
+    backend.dequantize(q, torch.bfloat16)
+    assert len(q.handle.plans) == 3
+    twin = copy.deepcopy(q)
+    assert twin.handle.plans == {} and twin.handle.packed.data_ptr() != q.handle.packed.data_ptr()
+    assert torch.equal(backend.dequantize(twin, torch.bfloat16), backend.dequantize(q, torch.bfloat16))
+
+
+def test_gradient_still_flows_through_the_autograd_function(quantized) -> None:
+    backend, q = quantized
+    x = torch.randn(3, 256).to(DEVICE, torch.float32).requires_grad_()
+    backend.matmul(x, q, None, torch.float32).sum().backward()
+    expected = backend.dequantize(q, torch.float32).sum(0).expand(3, -1)
+    assert x.grad is not None and torch.allclose(x.grad, expected, rtol=1e-5, atol=1e-4)
