@@ -165,10 +165,10 @@ def _options() -> tuple[tuple[str, dict[str, Any]], ...]:
                 type=_non_negative_int,
                 default=None,
                 metavar="N",
-                help="on a GPU, processes that compile our Triton kernels in the "
-                "background while the session runs (default: half the CPUs, at most "
-                "8 and one per 4 GiB of GPU memory; 0: off, and on a CPU machine no "
-                "background run of inductor's vector-ISA check either)",
+                help="processes that warm caches in the background while the session "
+                "runs: a backend's kernel compiles on a GPU (triton-nf4: default half the "
+                "CPUs, at most 8 and one per 4 GiB of GPU memory), inductor's vector-ISA "
+                "check on a CPU; 0: none of them",
             ),
         ),
         (
@@ -180,16 +180,6 @@ def _options() -> tuple[tuple[str, dict[str, Any]], ...]:
                 help="after a backend crashes or times out: end its remaining tests of "
                 "that operation at once with the same verdict (operation, default), "
                 "all its remaining tests (backend), or run them all (continue)",
-            ),
-        ),
-        (
-            "--qconform-record-kernel-calls",
-            dict(
-                default=None,
-                metavar="FILE",
-                help="MAINTAINERS: write the calls this run makes to our Triton "
-                "kernels to FILE (the warm-up's call log, see nox -s "
-                "kernel-calls)",
             ),
         ),
         (

@@ -4,12 +4,26 @@ adapter, ``pytest11`` for this module), so the core names no backend.
 
 What the wing needs of a session, and only under ``--qconform``: Triton's interpreter set
 up before any conftest.py imports triton on a machine without a GPU (``mode``), and the
-background compilation of its kernels on a GPU (``warmup``).
+background compilation of its kernels on a GPU (``warmup``). Its own option, in its own
+group, as a pytest plugin owns its options: ``--qconform-record-kernel-calls``.
 """
 
 from __future__ import annotations
 
 import pytest
+
+RECORD_OPTION = "--qconform-record-kernel-calls"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("qconform-triton-nf4", "qconform-triton-nf4: our Triton NF4 backend")
+    group.addoption(
+        RECORD_OPTION,
+        default=None,
+        metavar="FILE",
+        help="MAINTAINERS: write the calls this run makes to our Triton kernels to FILE (the "
+        "warm-up's call log, see nox -s kernel-calls); only with --qconform",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -26,7 +40,13 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
     """After the core has probed the machine (the warm-up asks the probe for the GPU)."""
-    if config.getoption("qconform", default=False):
-        from qconform_triton_nf4 import warmup
+    if not config.getoption("qconform", default=False):
+        if config.getoption("qconform_record_kernel_calls") is not None:
+            raise pytest.UsageError(
+                f"{RECORD_OPTION} only works with --qconform, which is missing: without it pytest-qconform "
+                "runs nothing. Add --qconform to run the conformance suites, or drop the option."
+            )
+        return
+    from qconform_triton_nf4 import warmup
 
-        warmup.start_warmup(config)
+    warmup.start_warmup(config)
