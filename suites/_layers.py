@@ -278,7 +278,7 @@ def lora_delta(
 
 def merge_dequantized_dtype(packed: PackedBnb4 | PackedHqq4) -> torch.dtype:
     """The dtype PEFT's merge dequantizes into: bitsandbytes' quant_state.dtype, HQQ's compute dtype."""
-    from pytest_qconform.backends._torch_util import dtype_from_name
+    from pytest_qconform.backends.adapter_helpers import dtype_from_name
 
     if isinstance(packed, PackedBnb4):
         return dtype_from_name(packed.dtype)

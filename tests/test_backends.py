@@ -388,15 +388,3 @@ def test_entry_points_broken_wrong_type_and_duplicate_are_reported_unavailable(m
     assert type(factories["bnb-again"]()).__name__ == "BitsandbytesBackend"
     with pytest.raises(RuntimeError, match="unavailable"):
         factories["broken"]().quantize(weight(BNB_SHAPE), QuantSpec("nf4", 64))
-
-
-def test_fallback_quantizer_tables_are_bitsandbytes_own():
-    """The Triton adapter's fallback tables (used without the reference) match bitsandbytes'."""
-    available_backend("bitsandbytes")
-    import bitsandbytes.functional as bnb_f
-
-    from pytest_qconform.backends import _torch_util
-
-    for quant_type in ("nf4", "fp4"):
-        assert torch.equal(_torch_util.code_table(quant_type), bnb_f.get_4bit_type(quant_type, device="cpu"))
-    assert torch.equal(_torch_util.dynamic_map_signed(), bnb_f.create_dynamic_map(signed=True))

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from gemlite_packing import convert_like_gemlite, hqq_state, pack_like_gemlite
 from pytest_qconform.reference.packed import PackedGemlite4
 
-from pytest_qconform.backends._torch_util import dtype_name
+from pytest_qconform.backends.adapter_helpers import dtype_name
 from pytest_qconform.backends.base import Availability, Backend, Capabilities, Quantized, QuantSpec
 from pytest_qconform.backends.hqq import HqqBackend
 from pytest_qconform.backends.hqq_gemlite import HqqGemliteBackend

@@ -22,10 +22,10 @@ from gemlite_packing import reversed_nibbles
 from qconform_example_nf4.backend import TorchNF4Backend
 from torch_gemlite4 import TorchGemlite4Backend
 
-from pytest_qconform.backends._torch_util import code_table
 from pytest_qconform.backends.base import Backend, Quantized
 from pytest_qconform.backends.functional_layer import PREFIX, FunctionalLayers, FunctionalLinear
 from qconform_triton_nf4.backend import TritonNf4Backend
+from qconform_triton_nf4.double_quant import code_table
 
 
 class KeepsFirstDtypeBuffer(TorchNF4Backend):

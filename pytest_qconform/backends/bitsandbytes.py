@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pytest_qconform.backends._torch_util import dtype_from_name, dtype_name, import_failure, packed_bytes, to_numpy
+from pytest_qconform.backends.adapter_helpers import dtype_from_name, dtype_name, import_failure, packed_bytes, to_numpy
 from pytest_qconform.backends.base import Availability, Backend, Capabilities, Quantized, QuantSpec
 from pytest_qconform.backends.handles import BnbHandle
 from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4

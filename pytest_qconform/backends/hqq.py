@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from pytest_qconform.backends._torch_util import dtype_name, import_failure, to_numpy
+from pytest_qconform.backends.adapter_helpers import dtype_name, import_failure, to_numpy
 from pytest_qconform.backends.base import Availability, Backend, Capabilities, Quantized, QuantSpec
 from pytest_qconform.backends.handles import HqqHandle
 from pytest_qconform.reference.packed import PackedHqq4

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from pytest_qconform.backends import gemlite_configs
-from pytest_qconform.backends._torch_util import dtype_name, import_failure, to_numpy
+from pytest_qconform.backends.adapter_helpers import dtype_name, import_failure, to_numpy
 from pytest_qconform.backends.base import Availability, Backend, Capabilities, Quantized, QuantSpec
 from pytest_qconform.backends.handles import GemliteHandle
 from pytest_qconform.backends.hqq import _pytorch_backend

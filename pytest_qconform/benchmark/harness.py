@@ -147,7 +147,7 @@ def order_items(items: list[pytest.Item]) -> None:
 
 
 def _itemsize(dtype_name: str) -> int:
-    from pytest_qconform.backends._torch_util import dtype_from_name
+    from pytest_qconform.backends.adapter_helpers import dtype_from_name
 
     try:
         return dtype_from_name(dtype_name).itemsize

@@ -7,7 +7,7 @@ blocks of 256, plus the mean offset). Quantization is our kernel's too
 (``kernels.nf4_quantize``, on the weight's device): the suites check its codes against the
 reference quantizer, which this module never calls. Double quantization of the fp32 absmax
 (one value per block: a 64th of the weight at the default blocksize) is
-``_torch_util.nest_absmax``, plain PyTorch on the same device.
+``double_quant.nest_absmax``, plain PyTorch on the same device.
 ``from_packed`` adopts bytes bitsandbytes produced, which is the interop the suites check.
 
 Matmul: as many rows as ``kernels.fused_rows_limit`` says the fused ``gemv_4bit`` serves
@@ -33,8 +33,7 @@ import torch
 from numpy.typing import DTypeLike
 from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 
-from pytest_qconform.backends import _torch_util
-from pytest_qconform.backends._torch_util import import_failure, to_numpy
+from pytest_qconform.backends.adapter_helpers import import_failure, to_numpy
 from pytest_qconform.backends.base import (
     Availability,
     Backend,
@@ -44,6 +43,7 @@ from pytest_qconform.backends.base import (
 )
 from qconform_triton_nf4 import ops as triton_nf4_ops
 from qconform_triton_nf4 import plans as triton_nf4_plans
+from qconform_triton_nf4.double_quant import NESTED_BLOCKSIZE, code_table, nest_absmax
 
 PATH_OPERATIONS: tuple[str, ...] = ("dequantize", "matmul", "layer-forward")  # claimed compiled and captured
 DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
@@ -77,7 +77,7 @@ class Nf4State:
     code: torch.Tensor  # float32[16]
     nested_absmax: torch.Tensor | None = None
     nested_code: torch.Tensor | None = None
-    nested_blocksize: int = _torch_util.NESTED_BLOCKSIZE
+    nested_blocksize: int = NESTED_BLOCKSIZE
     offset: float | None = None
     # Eager-call plans by activation layout (triton_nf4_plans): filled by the adapter.
     plans: dict[Any, Any] = field(init=False, default_factory=dict, compare=False, repr=False)
@@ -155,7 +155,7 @@ class TritonNf4Backend(Backend):
 
         key = (quant_type, str(device))
         if key not in self._tables:
-            code = _torch_util.code_table(quant_type, device)
+            code = code_table(quant_type, device)
             self._tables[key] = (code, code_boundaries(code).to(device))
         return self._tables[key]
 
@@ -236,7 +236,7 @@ class TritonNf4Backend(Backend):
         code = self._table(spec.format, weight.device)[0].clone()  # each state owns its table
         nested: dict[str, Any] = {}
         if spec.double_quant:
-            codes, nested_absmax, nested_code, offset = _torch_util.nest_absmax(absmax)
+            codes, nested_absmax, nested_code, offset = nest_absmax(absmax)
             absmax = codes
             nested = {"nested_absmax": nested_absmax, "nested_code": nested_code, "offset": offset}
         state = Nf4State(spec.format, spec.blocksize, tuple(weight.shape), packed, absmax, code, **nested)
@@ -354,7 +354,7 @@ class TritonNf4Backend(Backend):
             nested = {
                 "nested_absmax": tensor(packed.nested_absmax, np.float32),
                 "nested_code": tensor(packed.nested_code, np.float32),
-                "nested_blocksize": int(packed.nested_blocksize or _torch_util.NESTED_BLOCKSIZE),
+                "nested_blocksize": int(packed.nested_blocksize or NESTED_BLOCKSIZE),
                 "offset": float(packed.offset or 0.0),
             }
         absmax = tensor(packed.absmax, np.uint8 if packed.double_quant else np.float32)

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from pytest_qconform.backends._torch_util import dtype_from_name, dtype_name
+from pytest_qconform.backends.adapter_helpers import dtype_from_name, dtype_name
 
 ENTRY_POINTS: tuple[str, ...] = ("dequantize_4bit", "gemv_4bit", "quantize_4bit")
 DEFAULT_RUN_CALLS = Path(__file__).with_name("default_run_kernel_calls.json")

@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 
 from pytest_qconform.hardware.probe import Probe
-from pytest_qconform.session import background, state
+from pytest_qconform.session import guests
 
 TRITON_BACKEND = "triton-nf4"
 MAX_DEFAULT_WORKERS = 8
@@ -153,7 +153,7 @@ class Warmup:
                         stdout=subprocess.PIPE,
                         stderr=subprocess.DEVNULL,
                         text=True,
-                        preexec_fn=background.yield_the_cpu(),
+                        preexec_fn=guests.yield_the_cpu(),
                     )
                 )
         except OSError:
@@ -269,8 +269,8 @@ def start_warmup(config: pytest.Config) -> None:
         config.add_cleanup(stop_and_write)
     # The machine and triton-nf4 alone: a pytest-xdist controller checks its other backends
     # only once its workers have started (session.setup).
-    probe = state.hardware(config)
-    if skip_reason(config, probe, probe.has_gpu and state.available(config, TRITON_BACKEND)) is not None:
+    probe = guests.machine(config)
+    if skip_reason(config, probe, probe.has_gpu and guests.backend_available(config, TRITON_BACKEND)) is not None:
         return
     marker = marker_path(probe, kernel_calls.DEFAULT_RUN_CALLS)
     if marker.exists():

@@ -9,7 +9,7 @@ import torch
 # interpreter patching the new ones while the kernels hold the old ("Cannot call @triton.jit'd
 # outside of the scope of a kernel"). Without a GPU the kernels run in Triton's interpreter, as
 # the wing's plugin arranges for a run; the test files say the same.
-import pytest_qconform.session.state  # noqa: F401  (torch and backends.base under it)
+import pytest_qconform.backends.base  # noqa: F401  (torch under it)
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

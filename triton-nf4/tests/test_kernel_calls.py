@@ -18,8 +18,8 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 bnb_functional = pytest.importorskip("bitsandbytes.functional")
 
-from pytest_qconform.backends import _torch_util  # noqa: E402
 from qconform_triton_nf4 import (
+    double_quant,  # noqa: E402
     kernel_calls,  # noqa: E402
     kernels,  # noqa: E402  (after TRITON_INTERPRET)
 )
@@ -176,7 +176,7 @@ def test_a_quantize_call_round_trips_through_the_log() -> None:
     from qconform_triton_nf4.compile.check import quantize_calls
     from qconform_triton_nf4.kernels import code_boundaries, quantize_4bit
 
-    boundaries = code_boundaries(_torch_util.code_table("fp4"))
+    boundaries = code_boundaries(double_quant.code_table("fp4"))
     weight = torch.randn(3, 128, dtype=torch.bfloat16)
     entry = json.loads(
         json.dumps(kernel_calls.record("quantize_4bit", (weight,), {"blocksize": 64, "boundaries": boundaries}))

@@ -24,8 +24,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pytest_qconform.reference import bnb4
 
-from pytest_qconform.backends import _torch_util
 from qconform_triton_nf4 import backend as triton_nf4
+from qconform_triton_nf4 import double_quant
 from qconform_triton_nf4.kernels.nf4_quantize import code_boundaries, quantize_4bit
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -34,7 +34,7 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def quantize(weight: torch.Tensor, quant_type: str, blocksize: int) -> tuple[np.ndarray, np.ndarray]:
-    boundaries = code_boundaries(_torch_util.code_table(quant_type))
+    boundaries = code_boundaries(double_quant.code_table(quant_type))
     packed, absmax = quantize_4bit(weight.to(DEVICE), blocksize=blocksize, boundaries=boundaries)
     return packed.cpu().numpy(), absmax.cpu().numpy()
 
@@ -72,7 +72,7 @@ def test_every_supported_blocksize(blocksize):
 @pytest.mark.parametrize("quant_type", FORMATS)
 def test_ties_go_to_the_lower_value(quant_type):
     """Every midpoint that fp32 holds exactly, at absmax 1, and one ulp either side of it."""
-    boundaries = code_boundaries(_torch_util.code_table(quant_type))
+    boundaries = code_boundaries(double_quant.code_table(quant_type))
     values = []
     for m in boundaries.midpoints.tolist():
         m32 = torch.tensor(m, dtype=torch.float32)
@@ -90,7 +90,7 @@ def test_ties_go_to_the_lower_value(quant_type):
 def test_fp32_neighbours_of_every_boundary(quant_type, absmax):
     """At any absmax (normal, subnormal, near fp32's largest), the fp32 values nearest below
     and above each exact boundary ``m * absmax``, and their neighbours, get the reference's code."""
-    boundaries = code_boundaries(_torch_util.code_table(quant_type))
+    boundaries = code_boundaries(double_quant.code_table(quant_type))
     top = torch.tensor(absmax, dtype=torch.float32)
     values = [top]
     for m in boundaries.midpoints.tolist():
@@ -156,3 +156,11 @@ def test_adapter_does_not_reach_the_reference_quantizer():
     imported += [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
     assert not [name for name in imported if name and name.startswith("pytest_qconform.reference.bnb4")], imported
     assert "encode" not in vars(triton_nf4), "the adapter holds a reference encode"
+
+
+def test_the_tables_and_the_nested_map_are_bitsandbytes_own():
+    """The tables the adapter quantizes with, and the map it nests absmax into, are bitsandbytes'."""
+    bnb_f = pytest.importorskip("bitsandbytes.functional")
+    for quant_type in ("nf4", "fp4"):
+        assert torch.equal(double_quant.code_table(quant_type), bnb_f.get_4bit_type(quant_type, device="cpu"))
+    assert torch.equal(double_quant.dynamic_map_signed(), bnb_f.create_dynamic_map(signed=True))

@@ -153,7 +153,7 @@ def quantize_calls() -> list[dict]:
     weight whose last program is partial."""
     import torch
 
-    from pytest_qconform.backends._torch_util import code_table
+    from qconform_triton_nf4.double_quant import code_table
     from qconform_triton_nf4.kernels import SUPPORTED_BLOCKSIZES
     from qconform_triton_nf4.kernels.nf4_quantize import code_boundaries
 

@@ -1,15 +1,13 @@
-"""Private helpers shared by the backend adapters (not public API).
+"""bitsandbytes' 4-bit code tables and its double quantization of absmax, in plain PyTorch.
 
-Two jobs only: turn an import failure into a one-line reason (``availability()`` must
-never raise), and bitsandbytes' tables and double quantization of absmax in plain
-PyTorch for the Triton adapter (whose 4-bit codes come from its own kernel,
-``kernels.nf4_quantize``). Double quantization mirrors bitsandbytes 0.50.2: subtract the
-mean absmax and quantize the rest with the signed 8-bit dynamic map in blocks of 256.
+The wing's 4-bit codes come from its own kernel (``kernels.nf4_quantize``); these are the
+tables it quantizes with and the nesting of absmax, on the same device. Double quantization
+mirrors bitsandbytes 0.50.2: subtract the mean absmax and quantize the rest with the signed
+8-bit dynamic map in blocks of 256.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -36,40 +34,6 @@ FP4_CODE: tuple[float, ...] = tuple(
     v / 12.0 for v in (0.0, 0.0625, 8.0, 12.0, 4.0, 6.0, 2.0, 3.0, -0.0, -0.0625, -8.0, -12.0, -4.0, -6.0, -2.0, -3.0)
 )
 NESTED_BLOCKSIZE = 256
-
-
-def import_failure(library: str, exc: BaseException) -> str:
-    """``"<library>: import failed: <ExcType>: <first line of the message>"``."""
-    lines = str(exc).strip().splitlines()
-    return f"{library}: import failed: {type(exc).__name__}: {lines[0] if lines else '(no message)'}"
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.bfloat16`` -> ``"bfloat16"``."""
-    return str(dtype).removeprefix("torch.")
-
-
-def dtype_from_name(name: object) -> torch.dtype:
-    """``"bfloat16"`` or ``"torch.bfloat16"`` -> ``torch.bfloat16``; ValueError naming an unknown one."""
-    dtype = getattr(torch, str(name).removeprefix("torch."), None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown dtype {str(name)!r}")
-    return dtype
-
-
-def to_numpy(tensor: torch.Tensor) -> np.ndarray:
-    """Host copy of a tensor's values as stored; bfloat16 (which NumPy lacks) is widened to
-    float32, which is exact."""
-    tensor = tensor.detach().cpu()
-    if tensor.dtype == torch.bfloat16:
-        tensor = tensor.float()
-    return tensor.numpy()
-
-
-def packed_bytes(tensor: torch.Tensor) -> np.ndarray:
-    """The bytes of a packed tensor as flat uint8, whatever dtype stores them (bitsandbytes'
-    ``quant_storage``): a bit-exact view, never a value conversion."""
-    return to_numpy(tensor.detach().reshape(-1).view(torch.uint8))
 
 
 def code_table(quant_type: str, device: torch.device | str = "cpu") -> torch.Tensor:
