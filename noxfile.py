@@ -135,8 +135,9 @@ def gemlite_configs(session: nox.Session) -> None:
 @nox.session(name="compile-check", python=False)
 def compile_check(session: nox.Session) -> None:
     """Compile our Triton kernels for every listed GPU arch on this machine (no GPU needed)
-    and write the results the matrix reads (reports/compiled/compile-check.json) and the
-    registers/spills/occupancy table (docs/kernels-compiled.md). Run it after the kernels,
+    and write the results (triton-nf4/compiled/compile-check.json), the matrix's section of
+    them (reports/sections/triton-nf4.json) and the registers/spills/occupancy table
+    (docs/kernels-compiled.md). Run it after the kernels,
     the kernel-call log or the Triton pin change; tests/test_compile_check.py fails until the
     committed files match. Extra arguments go to ``python -m qconform_triton_nf4.compile.check``.
     19 min on 2 CPU cores with a cold Triton cache (one process per core; 346 variants per arch
@@ -146,7 +147,9 @@ def compile_check(session: nox.Session) -> None:
         "-m",
         "qconform_triton_nf4.compile.check",
         "--json",
-        "reports/compiled/compile-check.json",
+        "triton-nf4/compiled/compile-check.json",
+        "--section",
+        "reports/sections/triton-nf4.json",
         "--doc",
         "docs/kernels-compiled.md",
         *session.posargs,

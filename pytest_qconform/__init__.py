@@ -18,6 +18,8 @@ Public API (stable; ``docs/downstream.md`` documents it):
 - ``pytest_qconform.hardware.probe``: ``Probe``, ``probe_hardware``; ``pytest_qconform.hardware.archs``:
   ``KNOWN_ARCHS``, ``ArchFacts``, ``normalize_gcn_arch``, ``cuda_capability`` (the listed GPU archs).
 - ``pytest_qconform.report.run_report``: ``read_report``, ``RunReport``, ``Cell`` (schema: docs/report-schema.md).
+- ``pytest_qconform.report.sections``: ``Section``, ``ArchStatus``, ``read_section``, ``write_section`` (what a
+  tool, not a run, puts into the matrix).
 - The ``--qconform*`` options and ini settings, the markers, ``python -m pytest_qconform.matrix.cli``,
   ``python -m pytest_qconform doctor`` and ``python -m pytest_qconform check`` (``gate``).
 

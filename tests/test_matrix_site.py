@@ -37,7 +37,7 @@ KNOWN_REASON = "known failure (https://example.org/issue/1): wrong values [known
 @functools.cache
 def committed_matrix():
     """The matrix of the committed reports (read once: 2 MB of JSON; the model is frozen)."""
-    reports = [read_report(p) for p in find_report_files([REPO / "reports"]) if "compiled" not in p.parts]
+    reports = [read_report(p) for p in find_report_files([REPO / "reports"]) if "sections" not in p.parts]
     return merge(reports)
 
 

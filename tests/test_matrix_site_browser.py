@@ -164,16 +164,16 @@ def test_a_regressed_cell_says_what_each_version_said(browser, tmp_path):
 
 
 def test_an_arch_without_a_run_says_compiled_not_run(browser, tmp_path):
-    from qconform_triton_nf4.compile.report import read_results
+    from pytest_qconform.report.sections import read_section
 
-    compiled = read_results(Path(__file__).resolve().parent.parent / "reports" / "compiled" / "compile-check.json")
-    open_page(browser, write_site(committed_matrix(), tmp_path / "index.html", compiled))
+    section = read_section(Path(__file__).resolve().parent.parent / "reports" / "sections" / "triton-nf4.json")
+    open_page(browser, write_site(committed_matrix(), tmp_path / "index.html", [section]))
     choose(browser, "arch", "gfx1200")
     assert visible_cells(browser) == []
     said = browser.find_element("id", "grid-not-run").text
     assert said.startswith("No report from gfx1200") and "triton-nf4: compiled, not run (" in said
     rows = browser.execute_script(
-        "return [...document.querySelectorAll('#compiled-table tr')].filter(tr => !tr.hidden).map(tr => tr.cells[0].textContent)"
+        "return [...document.querySelectorAll('#section-triton-nf4 tr')].filter(tr => !tr.hidden).map(tr => tr.cells[0].textContent)"
     )
     assert rows == ["arch", "gfx1200"]
     browser.save_screenshot(str(tmp_path / "not-run.png"))

@@ -26,7 +26,7 @@ from pytest_qconform.matrix.site import write_site
 from pytest_qconform.matrix.versions import contract_revisions
 from pytest_qconform.report.atomic import write_text_atomically
 from pytest_qconform.report.run_report import ReportError, read_report
-from qconform_triton_nf4.compile import report as compile_report
+from pytest_qconform.report.sections import SectionError, is_section_file, read_section
 
 __all__ = ["Entry", "Matrix", "MatrixError", "main", "merge"]
 DEFAULT_MAX_AGE_DAYS = 30.0
@@ -112,10 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         files = find_report_files(args.paths)
         reports = []
-        compiled = None
+        sections = []
         for path in files:
-            if compile_report.is_results_file(path):  # the compile check's results, not a run
-                compiled = compile_report.read_results(path)
+            if is_section_file(path):  # a tool's section of the matrix (report.sections), not a run
+                sections.append(read_section(path))
                 continue
             try:
                 reports.append(read_report(path))
@@ -133,8 +133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         matrix = merge(reports, max_age_days=args.max_age_days)
         for line in _warnings(matrix):
             print(f"{prog}: warning: {line}", file=sys.stderr)
-        markdown = to_markdown(matrix, compiled)
-        summary = readme_markdown(matrix, compiled)
+        markdown = to_markdown(matrix, sections)
+        summary = readme_markdown(matrix, sections)
         written = []
         if args.out:
             args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -155,13 +155,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ) from exc
             written.append(str(args.png))
         if args.site:
-            write_site(matrix, args.site, compiled)
+            write_site(matrix, args.site, sections)
             written.append(str(args.site))
         if summary_file:
             with open(summary_file, "a", encoding="utf-8") as handle:
                 handle.write("## qconform compatibility matrix\n\n" + summary)
             written.append(summary_file)
-    except (MatrixError, compile_report.CompileReportError) as exc:
+    except (MatrixError, SectionError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:

@@ -11,14 +11,15 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from pytest_qconform.hardware.archs import KNOWN_ARCHS
 from pytest_qconform.matrix.model import Entry, Matrix, MatrixError, known_archs, natural_key
 from pytest_qconform.matrix.summary import DISAGREE, Summary, SummaryEntry, summarize
 from pytest_qconform.matrix.versions import contract_revisions, other_differences, ranges
 from pytest_qconform.report.atomic import write_text_atomically
 from pytest_qconform.report.run_report import VERDICTS
+from pytest_qconform.report.sections import Section
 from pytest_qconform.report.tables import format_multiple
 from pytest_qconform.vocabulary import Verdict
-from qconform_triton_nf4.compile.report import CompileCheck, matrix_lines
 
 MARKER_START = "<!-- qconform-matrix:start -->"
 MARKER_END = "<!-- qconform-matrix:end -->"
@@ -130,8 +131,39 @@ def _legend() -> str:
     )
 
 
-def _notes(matrix: Matrix, compiled: CompileCheck | None) -> list[str]:
-    """Disagreements, archs without a report (with what the compile check found for them),
+NOT_RUN_SYMBOL = "·"
+
+
+def section_lines(section: Section, run_archs: set[str]) -> list[str]:
+    """A section's notes, and its rows for the archs without a run report: the tool's status in
+    words, never a verdict."""
+    out = []
+    if section.notes:
+        out += ["", f"**{section.notes_title}** ({section.source}):", "", *(f"- {note}" for note in section.notes)]
+    rows = []
+    for found in section.without_runs(run_archs):
+        facts = KNOWN_ARCHS.get(found.arch)
+        rows.append(
+            [
+                found.arch,
+                facts.family if facts else "?",
+                str(facts.wave_size) if facts else "?",
+                f"{section.symbol if found.held else NOT_RUN_SYMBOL} {found.status}",
+                f"{NOT_RUN_SYMBOL} not run",
+            ]
+        )
+    if rows:
+        out += [
+            "",
+            f"**{section.title}** (archs without a run report: {section.symbol} {section.explanation})",
+            "",
+            *markdown_table(["arch", "family", "wave", section.backend, "other backends"], rows),
+        ]
+    return out
+
+
+def _notes(matrix: Matrix, sections: Sequence[Section]) -> list[str]:
+    """Disagreements, archs without a report (with what the sections say of them),
     superseded and simulated reports."""
     out: list[str] = []
     disagreements = [
@@ -149,8 +181,8 @@ def _notes(matrix: Matrix, compiled: CompileCheck | None) -> list[str]:
     missing = [arch for arch in sorted(known_archs(), key=natural_key) if arch not in run_archs]
     if missing:
         out += ["", "**Not run yet** (archs the project knows with no report): " + ", ".join(missing)]
-    if compiled is not None:
-        out += matrix_lines(compiled, run_archs)
+    for section in sections:
+        out += section_lines(section, run_archs)
 
     out += _contract_notes(matrix)
     if matrix.stale:
@@ -254,20 +286,20 @@ def _runs_and_summary(matrix: Matrix) -> list[str]:
     return out + summary_markdown(summarize(matrix))
 
 
-def readme_markdown(matrix: Matrix, compiled: CompileCheck | None = None) -> str:
+def readme_markdown(matrix: Matrix, sections: Sequence[Section] = ()) -> str:
     """The README's section: runs, the one-screen summary, a link to the full table, notes.
-    ``compiled``: the compile check's results, shown as "compiled, not run" for archs without a run."""
+    ``sections``: what tools other than runs know (``report.sections``), shown for archs without a run."""
     if not matrix.runs:
-        return "\n".join([_NO_RUNS, *_notes(matrix, compiled)]) + "\n"
+        return "\n".join([_NO_RUNS, *_notes(matrix, sections)]) + "\n"
     out = _runs_and_summary(matrix)
     out += ["", f"Every cell (backend · operation · format · dtype): [{FULL_MATRIX}]({FULL_MATRIX})."]
-    return "\n".join(out + _notes(matrix, compiled)) + "\n"
+    return "\n".join(out + _notes(matrix, sections)) + "\n"
 
 
-def to_markdown(matrix: Matrix, compiled: CompileCheck | None = None) -> str:
+def to_markdown(matrix: Matrix, sections: Sequence[Section] = ()) -> str:
     """The full matrix (the summary, then every cell): deterministic (same reports, same bytes)."""
     if not matrix.runs:
-        return "\n".join([_NO_RUNS, *_notes(matrix, compiled)]) + "\n"
+        return "\n".join([_NO_RUNS, *_notes(matrix, sections)]) + "\n"
     out = _runs_and_summary(matrix)
     out += ["", "**Verdicts** (every cell)", ""]
     header = ["backend", "operation", "format", "dtype", *matrix.columns]
@@ -276,7 +308,7 @@ def to_markdown(matrix: Matrix, compiled: CompileCheck | None = None) -> str:
     out += ["", _legend()]
     out += _coverage(matrix)
     out += _calls(matrix)
-    return "\n".join(out + _notes(matrix, compiled)) + "\n"
+    return "\n".join(out + _notes(matrix, sections)) + "\n"
 
 
 def _coverage(matrix: Matrix) -> list[str]:

@@ -21,6 +21,7 @@ import base64
 import gzip
 import json
 import re
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from typing import Any
 from pytest_qconform.matrix.model import Matrix
 from pytest_qconform.matrix.site_data import page_data
 from pytest_qconform.report.atomic import write_text_atomically
-from qconform_triton_nf4.compile.report import CompileCheck
+from pytest_qconform.report.sections import Section
 
 DEFAULT_SITE = Path("reports/site/index.html")  # where nox -s matrix writes it; the README links it
 _ASSETS = "site_assets"
@@ -68,10 +69,10 @@ def render_page(data: dict[str, Any]) -> str:
     return re.sub("|".join(re.escape(marker) for marker in parts), lambda found: parts[found.group(0)], page)
 
 
-def write_site(matrix: Matrix, path: Path, compiled: CompileCheck | None = None) -> Path:
+def write_site(matrix: Matrix, path: Path, sections: Sequence[Section] = ()) -> Path:
     """Write the page of ``matrix`` to ``path`` (folders created, atomically); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomically(path, render_page(page_data(matrix, compiled)))
+    write_text_atomically(path, render_page(page_data(matrix, sections)))
     path.chmod(0o644)  # the atomic writer's temp file is private (0600); a page is published, served by another user
     return path

@@ -15,7 +15,7 @@ Two parts, on purpose:
   validate what the page holds with ``RunReport.from_dict``.
 - everything merged: there is no published schema for the merged matrix yet, so this
   module serialises the model's records (``Entry``, ``SummaryEntry``, ``VersionRange``,
-  ``Trend``, ``NotRunArch``) with small explicit functions under its own name and version
+  ``Trend``, ``report.sections.Section``) with small explicit functions under its own name and version
   (``pytest-qconform/matrix-page``, version 1). When a merged-matrix schema is published,
   this is the module to replace.
 
@@ -25,9 +25,11 @@ Deterministic: the same reports give the same JSON (no clock, sorted keys), as M
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from typing import Any
 
 from pytest_qconform import __version__
+from pytest_qconform.hardware.archs import KNOWN_ARCHS
 from pytest_qconform.hardware.targets import hardware_marker_names
 from pytest_qconform.matrix.heatmap import HEAT_COLORS, OTHER_COLOR, WORDS, versions_label
 from pytest_qconform.matrix.known_repros import NOT_RUN_PREFIX, registry_repros, repro_for
@@ -38,10 +40,10 @@ from pytest_qconform.matrix.trend import trends, verdicts_by_version
 from pytest_qconform.matrix.versions import contract_revisions, other_differences, ranges
 from pytest_qconform.report.run_report import VERDICTS, RunReport
 from pytest_qconform.report.schema import multiple_to_json
+from pytest_qconform.report.sections import Section
 from pytest_qconform.report.tables import format_multiple
 from pytest_qconform.session.options import DTYPE_NAMES, FORMATS
 from pytest_qconform.vocabulary import Verdict
-from qconform_triton_nf4.compile.report import CompileCheck, not_run_archs
 
 PAGE_SCHEMA = "pytest-qconform/matrix-page"
 PAGE_SCHEMA_VERSION = 1
@@ -286,14 +288,37 @@ def _notes(matrix: Matrix) -> dict[str, Any]:
     }
 
 
-def page_data(matrix: Matrix, compiled: CompileCheck | None = None, repros: dict[str, str] | None = None) -> dict:
+def _section(section: Section, run_archs: set[str]) -> dict[str, Any]:
+    """A section with its rows for the archs without a run, each with the arch's facts."""
+    rows = []
+    for found in section.without_runs(run_archs):
+        facts = KNOWN_ARCHS.get(found.arch)
+        rows.append(
+            {
+                "arch": found.arch,
+                "kind": facts.kind if facts else "?",
+                "family": facts.family if facts else "?",
+                "wave": facts.wave_size if facts else None,
+                "held": found.held,
+                "status": found.status,
+            }
+        )
+    return {
+        "backend": section.backend,
+        "source": section.source,
+        "title": section.title,
+        "explanation": section.explanation,
+        "archs": rows,
+    }
+
+
+def page_data(matrix: Matrix, sections: Sequence[Section] = (), repros: dict[str, str] | None = None) -> dict:
     """Everything the page shows, as JSON-ready data (see the module docstring).
-    ``compiled``: the compile check's results, shown as "compiled, not run" for archs without a run.
+    ``sections``: what tools other than runs know (``report.sections``), shown for archs without a run.
     ``repros``: known-failure reason -> repro (default: the packaged registry's)."""
     stale = {id(run) for run in matrix.stale}
     row_index = {row: i for i, row in enumerate(matrix.rows)}
     run_archs = {run.arch for run in matrix.runs}
-    not_run = not_run_archs(compiled, run_archs) if compiled is not None else ()
     return {
         "schema": PAGE_SCHEMA,
         "schema_version": PAGE_SCHEMA_VERSION,
@@ -314,19 +339,6 @@ def page_data(matrix: Matrix, compiled: CompileCheck | None = None, repros: dict
         "overview": _overview(matrix),
         "versions": _versions(matrix, row_index),
         "trend": _trend(matrix, row_index),
-        "compiled": {
-            "triton": compiled.triton if compiled else None,
-            "archs": [
-                {
-                    "arch": a.arch,
-                    "kind": a.kind,
-                    "family": a.family,
-                    "wave": a.wave_size,
-                    "compiled": a.compiled,
-                    "ours": a.ours,
-                }
-                for a in not_run
-            ],
-        },
+        "sections": [_section(section, run_archs) for section in sections],
         "notes": _notes(matrix),
     }

@@ -21,6 +21,8 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from pytest_qconform.hardware import archs  # noqa: E402
+from pytest_qconform.matrix.markdown import section_lines  # noqa: E402
+from pytest_qconform.report.sections import read_section, write_section  # noqa: E402
 from qconform_triton_nf4 import kernel_calls
 from qconform_triton_nf4.compile import check as compile_check
 from qconform_triton_nf4.compile.bf16_rounding import truncating_instructions  # noqa: E402
@@ -30,17 +32,21 @@ from qconform_triton_nf4.compile.report import (  # noqa: E402
     CompileReportError,
     Variant,
     doc_markdown,
-    matrix_lines,
     read_results,
+    section,
     write_results,
 )
 from qconform_triton_nf4.compile.resources import Resources, amd_resources, nvidia_occupancy  # noqa: E402
 from qconform_triton_nf4.unsupported_targets import unsupported_targets  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMITTED = ROOT / "reports" / "compiled" / "compile-check.json"
+COMMITTED = ROOT / "triton-nf4" / "compiled" / "compile-check.json"
+SECTION = ROOT / "reports" / "sections" / "triton-nf4.json"
 DOC = ROOT / "docs" / "kernels-compiled.md"
-REGENERATE = "regenerate them with `nox -s compile-check` and commit reports/compiled/ and docs/kernels-compiled.md"
+REGENERATE = (
+    "regenerate them with `nox -s compile-check` and commit triton-nf4/compiled/, reports/sections/triton-nf4.json "
+    "and docs/kernels-compiled.md"
+)
 
 
 def _without_interpreter() -> dict[str, str]:
@@ -83,6 +89,7 @@ def test_committed_results_and_doc_match_a_fresh_check(fresh) -> None:
     )
     assert committed.to_dict() == check.to_dict(), f"the committed compile-check results differ: {REGENERATE}"
     assert DOC.read_text(encoding="utf-8") == doc_markdown(committed), f"{DOC.relative_to(ROOT)} is stale: {REGENERATE}"
+    assert read_section(SECTION) == section(committed), f"{SECTION.relative_to(ROOT)} is stale: {REGENERATE}"
 
 
 PLANTED = textwrap.dedent("""
@@ -241,13 +248,13 @@ def test_matrix_rows_say_compiled_not_run_only_for_archs_without_a_run() -> None
     check = CompileCheck(
         "3.9.0", "f", 1, (_arch_result("gfx1200"), _arch_result("gfx942", ("boom",)), rejected, _arch_result("sm90"))
     )
-    text = "\n".join(matrix_lines(check, run_archs=["sm90", "x86_64"]))
+    text = "\n".join(section_lines(section(check), {"sm90", "x86_64"}))
     assert "| gfx1200 | rdna4 | 32 | 🛠 compiled, not run (1 variants of 1 kernels) | · not run |" in text
     assert "| gfx942 | cdna3 | 64 | · not run (the compile check failed: 1 of 1 variants) | · not run |" in text
     assert "| gfx1030 | rdna2 | 32 | · not run (Triton 3.9.0 rejects the target) | · not run |" in text
     assert "| sm90 |" not in text, "an arch with a run report shows its verdicts, not a compile result"
     assert "✅" not in text and "pass" not in text, "a compile result never looks like a verdict"
-    assert matrix_lines(check, run_archs=["gfx1200", "gfx942", "gfx1030", "sm90"]) == []
+    assert section_lines(section(check), {"gfx1200", "gfx942", "gfx1030", "sm90"}) == []
 
 
 def test_the_call_log_replays_as_each_platform_would() -> None:
@@ -280,12 +287,12 @@ def test_the_call_log_replays_as_each_platform_would() -> None:
     }
 
 
-def test_the_matrix_cli_reads_the_compile_results_beside_the_run_reports(tmp_path: Path) -> None:
-    """`nox -s matrix` scans reports/ recursively: the results file there is not a report."""
+def test_the_matrix_cli_reads_the_section_beside_the_run_reports(tmp_path: Path) -> None:
+    """`nox -s matrix` scans reports/ recursively: the wing's section there is not a report, and
+    the matrix renders it as the core's record, knowing nothing of the compile check."""
     from pytest_qconform.matrix.cli import main as matrix_main
 
-    (tmp_path / "compiled").mkdir()
-    write_results(CompileCheck("3.9.0", "f", 1, (_arch_result("gfx1200"),)), tmp_path / "compiled" / "c.json")
+    write_section(section(CompileCheck("3.9.0", "f", 1, (_arch_result("gfx1200"),))), tmp_path / "sections" / "t.json")
     for report in sorted((ROOT / "reports").glob("x86_64-*.json"))[-1:]:
         (tmp_path / report.name).write_bytes(report.read_bytes())
     out = tmp_path / "MATRIX.md"
@@ -363,5 +370,5 @@ def test_a_truncating_arch_is_named_in_the_results_doc_and_matrix(tmp_path: Path
         and "expected to fail the rounding check" in note
     )
     assert f"- {note}" in doc_markdown(check)
-    assert f"- {note}" in matrix_lines(check, run_archs=["gfx1200", "gfx942"])
+    assert f"- {note}" in section_lines(section(check), {"gfx1200", "gfx942"})
     assert _arch_result("gfx942").truncation_note() is None

@@ -190,10 +190,10 @@ function renderGrid() {
   }
   const arch = filterValues().arch;
   if (arch !== ALL && !DATA.columns.includes(arch)) {
-    const compiled = DATA.compiled.archs.find((a) => a.arch === arch);
+    const known = DATA.sections.flatMap((s) => s.archs.filter((a) => a.arch === arch).map((a) => `${s.backend}: ${a.status} (${s.source})`));
     body.append(el("tr", {}, el("td", { colspan: 5, class: "not-run", id: "grid-not-run" },
       `No report from ${arch}: nothing was computed there, so no cell has a verdict.` +
-      (compiled ? ` triton-nf4: ${compiled.ours} (the compile check, Triton ${DATA.compiled.triton}); every other backend: not run.` : ""))));
+      (known.length ? ` ${known.join("; ")}; every other backend: not run.` : ""))));
   }
   grid.tBodies[0].replaceChildren(body);
   document.getElementById("shown").textContent =
@@ -377,19 +377,19 @@ function renderRuns() {
       r.suite, r.created + (r.stale ? " (stale)" : ""), r.label])));
 }
 
-function renderCompiled() {
-  const body = document.getElementById("compiled-body");
-  const c = DATA.compiled;
+function renderSections() {
+  const body = document.getElementById("sections-body");
   const arch = filterValues().arch;
-  if (!c.archs.length) {
-    body.replaceChildren(el("p", { class: "muted" }, c.triton ? "Every arch of the compile check has a run report." : "No compile check results were merged."));
+  if (!DATA.sections.length) {
+    body.replaceChildren(el("p", { class: "muted" }, "No section was merged (a backend's tool writes one into reports/, e.g. nox -s compile-check)."));
     return;
   }
-  body.replaceChildren(
-    el("p", { class: "muted" }, `Archs without a run report: our Triton kernels (triton-nf4) compile for the arch, checked on a ` +
-      `CPU with Triton ${c.triton}; nothing was computed there, so no verdict. Every other backend: not run.`),
-    table(["arch", "kind", "family", "wave", "triton-nf4", "other backends"],
-      c.archs.map((a) => [a.arch, a.kind, a.family, String(a.wave), a.ours, "not run"]), { id: "compiled-table" }));
+  body.replaceChildren(...DATA.sections.flatMap((s) => (s.archs.length
+    ? [el("h3", {}, `${s.title} (${s.backend})`),
+      el("p", { class: "muted" }, `Archs without a run report: ${s.explanation}. Every other backend: not run.`),
+      table(["arch", "kind", "family", "wave", s.backend, "other backends"],
+        s.archs.map((a) => [a.arch, a.kind, a.family, String(a.wave), a.status, "not run"]), { id: `section-${s.backend}` })]
+    : [el("p", { class: "muted" }, `${s.title} (${s.backend}, ${s.source}): every arch it covers has a run report.`)])));
   if (arch !== ALL) for (const tr of body.querySelectorAll("tr")) if (tr.cells[0].tagName === "TD" && tr.cells[0].textContent !== arch) tr.hidden = true;
 }
 
@@ -426,7 +426,7 @@ function renderHeader() {
 
 function refresh() {
   renderGrid();
-  renderCompiled();
+  renderSections();
   if (SELECTED) renderDetail();
   writeHash();
 }
@@ -440,8 +440,8 @@ async function main() {
     return;
   }
   const o = DATA.options;
-  // Archs without a run are choices too: choosing one says what is known there (compiled, not run).
-  const unrun = DATA.compiled.archs.map((a) => a.arch).filter((a) => !o.arch.includes(a));
+  // Archs without a run are choices too: choosing one says what the sections know there.
+  const unrun = [...new Set(DATA.sections.flatMap((s) => s.archs.map((a) => a.arch)))].filter((a) => !o.arch.includes(a));
   fillSelect("arch", [...o.arch, ...unrun], (a) => (o.arch.includes(a) ? a : a + " (not run)"));
   fillSelect("backend", o.backend);
   fillSelect("operation", o.operation);

@@ -1,3 +1,4 @@
 """The compile check: our Triton kernels compiled for every listed GPU arch on any machine, the
-results the matrix reads (reports/compiled/) and the registers/occupancy table.
+results (triton-nf4/compiled/), the matrix's section of them (reports/sections/) and the
+registers/occupancy table.
 """

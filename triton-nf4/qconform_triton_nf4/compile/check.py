@@ -21,8 +21,8 @@ The AMD machine code of each compiled variant is also scanned for instructions t
 bf16 toward zero (``bf16_rounding``); a hit is written into the results and the matrix
 as that arch's expected bf16 rounding failure, not as a compile failure.
 
-CLI (CI runs it through tests/test_compile_check.py; ``nox -s compile-check`` also writes
-the committed results and docs/kernels-compiled.md)::
+CLI (``nox -s compile-check`` runs it and writes the committed results, the matrix's section
+of them and docs/kernels-compiled.md)::
 
     python -m qconform_triton_nf4.compile.check [--arch ARCH ...] [--jobs N] [--json FILE] [--doc FILE]
 
@@ -49,9 +49,10 @@ from pathlib import Path
 from typing import Any
 
 from pytest_qconform.hardware import archs
+from pytest_qconform.report.sections import write_section
 from qconform_triton_nf4 import kernel_calls
 from qconform_triton_nf4.compile.bf16_rounding import truncating_instructions
-from qconform_triton_nf4.compile.report import ArchResult, CompileCheck, Variant, write_doc, write_results
+from qconform_triton_nf4.compile.report import ArchResult, CompileCheck, Variant, section, write_doc, write_results
 from qconform_triton_nf4.compile.resources import amd_resources, nvidia_resources
 from qconform_triton_nf4.unsupported_targets import rejection
 
@@ -509,7 +510,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--arch", action="append", help="only this arch (repeatable; default: every listed arch)")
     parser.add_argument("--calls", type=Path, help="a kernel-call log (default: the packaged default-run log)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes (default: one per CPU)")
-    parser.add_argument("--json", type=Path, help="write the results (the matrix reads them) here")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--section", type=Path, help="write the matrix's section of the results here (into reports/)")
     parser.add_argument("--doc", type=Path, help="write the Markdown table of registers, spills, occupancy here")
     options = parser.parse_args(argv)
     if os.environ.pop("TRITON_INTERPRET", None) and "qconform_triton_nf4.kernels" in sys.modules:
@@ -525,6 +527,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_results(check, options.json)
     if options.doc:
         write_doc(check, options.doc)
+    if options.section:
+        write_section(section(check), options.section)
     problems = failures(check)
     for result in check.archs:
         print(f"{result.arch}: {result.compiled}/{result.variants} variants compiled ({result.seconds} s)")

@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_qconform.report.sections import ArchStatus, Section
 from qconform_triton_nf4.compile.resources import Resources
 
 KIND = "qconform-compile-check"
 SCHEMA_VERSION = 1
 BACKEND = "triton-nf4"
 COMPILED_SYMBOL = "🛠"
-NOT_RUN_SYMBOL = "·"
 
 
 class CompileReportError(ValueError):
@@ -323,8 +323,9 @@ def doc_markdown(check: CompileCheck) -> str:
         f"Every variant a default run launches (the kernel-call log plus `compile_check.extra_calls()`: "
         f"{check.calls} entry-point calls), compiled with Triton {check.triton} on a CPU for each GPU arch in "
         f"`pytest_qconform/hardware/archs.py`, down to the code object (AMD: hsaco, NVIDIA: cubin). Compiled is not "
-        f"run: nothing here was computed on these GPUs. Results: `reports/compiled/compile-check.json` "
-        f"(fingerprint `{check.fingerprint}`); how it works: `triton-nf4/qconform_triton_nf4/compile/check.py`.",
+        f"run: nothing here was computed on these GPUs. Results: `triton-nf4/compiled/compile-check.json` "
+        f"(fingerprint `{check.fingerprint}`), the matrix's section of them: `reports/sections/triton-nf4.json`; "
+        "how it works: `triton-nf4/qconform_triton_nf4/compile/check.py`.",
         "",
         "A cell: variants compiled · registers per thread (min–max) · spills (max) · occupancy (min–max).",
         "AMD: registers are VGPRs (+ AGPRs), spills are spilled VGPRs + SGPRs, occupancy is LLVM's waves per "
@@ -394,65 +395,30 @@ def write_doc(check: CompileCheck, path: Path) -> None:
     path.write_text(doc_markdown(check), encoding="utf-8")
 
 
-# ---------------------------------------------------------------- the matrix's rows
+# ---------------------------------------------------------------- the matrix's section
 
 
-@dataclass(frozen=True)
-class NotRunArch:
-    """An arch of the compile check without a run report: what can be said of it without a verdict.
-
-    ``ours`` is our kernels' status in words (``compiled, not run (346 variants of 4 kernels)``);
-    ``compiled`` says whether every variant compiled. The Markdown matrix and the page
-    (``matrix.site``) both show these rows, so the wording lives here once."""
-
-    arch: str
-    kind: str
-    family: str
-    wave_size: int
-    compiled: bool
-    ours: str
-
-
-def not_run_archs(check: CompileCheck, run_archs: Iterable[str]) -> tuple[NotRunArch, ...]:
-    """The compile check's archs that no run report covers, in the check's order."""
-    ran = set(run_archs)
-    found = []
+def section(check: CompileCheck) -> Section:
+    """What the matrix shows of the check (the core's section record): per arch our kernels'
+    status in words, "compiled, not run" where every variant compiled, and the bf16 rounding
+    notes. The matrix shows an arch's row only where no run report covers the arch."""
+    statuses = []
     for result in check.archs:
-        if result.arch in ran:
-            continue
         if result.ok:
-            ours = f"compiled, not run ({result.variants} variants of {len(result.kernels)} kernels)"
+            status = f"compiled, not run ({result.variants} variants of {len(result.kernels)} kernels)"
         elif result.unsupported:
-            ours = f"not run (Triton {check.triton} rejects the target)"
+            status = f"not run (Triton {check.triton} rejects the target)"
         else:
-            ours = f"not run (the compile check failed: {len(result.failed)} of {result.variants} variants)"
-        found.append(NotRunArch(result.arch, result.kind, result.family, result.wave_size, result.ok, ours))
-    return tuple(found)
-
-
-def matrix_lines(check: CompileCheck, run_archs: Iterable[str]) -> list[str]:
-    """The matrix's section for archs without a run report: "compiled, not run" for our
-    kernels where every variant compiled, "not run" otherwise. Never a verdict."""
-    rows = [
-        [
-            found.arch,
-            found.family,
-            str(found.wave_size),
-            f"{COMPILED_SYMBOL if found.compiled else NOT_RUN_SYMBOL} {found.ours}",
-            f"{NOT_RUN_SYMBOL} not run",
-        ]
-        for found in not_run_archs(check, run_archs)
-    ]
-    notes = [f"- {r.truncation_note()}" for r in check.archs if r.truncating_bf16]
-    if notes:
-        notes = ["", f"**bf16 rounding** (the compile check, Triton {check.triton}):", "", *notes]
-    if not rows:
-        return notes
-    return notes + [
-        "",
-        f"**Compiled, not run** (archs without a run report: {COMPILED_SYMBOL} our Triton kernels compile "
-        f"for the arch, checked on a CPU with Triton {check.triton}; nothing was computed on it, so no "
-        f"verdict. Registers, spills, occupancy: docs/kernels-compiled.md)",
-        "",
-        *_table(["arch", "family", "wave", BACKEND, "other backends"], rows),
-    ]
+            status = f"not run (the compile check failed: {len(result.failed)} of {result.variants} variants)"
+        statuses.append(ArchStatus(result.arch, result.ok, status))
+    return Section(
+        backend=BACKEND,
+        source=f"the compile check, Triton {check.triton}",
+        title="Compiled, not run",
+        explanation=f"our Triton kernels compile for the arch, checked on a CPU with Triton {check.triton}; nothing "
+        "was computed on it, so no verdict. Registers, spills, occupancy: docs/kernels-compiled.md",
+        symbol=COMPILED_SYMBOL,
+        archs=tuple(statuses),
+        notes_title="bf16 rounding",
+        notes=tuple(note for r in check.archs if (note := r.truncation_note())),
+    )
