@@ -84,29 +84,3 @@ def test_no_import_circle_in_the_plugin_the_reference_or_the_suites():
     assert {"pytest_qconform.reference.bounds", "pytest_qconform.suites._cases"} <= set(graph)
     circle = find_circle(graph)
     assert circle is None, f"import circle: {' -> '.join(circle or [])}"
-
-
-# What the core still imports of the wing: the matrix reads the compile check's results.
-WING_IMPORTS_ALLOWED = {"matrix/cli.py", "matrix/markdown.py", "matrix/site.py", "matrix/site_data.py"}
-
-
-def test_the_core_names_no_backend_of_ours():
-    """Our Triton backend plugs in through entry points, as a downstream backend does: no
-    module of the core imports it, and the registry does not list it as built in."""
-    from pytest_qconform.backends import registry
-
-    package = Path(pytest_qconform.__file__).parent
-    naming = []
-    for path in package.rglob("*.py"):
-        if path.relative_to(package).as_posix() in WING_IMPORTS_ALLOWED:
-            continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names = (
-                [a.name for a in node.names]
-                if isinstance(node, ast.Import)
-                else ([f"{node.module}.{a.name}" for a in node.names] if isinstance(node, ast.ImportFrom) else [])
-            )
-            naming += [f"{path.relative_to(package)}: {n}" for n in names if n.startswith("qconform_triton_nf4")]
-    assert naming == []
-    assert "triton-nf4" not in registry.BUILTIN_BACKENDS
-    assert "triton-nf4" in registry.discover(), "installed: its entry point (pip install -e ./triton-nf4)"
