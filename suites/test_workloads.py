@@ -24,6 +24,8 @@ import pytest
 import torch
 from pytest_qconform.reference import bounds
 
+from pytest_qconform.session.outcomes import OTHER_DEVICE_PREFIX
+
 from ._cases import reference_decode
 from ._layers import check_requantized, lora_delta, needs, require_layer_claim, snapshot, snapshot_differences
 from ._workloads import LoraCalls, accumulated_lora_gradients, lora_layers, lora_targets, prompts, quantized_model
@@ -32,6 +34,8 @@ WORKLOAD_AXES = ("model", "format", "hqq_axis", "dtype")
 NEW_TOKENS = 3
 LONG_PREFILL = 96
 RANK, ALPHA = 4, 8
+SERVED_LENGTH, CACHE_LENGTH, DECODE_STEPS = 5, 16, 2  # compiled and captured serving: static KV cache
+WARMUP_CALLS = 2  # eager decode steps on a side stream before a capture, as torch.cuda.graphs documents
 
 
 def _workload(qtarget, qbackend, qdevice, qcheck, tmp_path, spec, model, dtype, **claims):
@@ -40,11 +44,12 @@ def _workload(qtarget, qbackend, qdevice, qcheck, tmp_path, spec, model, dtype, 
     return facet, caps, lm
 
 
-def workload(pipeline: str):
-    """The markers of a workload check: its operation, its axes, one of each value in ``ci``."""
+def workload(pipeline: str, **only: tuple):
+    """The markers of a workload check: its operation, its axes (``only``: the values an axis
+    is limited to), one of each value in ``ci``."""
 
     def mark(test):
-        test = pytest.mark.qconform_axes(*WORKLOAD_AXES)(test)
+        test = pytest.mark.qconform_axes(*WORKLOAD_AXES, **only)(test)
         test = pytest.mark.qconform_ci_strength(1)(test)
         return pytest.mark.qconform_operation(f"workload:{pipeline}")(test)
 
@@ -87,6 +92,100 @@ def test_serving(qtarget, qbackend, qdevice, qcheck, qwatch, tmp_path, spec, mod
         if stream is not None:
             torch.cuda.current_stream(qdevice).wait_stream(stream)
     qcheck.equal(bool(torch.isfinite(out.logits).all()), True, "the served logits are finite")
+
+
+def _static_cache(lm, ids):
+    """A ``StaticCache`` (fixed shapes, what compiled and captured decoding needs) and the
+    prompt's cache positions."""
+    transformers = needs("transformers")
+    cache = transformers.StaticCache(config=lm.config, max_cache_len=CACHE_LENGTH)
+    return cache, torch.arange(ids.shape[1], device=ids.device)
+
+
+def _judged(oracle, word: str) -> int:
+    """Judged calls whose context signature has ``word`` (``compiled``, ``captured``)."""
+    return sum(n for (_, signature), n in oracle.judged.items() if word in signature.split())
+
+
+@workload("compiled", model=("qwen2",), format=("nf4", "hqq4"), dtype=(torch.bfloat16,))
+def test_compiled_serving(qtarget, qbackend, qdevice, qcheck, qwatch, qprofile, tmp_path, spec, model, dtype):
+    """Serving through ``torch.compile`` as users compile a model right after loading it (no
+    eager call first): a static KV cache, a prefill and decode steps of the compiled model.
+    Inside it each layer's call is compiled code; the oracle judges every sampled one as a
+    compiled call, and a run in which no call was compiled (dynamo fell back to eager) fails.
+    The default mode: capture into CUDA graphs is ``workload:captured``'s.
+
+    One family (Qwen2: biased q/k/v), NF4 (HQQ: its 4-bit) in bf16, as served; each instance
+    compiles two graphs (prefill, decode). On a CPU in the ``thorough`` profile only: inductor
+    compiles C++ there, 15-50 s an instance on a 2-core CPU."""
+    if qdevice.type != "cuda" and qprofile != "thorough":
+        pytest.skip(
+            f"{OTHER_DEVICE_PREFIX} compiled workloads run on GPUs, and on a CPU in the thorough profile "
+            "(inductor's C++ compiles, 15-30 s an instance)"
+        )
+    facet, _, lm = _workload(qtarget, qbackend, qdevice, qcheck, tmp_path, spec, model, dtype)
+    lm.eval()
+    torch._dynamo.reset()  # this instance's graphs, not an earlier instance's cached code
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(lm, dynamic=False)
+    ids, _ = prompts((SERVED_LENGTH, SERVED_LENGTH), seed=317, device=qdevice)
+    cache, positions = _static_cache(lm, ids)
+    try:
+        with qwatch(lm, {qbackend.name: facet}) as oracle, torch.no_grad():
+            out = compiled(input_ids=ids, past_key_values=cache, cache_position=positions, use_cache=True)
+            logits = out.logits.clone()
+            oracle.settle()  # each step's calls judged before the next step (as under reduce-overhead)
+            for step in range(DECODE_STEPS):
+                token = logits[:, -1:].argmax(-1)
+                position = torch.tensor([SERVED_LENGTH + step], device=qdevice)
+                logits = compiled(input_ids=token, past_key_values=cache, cache_position=position).logits.clone()
+                oracle.settle()
+    finally:
+        breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
+        torch._dynamo.reset()
+    qcheck.describe(graph_breaks=breaks)  # the backend's own (the oracle's hooks break no graph)
+    qcheck.equal(_judged(oracle, "compiled") > 0, True, "calls judged as compiled (dynamo compiled the layers)")
+    qcheck.equal(bool(torch.isfinite(logits).all()), True, "the served logits are finite")
+
+
+@workload("captured", model=("llama", "qwen2"))
+def test_captured_decode(qtarget, qbackend, qdevice, qcheck, qwatch, tmp_path, spec, model, dtype):
+    """The decode step as serving engines run it (vLLM and SGLang capture it): a static KV
+    cache, eager warm-up steps on a side stream, the step captured in a CUDA graph, then
+    replayed for each new token with the token and its position copied into the graph's
+    static inputs. A call made during the capture has no values yet; the oracle judges it on
+    the values the last replay left (``oracle.settle()``). On a GPU only."""
+    if qdevice.type != "cuda":
+        pytest.skip(f"{OTHER_DEVICE_PREFIX} GPU only: a CUDA graph captures GPU kernels, this run computes on the CPU")
+    facet, _, lm = _workload(qtarget, qbackend, qdevice, qcheck, tmp_path, spec, model, dtype)
+    lm.eval()
+    ids, _ = prompts((SERVED_LENGTH, SERVED_LENGTH), seed=331, device=qdevice)
+    cache, positions = _static_cache(lm, ids)
+    with qwatch(lm, {qbackend.name: facet}) as oracle, torch.inference_mode():
+        out = lm(input_ids=ids, past_key_values=cache, cache_position=positions, use_cache=True)
+        token = out.logits[:, -1:].argmax(-1)  # the graph's static inputs
+        position = torch.tensor([SERVED_LENGTH], device=qdevice)
+
+        def step():
+            return lm(input_ids=token, past_key_values=cache, cache_position=position, use_cache=True).logits
+
+        side = torch.cuda.Stream(qdevice)
+        side.wait_stream(torch.cuda.current_stream(qdevice))
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_CALLS):  # they write the cache at `position`: the replays write it again
+                step()
+        torch.cuda.current_stream(qdevice).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            logits = step()
+        for _ in range(DECODE_STEPS):
+            graph.replay()
+            token.copy_(logits[:, -1:].argmax(-1))
+            position.add_(1)
+        torch.cuda.synchronize(qdevice)
+        judged = oracle.settle()
+    qcheck.equal(judged > 0 and _judged(oracle, "captured") == judged, True, "captured calls judged after replay")
+    qcheck.equal(bool(torch.isfinite(logits).all()), True, "the replayed logits are finite")
 
 
 @pytest.mark.qconform_axes(*WORKLOAD_AXES, "checkpointing")

@@ -199,7 +199,7 @@ EXPECTED_OPERATIONS = {
         "workload:generate",
         "workload:serving",
     }
-    | ({"captured"} if GPU else set()),
+    | ({"captured", "workload:compiled", "workload:captured"} if GPU else set()),
     "torch-gemlite4-correct": {"quantize", "matmul", "matmul-fp32-input", "parameters"},
 }
 

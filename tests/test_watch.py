@@ -55,6 +55,49 @@ def test_a_call_outside_its_bound_fails_naming_layer_call_and_context() -> None:
             model(torch.randn(4, 64))
 
 
+def test_a_compiled_call_is_judged_as_compiled() -> None:
+    """Inside the compiled model the hook only queues the call, without breaking dynamo's
+    graph; the queue is judged as compiled calls when the next eager call comes, and the
+    same model's eager calls are not compiled ones (``backend="eager"``: dynamo's tracing
+    without inductor's code generation)."""
+    model, facets = _model()
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(model, backend="eager", dynamic=False)
+    try:
+        with watch(model, facets) as oracle, torch.no_grad():
+            compiled(torch.randn(3, 64))
+            model(torch.randn(3, 64))
+    finally:
+        torch._dynamo.reset()
+    assert not torch._dynamo.utils.counters["graph_break"], torch._dynamo.utils.counters["graph_break"]
+    contexts = oracle.summary()["torch-nf4"]["contexts"]
+    assert contexts == {
+        "forward no-grad compiled cpu 2-D contiguous fp32": 2,
+        "forward no-grad cpu 2-D contiguous fp32": 2,
+    }
+
+
+def test_a_captured_call_is_judged_when_the_watch_settles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call made while a CUDA graph is captured has no values yet: it waits for
+    ``settle()`` (which the watch calls as it ends) and is judged on the tensors' values
+    then. Capture is simulated (no GPU here): the layer's output is overwritten after the
+    call, as a replay would write it, and the oracle must judge the overwritten values."""
+    from pytest_qconform.watch import context
+    from pytest_qconform.watch import oracle as oracle_module
+
+    model, facets = _model()
+    monkeypatch.setattr(context, "capturing", lambda device: True)
+    monkeypatch.setattr(oracle_module.torch.cuda, "synchronize", lambda *a: None)
+    x = torch.randn(4, 64)
+    with pytest.raises(WatchFailure, match=r"forward no-grad captured cpu"):
+        with watch(model, facets) as oracle, torch.no_grad():
+            y = model[0](x)
+            assert not oracle.verdicts  # pending: nothing computed yet under a real capture
+            y.add_(1.0)  # what a replay with other values leaves in the captured output
+    assert len(oracle.verdicts) == 1 and oracle.verdicts[0].context.captured
+
+
 def test_a_watch_that_judged_nothing_fails() -> None:
     model, facets = _model()
     with pytest.raises(WatchFailure, match="judged no call: 2 quantized layers"):

@@ -1000,6 +1000,29 @@ class Tf32WhenEvaluating(_LayerMutant):
 MUTANTS = MUTANTS + (Tf32WhenEvaluating,)
 
 
+class _CapturedDropsBiasLinear(FunctionalLinear):
+    def forward(self, x):
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            return self.backend.matmul(x, self.quantized, None, self.compute_dtype)
+        return super().forward(x)
+
+
+class CapturedDropsBias(_LayerMutant):
+    """A layer that takes another path while a CUDA graph is captured (as serving stacks'
+    custom ops branch on capture) and forgets the bias there: every eager call is right,
+    and a served model whose decode step is captured (Qwen2's q/k/v) computes wrong at every
+    replay. Caught only if the oracle judges captured calls, on the replayed values."""
+
+    name = "mutant-captured-drops-bias"
+    catches = "workload:captured"
+    suites = WORKLOAD_SUITES
+    layer_class = _CapturedDropsBiasLinear
+    needs_gpu = True
+
+
+MUTANTS = MUTANTS + (CapturedDropsBias,)
+
+
 # -- bugs planted in the libraries a real backend stacks on (issue 36) ------------------------------------
 # Each is the real backend under another name, with one public bug of its class planted into the
 # library (transformers, PEFT, HQQ) by ``plant()`` when the zoo's conftest registers it: one run of its

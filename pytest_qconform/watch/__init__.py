@@ -77,6 +77,7 @@ def watch(
         yield oracle
     finally:
         oracle.detach()
+        oracle.settle()
         if on_detach is not None:
             on_detach(oracle)
     conclude(oracle, require_calls=require_calls)

@@ -3,14 +3,15 @@
 Real workloads call a 4-bit layer in settings that a test calling one operation never
 writes: without grad (generate), in inference mode (serving), under autocast (a trainer's
 mixed precision), again during the backward pass (gradient checkpointing recomputes the
-forward), on a side stream, with 3-D activations that are views of a wider tensor. Each
+forward), on a side stream, inside a ``torch.compile``d model, captured into a CUDA graph,
+with 3-D activations that are views of a wider tensor. Each
 checked call carries its context so that the report can say, per backend, which of these
 settings were seen and judged.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -51,6 +52,12 @@ def _stream(device: torch.device) -> str:
     return "default" if current == torch.cuda.default_stream(device) else "side"
 
 
+def capturing(device: torch.device) -> bool:
+    """Whether the current stream of ``device`` is capturing a CUDA graph: the call is being
+    recorded, its result exists only after a replay."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def in_backward() -> bool:
     """Whether autograd's engine is running a backward pass on this thread: a forward that
     runs then is a recomputation (gradient checkpointing)."""
@@ -67,6 +74,8 @@ class CallContext:
     inference_mode: bool
     autocast: str
     recompute: bool
+    compiled: bool  # called from code torch.compile traced (queued inside the graph, see oracle)
+    captured: bool  # called while a CUDA graph was being captured (judged after a replay)
     stream: str
     device: str
     rank: int
@@ -99,11 +108,38 @@ class CallContext:
             inference_mode=torch.is_inference_mode_enabled(),
             autocast=_autocast(x.device),
             recompute=in_backward(),
+            compiled=False,
+            captured=capturing(x.device),
         )
 
     @classmethod
+    def of_compiled(
+        cls, x: torch.Tensor, *, grad: bool, inference_mode: bool, autocast: torch.dtype | None
+    ) -> CallContext:
+        """A call compiled code made, with the modes it ran under (recorded inside the graph):
+        the tensors are the graph's, read after it ran."""
+        context = cls._of(
+            x,
+            "forward",
+            inference_mode=inference_mode,
+            autocast="off" if autocast is None else f"{x.device.type}:{_dtype_label(autocast)}",
+            recompute=False,
+            compiled=True,
+            captured=False,
+        )
+        return replace(context, grad=grad)
+
+    @classmethod
     def of_backward(cls, dy: torch.Tensor) -> CallContext:
-        return cls._of(dy, "backward", inference_mode=False, autocast="off", recompute=False)
+        return cls._of(
+            dy,
+            "backward",
+            inference_mode=False,
+            autocast="off",
+            recompute=False,
+            compiled=False,
+            captured=capturing(dy.device),
+        )
 
     def signature(self) -> str:
         """Everything but the row count, as one readable string (the report's coverage key)."""
@@ -118,6 +154,8 @@ class CallContext:
             *(["inference-mode"] if self.inference_mode else []),
             *([f"autocast={self.autocast}"] if self.autocast != "off" else []),
             *(["recompute"] if self.recompute else []),
+            *(["compiled"] if self.compiled else []),
+            *(["captured"] if self.captured else []),
             *([f"stream={self.stream}"] if self.stream == "side" else []),
             self.device,
             f"{self.rank}-D",

@@ -3,21 +3,32 @@
 A check that calls one operation the way a test writes it misses the settings real code
 creates (no grad, inference mode, autocast, recomputation under gradient checkpointing,
 3-D views, a new row count at every generated token). The oracle sits on the layers
-instead: PyTorch forward hooks and full backward hooks on every module a backend's layer
+instead: PyTorch forward hooks and backward hooks on every module a backend's layer
 facet owns (bitsandbytes' ``Linear4bit``, HQQ's ``HQQLinear``, ``FunctionalLinear``)
 see each forward ``y = layer(x)`` and each backward ``dx`` for ``dy``, and each sampled
 call is compared with the float64 reference of that layer's own stored bytes *as they
 are at that moment* (``LayerFacet.packed``), under the bounds the suites derive
 (``bounds.matmul_bound`` and ``bounds.grad_bound`` with ``bounds.layer_weight_error``).
 
-The hooks look only: they return nothing, so the library computes on exactly the tensors
-the model passes (a full backward hook hands the module an autograd alias of its input:
-the same memory, strides, offset and dtype).
+The hooks look only: the library computes on exactly the tensors the model passes. (An
+eager call that records a graph gets autograd aliases of its input and output, as a full
+backward hook gives them: the same memory, strides, offset and dtype.)
 
 Beyond the numbers, each call's contract: the output's shape ``(*x.shape[:-1], N)``, its
 device (the input's) and its dtype (the input's; under autocast the autocast dtype is
 also allowed), and stored bytes that decode to finite values. Never both sides wrong: a
 layer whose stored state decodes to NaN or inf fails even where its output agrees.
+
+Compiled and captured calls. Inside a ``torch.compile``d model dynamo traces the forward
+hook too: there it only appends the layer's input and output to a queue (dynamo makes
+them outputs of its graph and replays the append after the graph runs), so the compiled
+program keeps its one graph, its fusions and its CUDA graphs. ``settle()`` judges the
+queued calls as compiled calls; the watch calls it when it ends, and every eager call
+of a watched layer first. Under ``mode="reduce-overhead"`` a graph's outputs live until
+its next replay: call ``settle()`` after each compiled step (a queued output that a
+replay overwrote fails, saying so). A call made while a CUDA graph is being captured
+has no values yet: it is recorded with its tensors, which the graph replays into, and
+judged by ``settle()`` on the values of the graph's last replay.
 
 Sampling bounds the cost: per layer and context signature (``CallContext.signature``),
 the first ``first_calls`` calls, plus every call of a row count that layer had not been
@@ -34,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils.hooks import BackwardHook
 
 from pytest_qconform.backends.layers import LayerFacet
 from pytest_qconform.reference import bounds, faithful, linear
@@ -67,6 +79,8 @@ class _Watched:
     name: str
     backend: str
     facet: LayerFacet
+    module: torch.nn.Module
+    backward: BackwardHook | None = None  # the eager call under way's backward hook (see _backward_pre_hook)
     forward_calls: int = 0
     backward_calls: int = 0
     forward_dtype: torch.dtype | None = None  # the last grad-recording forward's compute dtype, for its backward
@@ -120,6 +134,8 @@ class CallOracle:
         self._per_signature: Counter[tuple[int, str]] = Counter()
         self._row_counts: set[tuple[int, str, int]] = set()
         self._decoded: dict[tuple[str, str], _Decoded] = {}
+        self._pending: list[tuple[_Watched, int, CallContext, Any]] = []  # captured calls, judged by settle()
+        self._compiled: list[tuple[Any, ...]] = []  # compiled calls' (watched, x, y, settings), judged by settle()
 
     # -- attaching --------------------------------------------------------------------------------
 
@@ -134,9 +150,9 @@ class CallOracle:
             owner = self.facet_of(module)
             if owner is None:
                 continue
-            self._watched[id(module)] = _Watched(name or type(module).__name__, *owner)
-            self._handles.append(module.register_forward_hook(self._on_forward))
-            self._handles.append(module.register_full_backward_hook(self._on_backward))
+            watched = self._watched[id(module)] = _Watched(name or type(module).__name__, *owner, module)
+            self._handles.append(module.register_forward_hook(self._forward_hook(watched)))
+            self._handles.append(module.register_forward_pre_hook(self._backward_pre_hook(watched)))
         return len(self._watched)
 
     def detach(self) -> None:
@@ -161,16 +177,54 @@ class CallOracle:
 
     # -- hooks ------------------------------------------------------------------------------------
 
+    def _forward_hook(self, watched: _Watched) -> Any:
+        """The forward hook of one layer. Traced by dynamo inside a compiled model, where it
+        only queues the call (the tensors and the modes it ran under); eager, it judges."""
+        queue = self._compiled
+
+        def hook(module: torch.nn.Module, args: tuple, output: Any) -> Any:
+            if torch.compiler.is_compiling():
+                if args and isinstance(args[0], torch.Tensor) and isinstance(output, torch.Tensor):
+                    x = args[0]
+                    kind = x.device.type
+                    autocast = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
+                    queue.append((watched, x, output, torch.is_grad_enabled(), autocast))  # inference mode: y's
+                return None
+            self._on_forward(module, watched, args, output)
+            backward, watched.backward = watched.backward, None
+            return None if backward is None else backward.setup_output_hook(output)
+
+        return hook
+
+    def _backward_pre_hook(self, watched: _Watched) -> Any:
+        """What ``register_full_backward_hook`` does, done by the watch itself and only for
+        an eager call that records a graph: PyTorch's ``BackwardHook`` hands the module an
+        autograd alias of its input (the same memory, strides, offset and dtype) and of its
+        output, and reports ``dx`` for ``dy`` of this call. A module with a full backward
+        hook registered is one dynamo refuses to compile (it runs it eagerly), so a watched
+        model compiles as the unwatched one does."""
+
+        def pre_hook(module: torch.nn.Module, args: tuple) -> Any:
+            if torch.compiler.is_compiling() or not torch.is_grad_enabled():
+                return None
+            watched.backward = BackwardHook(module, [self._on_backward], [])
+            return watched.backward.setup_input_hook(args)
+
+        return pre_hook
+
     @torch._dynamo.disable
-    def _on_forward(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
-        watched = self._watched.get(id(module))
-        if watched is None or not args or not isinstance(args[0], torch.Tensor):
+    def _on_forward(self, module: torch.nn.Module, watched: _Watched, args: tuple, output: Any) -> None:
+        self._judge_compiled()
+        if not args or not isinstance(args[0], torch.Tensor):
             return
-        x = args[0]
+        self._forward_call(module, watched, args[0], output, CallContext.of_forward(args[0]))
+
+    def _forward_call(
+        self, module: torch.nn.Module, watched: _Watched, x: torch.Tensor, output: Any, context: CallContext
+    ) -> None:
         watched.forward_calls += 1
-        context = CallContext.of_forward(x)
         compute = self._compute_dtype(watched.facet, module, x, context)
-        if torch.is_grad_enabled() and isinstance(output, torch.Tensor) and output.requires_grad:
+        if context.grad and isinstance(output, torch.Tensor) and output.requires_grad:
             watched.forward_dtype = compute
         if not self._sampled(module, watched, context):
             return
@@ -202,6 +256,35 @@ class CallOracle:
             )
 
     def _record(self, watched: _Watched, call: int, context: CallContext, judge: Any) -> None:
+        if context.captured:  # recorded, not run: its values exist after a replay
+            self._pending.append((watched, call, context, judge))
+            return
+        self._judge(watched, call, context, judge)
+
+    def settle(self) -> int:
+        """Judge the calls recorded during CUDA graph captures, on the values their graphs'
+        last replay left in the captured tensors (after a device synchronize); call it after
+        replaying. Returns how many were judged."""
+        compiled = self._judge_compiled()
+        pending, self._pending = self._pending, []
+        if pending:  # captured calls are CUDA calls
+            torch.cuda.synchronize()
+        with torch.no_grad():
+            for watched, call, context, judge in pending:
+                self._judge(watched, call, context, judge)
+        return compiled + len(pending)
+
+    def _judge_compiled(self) -> int:
+        """Judge (as sampled) the calls compiled code queued; returns how many were judged."""
+        queued = list(self._compiled)
+        self._compiled.clear()  # the same list: the hooks hold it
+        before = len(self.verdicts)
+        for watched, x, y, grad, autocast in queued:
+            context = CallContext.of_compiled(x, grad=grad, inference_mode=y.is_inference(), autocast=autocast)
+            self._forward_call(watched.module, watched, x, y, context)
+        return len(self.verdicts) - before
+
+    def _judge(self, watched: _Watched, call: int, context: CallContext, judge: Any) -> None:
         try:
             multiple, message = judge()
         except Exception as exc:  # noqa: BLE001 - a call the oracle cannot judge is a failed call, named
