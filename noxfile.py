@@ -138,8 +138,9 @@ def compile_check(session: nox.Session) -> None:
     and write the results (triton-nf4/compiled/compile-check.json), the matrix's section of
     them (reports/sections/triton-nf4.json) and the registers/spills/occupancy table
     (docs/kernels-compiled.md). Run it after the kernels,
-    the kernel-call log or the Triton pin change; tests/test_compile_check.py fails until the
-    committed files match. Extra arguments go to ``python -m qconform_triton_nf4.compile.check``.
+    the kernel-call log, the listed archs or the Triton pin change: triton-nf4/tests/test_compile_check.py
+    fails (in a second, by fingerprint) until the committed files are this checkout's. .ci/run runs
+    this session and fails if it changes them. Extra arguments go to ``python -m qconform_triton_nf4.compile.check``.
     19 min on 2 CPU cores with a cold Triton cache (one process per core; 346 variants per arch
     since the log holds the quantize calls too, 2026-11-26), seconds warm."""
     session.run(

@@ -441,14 +441,25 @@ def check_arch(arch: str, calls: list[dict]) -> ArchResult:
     )
 
 
+# The check's own sources: what it replays, compiles and reads from the code objects.
+CHECK_SOURCES = ("check.py", "resources.py", "bf16_rounding.py")
+
+
 def fingerprint(calls: list[dict]) -> str:
-    """A hash of what decides the results: kernel sources, the replayed calls, Triton's version."""
+    """A hash of everything that decides the results: the kernel sources, the replayed calls,
+    Triton's version, the listed archs (name, kind, family, wave size), the unsupported
+    targets and the check's own sources. The committed results carry it, so that a test can
+    say in a second that they are stale (tests/test_compile_check.py), without compiling."""
     from importlib.metadata import version
 
+    from qconform_triton_nf4.unsupported_targets import UNSUPPORTED_TARGETS
+
     digest = hashlib.sha256()
-    for path in sorted(KERNELS_DIR.glob("*.py")):
+    sources = sorted(KERNELS_DIR.glob("*.py")) + [Path(__file__).with_name(name) for name in CHECK_SOURCES]
+    for path in [*sources, UNSUPPORTED_TARGETS]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    digest.update(json.dumps([calls, version("triton")], sort_keys=True).encode())
+    targets = [[f.name, f.kind, f.family, f.wave_size] for f in archs.KNOWN_ARCHS.values()]
+    digest.update(json.dumps([calls, version("triton"), targets], sort_keys=True).encode())
     return digest.hexdigest()[:20]
 
 
