@@ -17,7 +17,9 @@ saying so.
 from __future__ import annotations
 
 import json
+import os
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -134,11 +136,18 @@ def zoo_report(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
         names = [m.name for m in RUN_MUTANTS if _group(m) == label and m in chosen]
         if names or whole:
             runs.append((label, names))
+    roots = []
+    for label, _ in runs:
+        roots.append(tmp_path_factory.mktemp(f"zoo-{label}"))
+        (roots[-1] / "conftest.py").write_text(CONFTEST)
+    # The runs are independent processes: side by side, one per core (they were the longest
+    # setup of the project's tests, one after another); merged in the runs' order as before.
+    with ThreadPoolExecutor(max_workers=min(len(runs), os.cpu_count() or 1) or 1) as pool:
+        reports = list(
+            pool.map(lambda run: _run_zoo(run[0], [*CORRECT, *run[1][1]], _keyword(run[1][0])), zip(roots, runs))
+        )
     cells, coverage = [], []
-    for label, names in runs:
-        root = tmp_path_factory.mktemp(f"zoo-{label}")
-        (root / "conftest.py").write_text(CONFTEST)
-        report = _run_zoo(root, [*CORRECT, *names], _keyword(label))
+    for report in reports:
         cells += report["cells"]
         coverage += _merged_by_operation(report.get("coverage", []), coverage)
     return {"cells": cells, "coverage": coverage}
