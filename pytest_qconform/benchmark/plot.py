@@ -16,8 +16,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pytest_qconform.matrix.figures import write_figure_png
 from pytest_qconform.report.benchmarks import Benchmark
+from pytest_qconform.report.figures import write_figure_png
 from pytest_qconform.report.run_report import ReportError, RunReport, read_report
 
 METRICS = ("percent", "time")

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_qconform.cases.coverage import Coverage
 from pytest_qconform.report.atomic import write_text_atomically
 from pytest_qconform.report.benchmarks import Benchmark
 from pytest_qconform.report.calls import CallCoverage
 from pytest_qconform.report.contract import Suite
+from pytest_qconform.report.coverage import Coverage
 from pytest_qconform.report.schema import (
     SchemaError,
     json_object,

@@ -20,25 +20,26 @@ from typing import Any, cast
 
 import pytest
 
-from pytest_qconform.vocabulary import Verdict
+from pytest_qconform.vocabulary import (
+    NOT_CLAIMED_PREFIX,
+    NOTHING_CLAIMED_PREFIX,
+    OTHER_DEVICE_PREFIX,
+    UNAVAILABLE_PREFIX,
+    Verdict,
+)
+from pytest_qconform.vocabulary import OOM_PREFIX as OOM_PREFIX  # public API here too, as the others (__init__.py)
 
 KEY_PROPERTY = "qconform_key"
 MULTIPLE_PROPERTY = "qconform_multiple"
 REPRO_PROPERTY = "qconform_repro"
 AXES_PROPERTY = "qconform_axes"  # the axis values of an instance of a check with declared axes
 CLAIMED_AXES_PROPERTY = "qconform_claimed_axes"  # the values its backend claims on each of those axes
-UNAVAILABLE_PREFIX = "unavailable:"
-NOT_CLAIMED_PREFIX = "not claimed:"
-OOM_PREFIX = "out of memory:"
-OTHER_DEVICE_PREFIX = "other device:"  # an instance for a device this run does not report on
 TIMEOUT_MESSAGE = "from pytest-timeout"  # pytest-timeout's signal-method failure message ends so
 XPASS_STRICT_PREFIX = "[XPASS(strict)]"  # pytest's longrepr of a strict xfail that passed
 WORKER_CRASH_MARK = "crashed while running"  # pytest-xdist's report of a dead worker
 DEVICE_LOST_PREFIX = "device lost:"  # a test after which its device is unusable (device_loss.py)
 # A test not run because its backend crashed or hung earlier (short_circuit.py) keeps that verdict.
 _SHORT_CIRCUIT = re.compile(r"\b(crashed|timeout) after an earlier (?:crash|timeout) in ")
-
-NOTHING_CLAIMED_PREFIX = "claims nothing this check needs:"  # the one cell of a check its backend claims nothing of
 
 
 @dataclass(frozen=True)

@@ -195,9 +195,9 @@ class RunRecorder:
         benchmarks = with_bitsandbytes_ratios(
             Benchmark.from_dict(data, f"benchmark of {data.get('nodeid')}") for data in self.benchmarks
         )
-        from pytest_qconform.cases.coverage import from_cases
         from pytest_qconform.report.calls import merged
         from pytest_qconform.report.contract import current_suite
+        from pytest_qconform.report.coverage import from_cases
 
         report = RunReport(
             probe=state.probe(self.config).to_dict(),
