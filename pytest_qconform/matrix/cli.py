@@ -27,6 +27,7 @@ from pytest_qconform.matrix.versions import contract_revisions
 from pytest_qconform.report.atomic import write_text_atomically
 from pytest_qconform.report.run_report import ReportError, read_report
 from pytest_qconform.report.sections import SectionError, is_section_file, read_section
+from pytest_qconform.report.storage import COMMITTED
 
 __all__ = ["Entry", "Matrix", "MatrixError", "main", "merge"]
 DEFAULT_MAX_AGE_DAYS = 30.0
@@ -40,9 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "paths",
         nargs="*",
-        default=["reports/"],
+        default=[str(COMMITTED.root)],
         metavar="PATH",
-        help="report files or folders scanned recursively for *.json (default: reports/)",
+        help="report files or folders scanned recursively for *.json, but a folder's bench/ (default: reports/)",
     )
     parser.add_argument(
         "--readme", type=Path, help="replace the text between the qconform-matrix markers here with the summary"

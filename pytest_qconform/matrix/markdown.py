@@ -18,12 +18,13 @@ from pytest_qconform.matrix.versions import contract_revisions, other_difference
 from pytest_qconform.report.atomic import write_text_atomically
 from pytest_qconform.report.run_report import VERDICTS
 from pytest_qconform.report.sections import Section
+from pytest_qconform.report.storage import COMMITTED
 from pytest_qconform.report.tables import format_multiple
 from pytest_qconform.vocabulary import Verdict
 
 MARKER_START = "<!-- qconform-matrix:start -->"
 MARKER_END = "<!-- qconform-matrix:end -->"
-FULL_MATRIX = "reports/MATRIX.md"  # where nox -s matrix writes the full table; the README links it
+FULL_MATRIX = COMMITTED.matrix_markdown.as_posix()  # where nox -s matrix writes the full table; the README links it
 SYMBOLS: dict[str, str] = {
     Verdict.PASS: "✅",
     Verdict.FAIL: "❌",

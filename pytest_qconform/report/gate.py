@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_qconform.report.run_report import FAILING_VERDICTS, VERDICTS, Cell, ReportError, RunReport, read_report
+from pytest_qconform.report.storage import NotOneReport, ReportsFolder
 from pytest_qconform.report.versions import MinVersion
 from pytest_qconform.vocabulary import Verdict
 
@@ -141,21 +142,15 @@ def problems(
 
 
 def reports_in(paths: Sequence[str | Path]) -> list[Path]:
-    """Report files as given; a folder must hold exactly one ``*.json`` (a fresh folder per run)."""
+    """Report files as given; a folder must hold exactly one run report (a fresh folder per run)."""
     files: list[Path] = []
     for given in paths:
         path = Path(given)
         if path.is_dir():
-            found = sorted(p for p in path.glob("*.json") if p.is_file())
-            if len(found) != 1:
-                names = ", ".join(p.name for p in found[:5]) + (", ..." if len(found) > 5 else "")
-                raise GateUsageError(
-                    f"{path}: expected exactly one run report (*.json), found {len(found)}"
-                    + (f" ({names})" if found else "")
-                    + ". A folder reused across runs keeps old reports, and an old one could pass a run that wrote "
-                    "none: give each job a fresh --qconform-report-dir, or name the report file"
-                )
-            files += found
+            try:
+                files.append(ReportsFolder(path).the_run_report())
+            except NotOneReport as exc:
+                raise GateUsageError(str(exc)) from None
         elif path.is_file():
             files.append(path)
         else:

@@ -35,6 +35,7 @@ from pytest_qconform.report.schema import (
     type_name,
     validate_probe,
 )
+from pytest_qconform.report.storage import ReportsFolder
 from pytest_qconform.vocabulary import FAILING, VERDICT_ORDER
 
 SCHEMA = "pytest-qconform/report"
@@ -56,7 +57,6 @@ SUITE_SINCE_VERSION = 3
 # its one cell says so, and says least.
 VERDICTS: tuple[str, ...] = VERDICT_ORDER
 FAILING_VERDICTS: frozenset[str] = FAILING
-FILENAME_TIME_FORMAT = "%Y%m%dT%H%M%SZ"
 
 
 class ReportError(ValueError):
@@ -317,33 +317,11 @@ class RunReport:
 # ---------------------------------------------------------------- files
 
 
-def safe_filename_part(text: str) -> str:
-    """Keep letters, digits, ``.``, ``_`` and ``-``; no leading dot (no hidden files)."""
-    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._")
-    return cleaned or "unknown"
-
-
-def report_filename(report: RunReport) -> str:
-    """``<arch>-<host>-<YYYYmmddTHHMMSSZ>.json`` from the report's own ``created``."""
-    stamp = report.created_at.strftime(FILENAME_TIME_FORMAT)
-    return f"{safe_filename_part(report.arch)}-{safe_filename_part(report.host)}-{stamp}.json"
-
-
 def write_report(report: RunReport, folder: Path) -> Path:
-    """Write ``report`` atomically into ``folder`` (created if needed); returns its path.
-
-    A second report of the same arch, host and second gets a ``-1``, ``-2``... suffix
-    rather than replacing the first.
-    """
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    """Write ``report`` atomically into ``folder`` (created if needed), under the name the
+    folder's layout gives it (``storage.ReportsFolder``); returns its path."""
     text = json.dumps(report.to_dict(), indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n"
-    name = report_filename(report)
-    path = folder / name
-    counter = 0
-    while path.exists():
-        counter += 1
-        path = folder / f"{name[: -len('.json')]}-{counter}.json"
+    path = ReportsFolder(Path(folder)).new_report_path(report.arch, report.host, report.created_at)
     write_text_atomically(path, text)
     return path
 

@@ -12,7 +12,6 @@ import pytest
 
 from pytest_qconform.session import outcomes, state
 from pytest_qconform.session.applicability import NOT_HERE
-from pytest_qconform.session.options import LOCAL_REPORT_DIR
 from pytest_qconform.vocabulary import FAILING, Verdict
 
 # pytest-benchmark's skip of every non-benchmark test under --benchmark-only: it says
@@ -189,8 +188,12 @@ class RunRecorder:
             return
         from pytest_qconform.report.benchmarks import Benchmark, with_bitsandbytes_ratios
         from pytest_qconform.report.run_report import RunReport, write_report
+        from pytest_qconform.report.storage import ReportsFolder
 
-        folder = _report_folder(self.config)
+        folder = ReportsFolder.for_run(
+            self.config.getoption("qconform_report_dir") or self.config.getini("qconform_report_dir"),
+            Path(self.config.invocation_params.dir),
+        ).root
         created = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         benchmarks = with_bitsandbytes_ratios(
             Benchmark.from_dict(data, f"benchmark of {data.get('nodeid')}") for data in self.benchmarks
@@ -242,25 +245,3 @@ def _timeout_limit(config: pytest.Config) -> float | None:
     from pytest_timeout import get_env_settings
 
     return get_env_settings(config).timeout or None
-
-
-def _report_folder(config: pytest.Config) -> Path:
-    """The run report's folder, relative paths taken from where pytest was started.
-
-    The default folder (``options.LOCAL_REPORT_DIR``) gets a ``.gitignore`` of ``*`` in its
-    top folder, as ``.pytest_cache`` does: a project that runs us needs no ignore line of its own.
-    """
-    start = Path(config.invocation_params.dir)
-    chosen = config.getoption("qconform_report_dir") or config.getini("qconform_report_dir")
-    folder = Path(chosen)
-    if not folder.is_absolute():
-        folder = start / folder
-    if Path(chosen) == Path(LOCAL_REPORT_DIR):
-        top = start / Path(LOCAL_REPORT_DIR).parts[0]
-        top.mkdir(parents=True, exist_ok=True)
-        ignore = top / ".gitignore"
-        if not ignore.exists():
-            ignore.write_text(
-                "# Written by pytest-qconform: local run reports are not evidence (see README).\n*\n", encoding="utf-8"
-            )
-    return folder
