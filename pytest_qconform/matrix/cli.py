@@ -7,9 +7,9 @@ CLI: ``python -m pytest_qconform.matrix.cli [PATHS...] [--readme README.md]
 [--step-summary] [--ignore-invalid] [--max-age-days N]``:
 the README and the step summary get the summary (``matrix_summary``, one screen), the
 ``--out`` file the full per-cell table as well (``matrix_markdown``), the PNG the summary
-heatmap (``heatmap``), the ``--site`` file the page (all of it, filterable, one HTML file). Stale reports (older than ``--max-age-days``), empty reports (zero
-cells) and reports of different contract revisions are printed as warnings and written
-in the notes, never merged silently.
+heatmap (``heatmap``), the ``--site`` file the page (all of it, filterable, one HTML file). Stale reports (older than ``--max-age-days``) and empty reports (zero
+cells) are printed as warnings and written in the notes; reports of different contract
+revisions are written in the notes. Nothing is merged silently.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from pathlib import Path
 from pytest_qconform.matrix.markdown import readme_markdown, to_markdown, update_readme
 from pytest_qconform.matrix.model import Entry, Matrix, MatrixError, find_report_files, merge
 from pytest_qconform.matrix.site import write_site
-from pytest_qconform.matrix.versions import contract_revisions
 from pytest_qconform.report.atomic import write_text_atomically
 from pytest_qconform.report.run_report import ReportError, read_report
 from pytest_qconform.report.sections import SectionError, is_section_file, read_section
@@ -83,7 +82,10 @@ def _age(text: str) -> float:
 
 
 def _warnings(matrix: Matrix) -> list[str]:
-    """One line per report the merge flags: stale, empty, of another contract revision."""
+    """One line per report the merge flags as something to act on: stale (run it again), empty
+    (a run that checked nothing was copied in). Reports of different contract revisions are
+    not: the matrix's notes say so, once, where its reader reads it, and whoever runs the merge
+    on a clone can do nothing about the committed reports."""
     lines = [
         f"stale report {r.source or r.label}: created {r.created}, more than {matrix.max_age_days:g} days "
         "ago (merged, and flagged in the notes)"
@@ -96,13 +98,6 @@ def _warnings(matrix: Matrix) -> list[str]:
         + "; not merged"
         for r in matrix.empty
     ]
-    revisions = contract_revisions(matrix.runs)
-    if len(revisions) > 1:
-        said = "; ".join(
-            f"{'no revision' if rev is None else f'revision {rev}'}: {', '.join(labels)}"
-            for rev, labels in sorted(revisions.items(), key=lambda kv: -1 if kv[0] is None else kv[0])
-        )
-        lines.append(f"the merged reports were judged against different contract revisions ({said})")
     return lines
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_qconform.hardware.archs import KNOWN_ARCHS
+from pytest_qconform.matrix.known_repros import NOT_RUN_PREFIX
 from pytest_qconform.matrix.model import Entry, Matrix, MatrixError, known_archs, natural_key
 from pytest_qconform.matrix.summary import DISAGREE, Summary, SummaryEntry, summarize
 from pytest_qconform.matrix.versions import contract_revisions, other_differences, ranges
@@ -380,20 +381,36 @@ def _calls(matrix: Matrix) -> list[str]:
     ]
 
 
-_LINK = re.compile(r"^known failure \(([^()]*(?:\([^()]*\))?[^()]*)\): ")
+_LINK_START = "known failure ("
+_ENTRY_PLACE = re.compile(r" \[[^\[\]]*\]$")  # the entry's place, always last: `` [.../known_failures.toml:308]``
 
 
 def known_failure_text(reason: str) -> tuple[str, str]:
-    """(what, link) from a known failure's cell reason ``known failure (<link>): <what> [...]``:
-    ``what`` cut at its first top-level clause so that it fits one line."""
-    match = _LINK.match(reason)
-    link, rest = (match.group(1), reason[match.end() :]) if match else ("", reason)
+    """(what, link) from a known failure's cell reason ``[NOTRUN] known failure (<link>): <what>
+    [<entry's file:line>]``: ``what`` is the first sentence of the entry's reason, whole (a cut
+    inside a clause reads as another claim: "absmax transposed to ("), without its full stop,
+    pytest's ``[NOTRUN]`` or the entry's place."""
+    rest = _ENTRY_PLACE.sub("", reason.removeprefix(NOT_RUN_PREFIX))
+    link = ""
+    if rest.startswith(_LINK_START):
+        close = _closing(rest, len(_LINK_START) - 1)
+        if close is not None and rest.startswith("): ", close):
+            link, rest = rest[len(_LINK_START) : close], rest[close + 3 :]
+    end = _closing(rest, None)
+    return (rest[:end] if end is not None else rest.strip().removesuffix(".")), link
+
+
+def _closing(text: str, start: int | None) -> int | None:
+    """With ``start`` (an opening parenthesis): the index of its closing one. Without: the
+    index of the first sentence's full stop (``. `` outside brackets). None when there is none."""
     depth = 0
-    for i, ch in enumerate(rest):
-        depth += {"(": 1, ")": -1}.get(ch, 0)
-        if depth == 0 and rest.startswith((", ", "; ", " ["), i):
-            return rest[:i], link
-    return rest.strip(), link
+    for i in range(start or 0, len(text)):
+        depth += {"(": 1, "[": 1, ")": -1, "]": -1}.get(text[i], 0)
+        if start is not None and depth == 0:
+            return i
+        if start is None and depth == 0 and text.startswith(". ", i):
+            return i
+    return None
 
 
 def format_summary_entry(entry: SummaryEntry | None) -> str:
@@ -440,9 +457,10 @@ def summary_markdown(summary: Summary) -> list[str]:
         for group in summary.known_failures:
             what, link = known_failure_text(group.reason)
             source = f" ([source]({link.split(' ')[0]}))" if link.startswith("http") else ""
+            not_run = "; not run: it would end the test process" if group.reason.startswith(NOT_RUN_PREFIX) else ""
             out.append(
                 f"- {group.backend} · {group.operation} on {', '.join(group.archs)} ({len(group.cells)} cells: "
-                f"{', '.join(group.cells)}): {what}{source}"
+                f"{', '.join(group.cells)}): {what}{source}{not_run}"
             )
     return out
 

@@ -11,7 +11,7 @@ from typing import cast
 import pytest
 
 from pytest_qconform.session import outcomes, state
-from pytest_qconform.session.applicability import NOT_HERE
+from pytest_qconform.session.applicability import NOT_HERE, from_worker
 from pytest_qconform.vocabulary import FAILING, Verdict
 
 # pytest-benchmark's skip of every non-benchmark test under --benchmark-only: it says
@@ -53,6 +53,10 @@ class RunRecorder:
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node, ids: list[str]) -> None:
         self.scheduled.update(ids)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error) -> None:  # pytest-xdist, controller: a worker finished
+        from_worker(self.config, getattr(node, "workeroutput", None) or {})
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.reported.add(report.nodeid)
