@@ -37,8 +37,8 @@ def _python(session: nox.Session) -> str:
 @nox.session(python=False)
 def matrix(session: nox.Session) -> None:
     """Merge reports/ into reports/MATRIX.md, reports/matrix.png and the browsable page
-    reports/site/index.html (the README links them: the full matrix grows with every cell, so
-    it lives beside the reports, not in the README).
+    reports/site/index.html, and rewrite the README's compact table between its markers (a row
+    per backend: the full matrix grows with every cell, so it lives beside the reports).
 
     Runs in the current environment (pytest-qconform and matplotlib installed): the
     merge reads JSON only. Pass report files or folders to merge others:
@@ -59,6 +59,8 @@ def matrix(session: nox.Session) -> None:
         str(REPORTS.heatmap),
         "--site",
         str(REPORTS.site),
+        "--readme",
+        "README.md",
         *summary,
     )
 

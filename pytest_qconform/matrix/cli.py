@@ -1,11 +1,12 @@
-"""The matrix CLI: merge run reports (``matrix_model``) and write the README section,
-the full table (``matrix_markdown``), the heatmap (``heatmap``), the browsable page
-(``site``) and the step summary.
+"""The matrix CLI: merge run reports (``matrix_model``) and write the README's table
+(``readme_table``), the full table (``matrix_markdown``), the heatmap (``heatmap``), the
+browsable page (``site``) and the step summary.
 
 CLI: ``python -m pytest_qconform.matrix.cli [PATHS...] [--readme README.md]
 [--out reports/MATRIX.md] [--png reports/matrix.png] [--site reports/site/index.html]
 [--step-summary] [--ignore-invalid] [--max-age-days N]``:
-the README and the step summary get the summary (``matrix_summary``, one screen), the
+the README gets the compact table (a row per backend, a column per arch), the step summary
+the summary (``matrix_summary``, one screen), the
 ``--out`` file the full per-cell table as well (``matrix_markdown``), the PNG the summary
 heatmap (``heatmap``), the ``--site`` file the page (all of it, filterable, one HTML file). Stale reports (older than ``--max-age-days``) and empty reports (zero
 cells) are printed as warnings and written in the notes; reports of different contract
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from pytest_qconform.matrix.markdown import readme_markdown, to_markdown, update_readme
 from pytest_qconform.matrix.model import Entry, Matrix, MatrixError, find_report_files, merge
+from pytest_qconform.matrix.readme_table import readme_table
 from pytest_qconform.matrix.site import write_site
 from pytest_qconform.report.atomic import write_text_atomically
 from pytest_qconform.report.run_report import ReportError, read_report
@@ -45,7 +47,9 @@ def _parser() -> argparse.ArgumentParser:
         help="report files or folders scanned recursively for *.json, but a folder's bench/ (default: reports/)",
     )
     parser.add_argument(
-        "--readme", type=Path, help="replace the text between the qconform-matrix markers here with the summary"
+        "--readme",
+        type=Path,
+        help="replace the text between the qconform-matrix markers here with the compact table (a row per backend)",
     )
     parser.add_argument("--out", type=Path, help="write the summary and the full per-cell matrix to this file")
     parser.add_argument("--png", type=Path, help="write the summary heatmap PNG here (needs matplotlib)")
@@ -137,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             write_text_atomically(args.out, markdown)
             written.append(str(args.out))
         if args.readme:
-            update_readme(args.readme, summary)
+            update_readme(args.readme, readme_table(matrix))
             written.append(str(args.readme))
         if args.png:
             try:

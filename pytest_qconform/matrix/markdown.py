@@ -303,10 +303,17 @@ def to_markdown(matrix: Matrix, sections: Sequence[Section] = ()) -> str:
     if not matrix.runs:
         return "\n".join([_NO_RUNS, *_notes(matrix, sections)]) + "\n"
     out = _runs_and_summary(matrix)
-    out += ["", "**Verdicts** (every cell)", ""]
+    out += ["", "**Verdicts** (every cell, a section per backend: the README's table links each)"]
     header = ["backend", "operation", "format", "dtype", *matrix.columns]
-    rows = [[*row, *(format_entry(matrix.entry(row, arch)) for arch in matrix.columns)] for row in matrix.rows]
-    out += markdown_table(header, rows) if rows else ["(the counted reports contain no cells)"]
+    for backend in sorted({row[0] for row in matrix.rows}, key=natural_key):
+        rows = [
+            [*row, *(format_entry(matrix.entry(row, arch)) for arch in matrix.columns)]
+            for row in matrix.rows
+            if row[0] == backend
+        ]
+        out += ["", f"### {backend}", "", *markdown_table(header, rows)]
+    if not matrix.rows:
+        out += ["", "(the counted reports contain no cells)"]
     out += ["", _legend()]
     out += _coverage(matrix)
     out += _calls(matrix)
