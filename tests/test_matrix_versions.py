@@ -276,3 +276,19 @@ def test_the_gate_fails_clearly_when_no_cell_meets_the_minimum(tmp_path: Path, c
     assert "no cell was computed with bitsandbytes >= 0.50.0 (bitsandbytes 0.49.2 in" in capsys.readouterr().err
     assert gate.main([str(old), "--min-version", "torch=2.13"]) == 0  # a probe version applies to every cell
     assert gate.main([str(old), "--min-version", "nonsense"]) == 2
+
+
+def test_the_matrix_lists_known_failure_entries_a_run_found_stale(tmp_path: Path) -> None:
+    """Stale in the matrix too: the report keeps the entries that marked no collected test."""
+    import dataclasses
+
+    from pytest_qconform.matrix.markdown import to_markdown
+    from pytest_qconform.report.stale_entries import StaleEntry
+
+    stale = StaleEntry("pytest_qconform/session/known_failures.toml:173", "bitsandbytes", "checkpoint", "absmax ...")
+    report = dataclasses.replace(run("0.50.0", ["pass", "pass", "pass"]), stale_known_failures=(stale,))
+    back = read_report(write_report(report, tmp_path))
+    assert back.stale_known_failures == (stale,)
+    text = to_markdown(merge([back], now=NOW))
+    assert "**Stale known failures**" in text
+    assert f"- `{stale.source}` (bitsandbytes · checkpoint): in `{back.label}`" in text

@@ -187,6 +187,7 @@ def _notes(matrix: Matrix, sections: Sequence[Section]) -> list[str]:
         out += section_lines(section, run_archs)
 
     out += _contract_notes(matrix)
+    out += _stale_entry_notes(matrix)
     if matrix.stale:
         out += [
             "",
@@ -216,6 +217,28 @@ def _notes(matrix: Matrix, sections: Sequence[Section]) -> list[str]:
     if matrix.simulated:
         out += ["", "**Excluded simulated reports** (simulated probe: nothing was computed on the device):", ""]
         out += [f"- `{r.label}` ({r.arch}, {r.created})" for r in matrix.simulated]
+    return out
+
+
+def _stale_entry_notes(matrix: Matrix) -> list[str]:
+    """The known-failure entries a counted run found marking no collected test: stale or mistyped."""
+    found: dict[tuple[str, str, str], list[str]] = {}
+    for run in matrix.runs:
+        for entry in run.stale_known_failures:
+            found.setdefault((entry.source, entry.backend, entry.check), []).append(run.label)
+    if not found:
+        return []
+    out = [
+        "",
+        "**Stale known failures** (entries of the known-failures files that marked no collected test in a run "
+        "that had their backend, version and device: their test was renamed, a glob no longer matches, or the "
+        "failure moved; remove or fix them):",
+        "",
+    ]
+    out += [
+        f"- `{source}` ({backend} · {check}): in {', '.join(f'`{label}`' for label in labels)}"
+        for (source, backend, check), labels in sorted(found.items())
+    ]
     return out
 
 

@@ -10,7 +10,7 @@ from typing import cast
 
 import pytest
 
-from pytest_qconform.session import outcomes, state
+from pytest_qconform.session import outcomes, stale_known_failures, state
 from pytest_qconform.session.applicability import NOT_HERE, from_worker
 from pytest_qconform.vocabulary import FAILING, Verdict
 
@@ -56,7 +56,9 @@ class RunRecorder:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error) -> None:  # pytest-xdist, controller: a worker finished
-        from_worker(self.config, getattr(node, "workeroutput", None) or {})
+        output = getattr(node, "workeroutput", None) or {}
+        from_worker(self.config, output)
+        stale_known_failures.from_worker(self.config, output)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.reported.add(report.nodeid)
@@ -213,6 +215,7 @@ class RunRecorder:
             benchmarks=benchmarks,
             coverage=from_cases(self.config.stash[state.CASES].values()),
             calls=merged(entry for _, entry in sorted(self.calls.items())),
+            stale_known_failures=self.config.stash.get(stale_known_failures.STALE, ()),
             suite=current_suite(),
         )
         self.config.stash[state.REPORT_PATH] = str(write_report(report, folder))
@@ -224,6 +227,9 @@ class RunRecorder:
         not_here = self.config.stash.get(NOT_HERE, None)
         if not_here is not None and not_here.total:
             tr.write_line(not_here.line())
+        stale = stale_known_failures.summary_line(self.config.stash.get(stale_known_failures.STALE, ()))
+        if stale:
+            tr.write_line(stale, yellow=True)
         if self.nothing_checked:
             tr.write_line(self.nothing_checked, red=True, bold=True)
         if self.never_ran:
