@@ -34,6 +34,7 @@ MULTIPLE_PROPERTY = "qconform_multiple"
 REPRO_PROPERTY = "qconform_repro"
 AXES_PROPERTY = "qconform_axes"  # the axis values of an instance of a check with declared axes
 CLAIMED_AXES_PROPERTY = "qconform_claimed_axes"  # the values its backend claims on each of those axes
+VERDICT_PROPERTY = "qconform_verdict"  # the verdict the session decided for a skip or failure it raised (declare)
 TIMEOUT_MESSAGE = "from pytest-timeout"  # pytest-timeout's signal-method failure message ends so
 XPASS_STRICT_PREFIX = "[XPASS(strict)]"  # pytest's longrepr of a strict xfail that passed
 WORKER_CRASH_MARK = "crashed while running"  # pytest-xdist's report of a dead worker
@@ -114,12 +115,32 @@ def _unexpected_pass(reason: str) -> str:
     )
 
 
+def declare(properties: list[tuple[str, object]], verdict: Verdict) -> None:
+    """Say what the skip or failure the session raises next means, as a value that travels with
+    the test's reports (``user_properties``: pytest-xdist sends them to the controller), so that
+    the recorder reads it instead of parsing the message. ``properties``: the item's (before a
+    skip or failure it raises) or the report's (in ``pytest_runtest_makereport``)."""
+    properties.append((VERDICT_PROPERTY, verdict.value))
+
+
+def _declared(report: pytest.TestReport) -> Verdict | None:
+    found = [value for name, value in report.user_properties if name == VERDICT_PROPERTY]
+    return Verdict(str(found[-1])) if found else None
+
+
 def verdict_of(report: pytest.TestReport) -> tuple[Verdict, str] | None:
-    """(verdict, message) of one phase's report, or None when the phase says nothing."""
+    """(verdict, message) of one phase's report, or None when the phase says nothing.
+
+    A verdict the session declared (``declare``) is taken as it is; the message prefixes are
+    read only for skips raised elsewhere (the suites and downstream tests write the public
+    ``NOT_CLAIMED_PREFIX`` and ``UNAVAILABLE_PREFIX``)."""
     if hasattr(report, "wasxfail"):
         if report.skipped:
             return Verdict.KNOWN_FAILURE, str(report.wasxfail)
         return Verdict.FAIL, _unexpected_pass(str(report.wasxfail))
+    declared = _declared(report)
+    if declared is not None and (report.failed or report.skipped):
+        return declared, skip_reason(report) if report.skipped else _failure_message(report)
     if report.failed:
         if isinstance(report.longrepr, str) and report.longrepr.startswith(XPASS_STRICT_PREFIX):
             return Verdict.FAIL, _unexpected_pass(report.longrepr[len(XPASS_STRICT_PREFIX) :].strip())

@@ -17,7 +17,7 @@ from pytest_qconform.hardware.targets import hardware_marker_names
 # Only what every pytest start needs: without --qconform nothing here imports torch or a
 # backend (``state`` and everything under it are imported inside the hooks that need them).
 from pytest_qconform.session import hookspecs, options, outcomes
-from pytest_qconform.vocabulary import DtypeLabel
+from pytest_qconform.vocabulary import DtypeLabel, Verdict
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -212,6 +212,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if item.get_closest_marker("qconform_benchmark") is None:  # timings are not matrix cells
                 item.user_properties.append((outcomes.KEY_PROPERTY, key))
                 item.user_properties.append((outcomes.REPRO_PROPERTY, _repro(config, item)))
+                if instances.nothing_claimed(item):  # its skip marker's reason says what is missing
+                    outcomes.declare(item.user_properties, Verdict.NOT_CLAIMED)
                 labels = instances.axis_labels(item)
                 if labels is not None:
                     item.user_properties.append((outcomes.AXES_PROPERTY, labels))
