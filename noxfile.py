@@ -158,7 +158,7 @@ def compile_check(session: nox.Session) -> None:
         "--json",
         "triton-nf4/compiled/compile-check.json",
         "--section",
-        "reports/sections/triton-nf4.json",
+        str(REPORTS.sections / "triton-nf4.json"),
         "--doc",
         "docs/kernels-compiled.md",
         *session.posargs,

@@ -28,8 +28,6 @@ ROOTS = {
     f"{PACKAGE}.reference": Path(pytest_qconform.reference.__file__).parent,
     f"{PACKAGE}.suites": Path(pytest_qconform.suites.__file__).parent,
 }
-# The Triton wing, on its way to its own distribution (triton-nf4/): not the core's to order.
-WING = ("triton_nf4", "compile")
 
 
 def folder_order(pyproject: Path = CHECKOUT / "pyproject.toml") -> list[list[str]]:
@@ -93,7 +91,7 @@ def upward_imports(roots: dict[str, Path], levels: list[list[str]], skip: tuple[
 
 
 def test_every_import_of_the_core_looks_down():
-    assert upward_imports(ROOTS, folder_order(), skip=WING) == []
+    assert upward_imports(ROOTS, folder_order()) == []
 
 
 def test_the_reference_imports_nothing_of_ours():

@@ -57,6 +57,6 @@ def test_the_committed_readme_holds_the_committed_reports_table_in_one_screen():
     """``nox -s matrix`` rewrites it: a report added without running it shows here."""
     readme = (CHECKOUT / "README.md").read_text(encoding="utf-8")
     table = readme.split(MARKER_START + "\n")[1].split(MARKER_END)[0]
-    reports = [read_report(p) for p in find_report_files([CHECKOUT / "reports"]) if "compiled" not in p.parts]
+    reports = [read_report(p) for p in find_report_files([CHECKOUT / "reports"]) if "sections" not in p.parts]
     assert table == readme_table(merge(reports)), "run nox -s matrix and commit README.md"
     assert len(table.splitlines()) <= 30

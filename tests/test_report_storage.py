@@ -39,9 +39,9 @@ def test_the_matrix_reads_every_report_but_the_benchmark_runs(tmp_path):
     folder = ReportsFolder(tmp_path)
     run = _touch(tmp_path / "sm90-a-20261126T180000Z.json")
     nested = _touch(tmp_path / "ci" / "gfx942-b-20261126T180000Z.json")
-    compiled = _touch(folder.compiled / "compile-check.json")
+    section = _touch(folder.sections / "triton-nf4.json")
     bench = _touch(folder.bench / "sm90-a-20261125T180000Z.json")
-    assert folder.matrix_inputs() == sorted([run, nested, compiled])
+    assert folder.matrix_inputs() == sorted([run, nested, section])
     assert folder.bench_reports() == [bench]
     assert folder.bench_plot(bench) == folder.bench / "sm90-a-20261125T180000Z-bench.png"
 

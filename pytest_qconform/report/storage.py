@@ -6,7 +6,8 @@ A folder of reports (``reports/`` in this repository, a run's ``--qconform-repor
     <arch>-<host>-<UTC time>.json        one run report per run: the cells the matrix merges
     bench/<arch>-<host>-<UTC time>.json  a benchmark run (``nox -s bench``): timings, no cells,
     bench/<same stem>-bench.png          so not a matrix input; and its plot
-    compiled/compile-check.json          the compile check's results (the Triton wing writes them)
+    sections/<tool>.json                 a tool's section of the matrix (report/sections.py: the
+                                         Triton wing's compile check writes triton-nf4.json)
     MATRIX.md, matrix.png, site/         the merged matrix, its heatmap and its page
 
 Imports only the standard library: noxfile.py asks it without importing the plugin.
@@ -64,8 +65,8 @@ class ReportsFolder:
         return self.root / "bench"
 
     @property
-    def compiled(self) -> Path:
-        return self.root / "compiled"
+    def sections(self) -> Path:
+        return self.root / "sections"
 
     @property
     def matrix_markdown(self) -> Path:

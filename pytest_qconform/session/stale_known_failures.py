@@ -12,15 +12,40 @@ entry may be written for.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import pytest
 
 from pytest_qconform.report.stale_entries import StaleEntry
 from pytest_qconform.session import state
 
-if TYPE_CHECKING:
-    from pytest_qconform.session.known_failures import KnownFailure
+
+class Entry(Protocol):
+    """What this module reads of a known failure (``known_failures.KnownFailure``, which imports
+    this module to report its stale entries)."""
+
+    @property
+    def backend(self) -> str: ...
+
+    @property
+    def arch(self) -> str: ...
+
+    @property
+    def check(self) -> str: ...
+
+    @property
+    def reason(self) -> str: ...
+
+    @property
+    def cpu_capability(self) -> str: ...
+
+    @property
+    def source(self) -> str: ...
+
+    def covers_version(self, version: str | None) -> bool: ...
+
+    def covers_check(self, operation: str) -> bool: ...
+
 
 STALE = pytest.StashKey[tuple[StaleEntry, ...]]()
 _WORKER_KEY = "qconform_stale_known_failures"  # pytest-xdist: the workers collect, the controller reports
@@ -35,7 +60,7 @@ def _narrowed(config: pytest.Config) -> bool:
 
 
 def find(
-    config: pytest.Config, entries: Sequence[KnownFailure], matched: set[int], ran: set[tuple[str, str]]
+    config: pytest.Config, entries: Sequence[Entry], matched: set[int], ran: set[tuple[str, str]]
 ) -> tuple[StaleEntry, ...]:
     """The entries (by index into ``entries``, ``matched`` those that marked a test) that could
     have matched here and did not. ``ran``: (backend, operation) of every collected test."""
