@@ -42,3 +42,35 @@ def test_a_declared_verdict_does_not_outrank_a_known_failure():
     report = _report("skipped", ("test_x.py", 1, "Skipped: x"), when="call", declared=Verdict.UNAVAILABLE)
     report.wasxfail = "known failure (link): why [f.toml:1]"  # type: ignore[attr-defined]
     assert outcomes.verdict_of(report) == (Verdict.KNOWN_FAILURE, "known failure (link): why [f.toml:1]")
+
+
+def test_a_declared_no_cell_skip_makes_no_cell_whatever_its_words():
+    report = _report("skipped", ("test_x.py", 1, "Skipped: anything"))
+    outcomes.declare(report.user_properties, None)
+    assert outcomes.verdict_of(report) is None
+
+
+def test_skip_not_claimed_declares_no_cell_on_the_report(fake_backend_project: pytest.Pytester) -> None:
+    """The suites' not-claimed skips travel as a value: the report carries it, the recorder
+    makes no cell of the instance, and the reason still reads "not claimed: ..."."""
+    fake_backend_project.makepyfile(
+        test_suite="""
+import pytest
+from pytest_qconform.session.outcomes import skip_not_claimed
+
+@pytest.mark.qconform_operation("dequantize")
+def test_dequantize(qtarget, qbackend):
+    skip_not_claimed("no such layout")
+"""
+    )
+    recorder = fake_backend_project.inline_run(
+        str(fake_backend_project.path / "test_suite.py"),
+        "--qconform",
+        "--qconform-backend=fake",
+        "--qconform-no-report",
+    )
+    (skipped,) = [r for r in recorder.getreports("pytest_runtest_logreport") if r.skipped]
+    assert (outcomes.VERDICT_PROPERTY, outcomes.NO_CELL) in skipped.user_properties
+    assert outcomes.skip_reason(skipped) == f"{outcomes.NOT_CLAIMED_PREFIX} no such layout"
+    assert outcomes.case_from_report(skipped) is None
+    assert skipped.longrepr[0].endswith("test_suite.py")  # the caller's place, as pytest.skip's

@@ -256,13 +256,13 @@ class Partners:
         """Backend ``name``; skips when it is not registered or cannot load here (an ``unavailable``
         cell when it is under test, none when it would only have been the byte source)."""
         if name not in self._config.stash[state.REGISTERED_FACTORIES]:
-            pytest.skip(f"{outcomes.NOT_CLAIMED_PREFIX} interop partner {name} is not registered in this run")
+            outcomes.skip_not_claimed(f"interop partner {name} is not registered in this run")
         other = state.backend(self._config, name)
         available = other.availability()
         if not available.available:
             if not self.under_test(name):  # no byte source in this environment: nothing to check, no cell
-                pytest.skip(
-                    f"{outcomes.NOT_CLAIMED_PREFIX} interop partner {name} cannot load here "
+                outcomes.skip_not_claimed(
+                    f"interop partner {name} cannot load here "
                     f"({available.reason}); install it to check this backend's reading of its bytes"
                 )
             outcomes.declare(self._item.user_properties, Verdict.UNAVAILABLE)
