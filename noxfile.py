@@ -4,7 +4,7 @@
 page for the docs); ``nox -s lint`` runs ruff and mypy;
 ``nox -s tests`` runs the project's own tests in the current environment; ``nox -s downstream``
 installs the example downstream backend into a fresh virtualenv and runs the suites on it (and on its broken twin);
-``nox -s bench`` runs the benchmark suite into reports/ and plots it; ``nox -s kernel-calls``
+``nox -s bench`` runs the benchmark suite into reports/bench/ and plots it; ``nox -s kernel-calls``
 records the Triton warm-up's call log; ``nox -s compile-check`` compiles our Triton kernels
 for every listed arch and writes the results and docs/kernels-compiled.md.
 """
@@ -12,8 +12,15 @@ for every listed arch and writes the results and docs/kernels-compiled.md.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import nox
+
+# Where things lie in reports/ is pytest_qconform.report.storage's to know. It imports only the
+# standard library, so it is imported from this checkout even where nox runs outside the project's
+# environment.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pytest_qconform.report.storage import COMMITTED as REPORTS  # noqa: E402
 
 # The standard library's venv: no extra tool to install, the same as the README's setup; sessions with
 # python=False (matrix) create no environment at all.
@@ -30,8 +37,8 @@ def _python(session: nox.Session) -> str:
 @nox.session(python=False)
 def matrix(session: nox.Session) -> None:
     """Merge reports/ into reports/MATRIX.md, reports/matrix.png and the browsable page
-    reports/site/index.html (the README links them: the full matrix grows with every cell, so
-    it lives beside the reports, not in the README).
+    reports/site/index.html, and rewrite the README's compact table between its markers (a row
+    per backend: the full matrix grows with every cell, so it lives beside the reports).
 
     Runs in the current environment (pytest-qconform and matplotlib installed): the
     merge reads JSON only. Pass report files or folders to merge others:
@@ -45,13 +52,15 @@ def matrix(session: nox.Session) -> None:
         _python(session),
         "-m",
         "pytest_qconform.matrix.cli",
-        *(session.posargs or ["reports/"]),
+        *(session.posargs or [str(REPORTS.root)]),
         "--out",
-        "reports/MATRIX.md",
+        str(REPORTS.matrix_markdown),
         "--png",
-        "reports/matrix.png",
+        str(REPORTS.heatmap),
         "--site",
-        "reports/site/index.html",
+        str(REPORTS.site),
+        "--readme",
+        "README.md",
         *summary,
     )
 
@@ -70,7 +79,7 @@ def matrix_screenshot(session: nox.Session) -> None:
     session.run(
         _python(session),
         "tests/site_browser.py",
-        "reports/site/index.html",
+        str(REPORTS.site),
         "docs/matrix-page.png",
         *(session.posargs or [SCREENSHOT_VIEW]),
     )
@@ -150,7 +159,7 @@ def compile_check(session: nox.Session) -> None:
         "--json",
         "triton-nf4/compiled/compile-check.json",
         "--section",
-        "reports/sections/triton-nf4.json",
+        str(REPORTS.sections / "triton-nf4.json"),
         "--doc",
         "docs/kernels-compiled.md",
         *session.posargs,
@@ -235,7 +244,7 @@ def downstream(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """The benchmark suite (``pytest --qconform --benchmark-only``) into reports/, then its plot.
+    """The benchmark suite (``pytest --qconform --benchmark-only``) into reports/bench/, then its plot.
 
     ``nox -s bench`` makes a fresh virtualenv with the CPU torch pin (constraints/cpu.txt),
     the backends and pytest-benchmark, and times the small shapes
@@ -243,18 +252,15 @@ def bench(session: nox.Session) -> None:
     runner, time the torch you installed for the GPU instead, in your environment:
     ``nox -s bench --no-venv --no-install`` (installs nothing; full shapes when torch sees a
     GPU). Extra arguments go to pytest: ``nox -s bench -- --qconform-backend=triton-nf4``.
-    Writes ``reports/<arch>-<host>-<time>.json`` (its ``benchmarks``) and
-    ``reports/<same stem>-bench.png``.
+    Writes ``reports/bench/<arch>-<host>-<time>.json`` (its ``benchmarks``) and
+    ``reports/bench/<same stem>-bench.png`` (``REPORTS.bench``: not a matrix input).
     """
-    from pathlib import Path
-
     if session.venv_backend != "none":
         session.install("-c", "constraints/cpu.txt", "torch==2.13.0")
         session.install("-c", "constraints/cpu.txt", "-e", ".[backends,bench]", "-e", "./triton-nf4")
     has_gpu = session.run(_python(session), "-c", "import torch; print(int(torch.cuda.is_available()))", silent=True)
     shapes = "full" if str(has_gpu).strip().endswith("1") else "small"
-    reports = Path("reports")
-    before = set(reports.glob("*.json"))
+    before = set(REPORTS.bench_reports())
     session.run(
         _python(session),
         "-m",
@@ -262,10 +268,10 @@ def bench(session: nox.Session) -> None:
         "--qconform",
         "--benchmark-only",
         f"--qconform-bench-shapes={shapes}",
-        f"--qconform-report-dir={reports}",
+        f"--qconform-report-dir={REPORTS.bench}",
         "-p",
         "no:cacheprovider",
         *session.posargs,
     )
-    for report in sorted(set(reports.glob("*.json")) - before):
+    for report in sorted(set(REPORTS.bench_reports()) - before):
         session.run(_python(session), "-m", "pytest_qconform.benchmark.plot", str(report))

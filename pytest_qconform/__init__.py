@@ -11,8 +11,9 @@ Public API (stable; ``docs/downstream.md`` documents it):
 - The hook ``pytest_qconform_backends(config)`` (``hookspecs``), for conftest.py backends.
 - ``pytest_qconform.session.guests``: ``machine``, ``backend_available``, ``yield_the_cpu`` (what
   a backend's own pytest plugin may ask of a session).
-- ``pytest_qconform.session.outcomes``: the skip-reason prefixes ``NOT_CLAIMED_PREFIX``,
-  ``UNAVAILABLE_PREFIX``, ``OOM_PREFIX`` (what a skip means in the matrix).
+- ``pytest_qconform.session.outcomes`` (defined in ``pytest_qconform.vocabulary``): the skip-reason
+  prefixes ``NOT_CLAIMED_PREFIX``, ``UNAVAILABLE_PREFIX``, ``OOM_PREFIX`` (what a skip means in the matrix),
+  and ``skip_not_claimed(reason)`` (a skip that says "no cell" as a value).
 - ``pytest_qconform.reference``: the float64 reference, with ``reference.packed``
   (``PackedBnb4``, ``PackedHqq4``: the records ``Backend.export_packed`` returns).
 - ``pytest_qconform.hardware.probe``: ``Probe``, ``probe_hardware``; ``pytest_qconform.hardware.archs``:

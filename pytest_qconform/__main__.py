@@ -25,7 +25,7 @@ def doctor(simulate: str | None, as_json: bool) -> int:
     if not probe.has_gpu:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     from pytest_qconform.backends import registry
-    from pytest_qconform.session.startup_notes import captured
+    from pytest_qconform.hardware.startup_notes import captured
 
     statuses = []
     for name, factory in sorted(registry.discover().items()):

@@ -1,4 +1,5 @@
-"""The words a run report is written in: verdicts and dtype labels, one enum each.
+"""The words a run report is written in: verdicts and dtype labels, one enum each, and the
+prefixes that say what a skip means.
 
 Both are ``StrEnum``s, so a member *is* its string: ``Verdict.PASS == "pass"``, it hashes as
 ``"pass"`` (dicts keyed by the plain string still find it) and ``json.dumps`` writes
@@ -78,3 +79,13 @@ DTYPE_ALIASES: dict[str, str] = {
     "float32": "fp32",
     "float": "fp32",
 }
+
+
+# What a skip means, as the first words of its reason: the recorder reads a verdict back from
+# them (session/outcomes.py), and the rooms below the session write them (hardware/targets.py:
+# another device's instance; cases/instances.py: a check whose backend claims nothing it needs).
+UNAVAILABLE_PREFIX = "unavailable:"
+NOT_CLAIMED_PREFIX = "not claimed:"
+OOM_PREFIX = "out of memory:"
+OTHER_DEVICE_PREFIX = "other device:"  # an instance for a device this run does not report on
+NOTHING_CLAIMED_PREFIX = "claims nothing this check needs:"  # the one cell of a check its backend claims nothing of

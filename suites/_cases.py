@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import TypeAlias
 
-import pytest
 import torch
 from pytest_qconform.reference import bnb4, faithful, gemlite4, hqq4
 from pytest_qconform.reference.bounds import weight_error  # noqa: F401  (the suites' kernel weight error)
@@ -19,7 +18,7 @@ from pytest_qconform.backends.base import Backend, Capabilities, QuantSpec
 from pytest_qconform.cases.axes import spec_id  # noqa: F401  (the suites' instance ids)
 from pytest_qconform.cases.claims import target_device, unclaimed
 from pytest_qconform.hardware.targets import Target
-from pytest_qconform.session.outcomes import NOT_CLAIMED_PREFIX
+from pytest_qconform.session.outcomes import skip_not_claimed
 from pytest_qconform.vocabulary import DtypeLabel
 
 Packed: TypeAlias = PackedBnb4 | PackedHqq4 | PackedGemlite4  # every layout export_packed returns
@@ -63,7 +62,7 @@ def require_claim(
         dequantize=dequantize,
     )
     if problems:
-        pytest.skip(f"{NOT_CLAIMED_PREFIX} {backend.name} does not claim {', '.join(problems)}")
+        skip_not_claimed(f"{backend.name} does not claim {', '.join(problems)}")
     return caps
 
 

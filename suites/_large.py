@@ -8,13 +8,12 @@ import dataclasses
 import math
 
 import numpy as np
-import pytest
 import torch
 from pytest_qconform.reference import bnb4, bounds, linear
 from pytest_qconform.reference.packed import PackedBnb4
 
 from pytest_qconform.backends.base import Backend, QuantSpec
-from pytest_qconform.session.outcomes import NOT_CLAIMED_PREFIX
+from pytest_qconform.session.outcomes import skip_not_claimed
 
 from ._cases import packed_dequantize_bound, reference_decode
 
@@ -99,7 +98,7 @@ def check_large_tensor(backend: Backend, qcheck, spec: QuantSpec, shape: tuple[i
     try:
         quantized = backend.from_packed(packed, device)
     except NotImplementedError as exc:
-        pytest.skip(f"{NOT_CLAIMED_PREFIX} {exc}")
+        skip_not_claimed(str(exc))
     out = backend.dequantize(quantized, torch.bfloat16)
     check_in_chunks(qcheck, out, packed, torch.bfloat16, "dequantize of 2^31+ elements")
     del out

@@ -21,7 +21,7 @@ from pytest_qconform.backends.base import Backend, QuantSpec
 from pytest_qconform.backends.layers import LayerCapabilities, LayerFacet
 from pytest_qconform.cases.strategies import WeightCase
 from pytest_qconform.hardware.targets import Target
-from pytest_qconform.session.outcomes import NOT_CLAIMED_PREFIX
+from pytest_qconform.session.outcomes import skip_not_claimed
 
 from ._cases import packed_dequantize_bound, reference_decode, require_claim
 
@@ -53,7 +53,7 @@ def require_layer_claim(
     the layer claims what the backend claims (``require_claim``) plus its own flags."""
     facet = backend.layers()
     if facet is None:
-        pytest.skip(f"{NOT_CLAIMED_PREFIX} {backend.name} offers no layer (Backend.layers() is None)")
+        skip_not_claimed(f"{backend.name} offers no layer (Backend.layers() is None)")
     require_claim(backend, target, spec, dtype, backward=backward)
     caps = facet.capabilities(torch.device(target.torch_device or "cpu"))
     problems = []
@@ -64,7 +64,7 @@ def require_layer_claim(
     if transformers and not caps.transformers:
         problems.append("transformers quantization")
     if problems:
-        pytest.skip(f"{NOT_CLAIMED_PREFIX} {backend.name}'s layer does not claim {', '.join(problems)}")
+        skip_not_claimed(f"{backend.name}'s layer does not claim {', '.join(problems)}")
     return facet, caps
 
 

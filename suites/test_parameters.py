@@ -19,7 +19,7 @@ import torch
 from pytest_qconform.reference import bnb4, bounds, linear
 
 from pytest_qconform.cases.strategies import WeightCase
-from pytest_qconform.session.outcomes import NOT_CLAIMED_PREFIX
+from pytest_qconform.session.outcomes import skip_not_claimed
 
 from ._cases import DTYPES, dtype_id, packed_dequantize_bound, reference_decode, require_claim, weight_error
 
@@ -174,7 +174,7 @@ def test_matmul_every_documented_weight_orientation(qtarget, qbackend, qdevice, 
     ``Linear4bit`` passes it), at 1 and 5 rows, with bias, forward and backward."""
     caps = require_claim(qbackend, qtarget, spec, dtype)
     if len(caps.weight_orientations) < 2:
-        pytest.skip(f"{NOT_CLAIMED_PREFIX} {qbackend.name} documents one orientation of the packed weight only")
+        skip_not_claimed(f"{qbackend.name} documents one orientation of the packed weight only")
     case = WeightCase((64, 128), "normal", 95)
     quantized = qbackend.quantize(case.make(qdevice), spec)
     packed = qbackend.export_packed(quantized)

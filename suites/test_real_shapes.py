@@ -27,7 +27,7 @@ from pytest_qconform.reference import bounds, linear
 
 from pytest_qconform.backends.base import QuantSpec
 from pytest_qconform.cases.strategies import WeightCase
-from pytest_qconform.session.outcomes import NOT_CLAIMED_PREFIX, OOM_PREFIX
+from pytest_qconform.session.outcomes import OOM_PREFIX, skip_not_claimed
 
 from ._cases import reference_decode, require_claim, weight_error
 from ._isolated import run_isolated
@@ -117,9 +117,9 @@ def test_more_than_2_31_elements(qtarget, qbackend, qdevice, qcheck, qprofile, s
     adopted from random bytes in bitsandbytes' layout (``from_packed``), compared with
     the reference in slices. ``thorough`` on a GPU only."""
     if qdevice.type != "cuda":
-        pytest.skip(f"{NOT_CLAIMED_PREFIX} 2^31-element tensors are checked on a GPU")
+        skip_not_claimed("2^31-element tensors are checked on a GPU")
     if qprofile != "thorough":
-        pytest.skip(f"{NOT_CLAIMED_PREFIX} 2^31-element tensors run in the thorough profile")
+        skip_not_claimed("2^31-element tensors run in the thorough profile")
     require_claim(qbackend, qtarget, spec, torch.bfloat16, dequantize=True)
     numel = math.prod(LARGE_SHAPE)
     needed = numel // 2 + numel * 2 + (4 << 30)  # packed bytes, the bf16 output, slices and workspace

@@ -55,6 +55,19 @@ def test_failing_cells_fail_the_gate_each_named_with_its_message() -> None:
     ]
 
 
+def test_require_pass_says_one_line_per_reason_with_a_count() -> None:
+    """A CPU report's 27 unavailable hqq-gemlite cells were 27 lines of one reason."""
+    missing = "unavailable: hqq-gemlite: gemlite is not installed"
+    cells = [Cell("hqq-gemlite", op, "nf4-b64", "fp32", "unavailable", reason=missing) for op in "abcde"]
+    cells.append(Cell("hqq-gemlite", "f", "nf4-b64", "fp32", "skipped", reason="needs 2 GPUs"))
+    cells.append(CELLS[0])
+    assert problems(report(*cells), require="pass") == [
+        f"5 cells unavailable ({missing}): hqq-gemlite/a/nf4-b64/fp32, hqq-gemlite/b/nf4-b64/fp32, "
+        "hqq-gemlite/c/nf4-b64/fp32 and 2 more",
+        "hqq-gemlite/f/nf4-b64/fp32: skipped (needs 2 GPUs)",
+    ]
+
+
 @pytest.mark.parametrize("verdict", ["crashed", "timeout"])
 def test_crashes_and_timeouts_fail_the_default_gate(verdict: str) -> None:
     cell = Cell("b", "matmul", "nf4-b64", "fp32", verdict, first_failure=FAILURE)

@@ -32,7 +32,7 @@ def test_without_gemlite_it_is_unavailable_saying_not_installed(monkeypatch):
     _hide(monkeypatch, "gemlite")
     status = HqqGemliteBackend().availability()
     assert (status.available, status.version) == (False, None)
-    assert status.reason.startswith("hqq-gemlite: gemlite is not installed (pip install 'pytest-qconform[gemlite]'")
+    assert status.reason.startswith("gemlite is not installed (pip install 'pytest-qconform[gemlite]'")
 
 
 def test_gemlite_failing_to_import_on_a_cpu_is_unavailable_with_its_error(monkeypatch):

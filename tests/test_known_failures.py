@@ -189,9 +189,9 @@ def test_a_known_failure_is_formatted_natively_and_a_new_failure_in_full(fake_ba
     assert "Traceback (most recent call last)" not in new and "E       AssertionError: new failure" in new
 
 
-def test_entries_that_do_not_match_hide_nothing(fake_backend_project: pytest.Pytester) -> None:
-    # Each entry differs from the failing test in one field only.
-    near_misses = [
+def near_misses() -> list[str]:
+    """Entries that each differ from the failing test in one field only."""
+    return [
         entry(versions='"<1.0"'),
         entry(arch='"gfx1200"'),
         entry(backend='"other"'),
@@ -199,11 +199,40 @@ def test_entries_that_do_not_match_hide_nothing(fake_backend_project: pytest.Pyt
         entry(test='"test_other*"'),
         entry(dtype='"bf16"'),
     ]
-    result, cells = run_with(fake_backend_project, "\n".join(near_misses))
+
+
+def test_entries_that_do_not_match_hide_nothing(fake_backend_project: pytest.Pytester) -> None:
+    result, cells = run_with(fake_backend_project, "\n".join(near_misses()))
     result.assert_outcomes(passed=1, failed=1, skipped=2)
     assert cells[("fake", "dequantize")]["verdict"] == "fail"
     assert "wrong numbers" in cells[("fake", "dequantize")]["first_failure"]["message"]
     assert cells[("fake", "quantize")]["verdict"] == "pass"
+
+
+def test_entries_that_could_match_here_and_mark_nothing_are_reported_stale(
+    fake_backend_project: pytest.Pytester,
+) -> None:
+    """array-api-tests warns about an expectation that matches no test: a renamed test or a
+    glob gone wrong keeps an entry that says nothing. Entries for another backend, version or
+    device are not this run's to judge."""
+    # The last three of near_misses() could match here and mark nothing; a check this run did not
+    # collect is not judged, and the entry that marks the failing test is not stale.
+    text = "\n".join([*near_misses(), entry(check='"matmul"'), ENTRY])
+    result, _ = run_with(fake_backend_project, text)
+    headers = [n for n, line in enumerate(text.splitlines(), 1) if line == "[[failure]]"]
+    stale_lines = [f"runner_failures.toml:{headers[i]} (fake dequantize)" for i in (3, 4, 5)]
+    result.stdout.fnmatch_lines(
+        ["qconform: 3 known-failure entries for this run's backends and device marked no collected test*"]
+    )
+    assert "; ".join(stale_lines) in result.stdout.str()
+    (path,) = (fake_backend_project.path / "out").glob("*.json")
+    stale = json.loads(path.read_text())["stale_known_failures"]
+    assert [f"{e['source']} ({e['backend']} {e['check']})" for e in stale] == stale_lines
+
+
+def test_a_run_narrowed_by_k_judges_no_entry(fake_backend_project: pytest.Pytester) -> None:
+    result, _ = run_with(fake_backend_project, entry(format='"fp4*"'), "-k", "quantize or dequantize")
+    assert "marked no collected test" not in result.stdout.str()
 
 
 def test_a_malformed_runner_file_stops_the_run_at_start_up(fake_backend_project: pytest.Pytester) -> None:

@@ -167,13 +167,16 @@ def test_a_newer_report_of_only_not_claimed_cells_does_not_supersede_a_conforman
     assert m.runs == (conformance,) and m.empty == (bench_only,) and m.superseded == ()
 
 
-def test_the_cli_warns_about_stale_empty_and_mixed_contract_reports(tmp_path: Path, capsys) -> None:
+def test_the_cli_warns_about_stale_and_empty_reports_and_notes_mixed_contracts(tmp_path: Path, capsys) -> None:
+    """Mixed contract revisions are said once, in the matrix's notes: a warning on every merge of
+    a clean clone told its user of committed reports they can do nothing about."""
     write_report(run("0.49.2", ["fail", "pass", "pass"], "2020-01-01T00:00:00Z", revision=None), tmp_path)
     write_report(run("0.50.0", ["pass", "pass", "pass"], host="b"), tmp_path)
     write_report(RunReport(probe("0.50.0", host="c"), (), "2026-11-24T00:00:00Z", suite=current_suite()), tmp_path)
     assert main([str(tmp_path), "--max-age-days", "3650", "--out", str(tmp_path / "M.md")]) == 0
     err = capsys.readouterr().err
-    assert "warning: stale" not in err and "warning: empty report" in err and "different contract revisions" in err
+    assert "warning: stale" not in err and "warning: empty report" in err and "contract revision" not in err
+    assert "**Different contract revisions**" in (tmp_path / "M.md").read_text(encoding="utf-8")
     assert main([str(tmp_path), "--max-age-days", "7", "--out", str(tmp_path / "M.md")]) == 0
     assert "warning: stale report" in capsys.readouterr().err
     with pytest.raises(SystemExit):
@@ -273,3 +276,19 @@ def test_the_gate_fails_clearly_when_no_cell_meets_the_minimum(tmp_path: Path, c
     assert "no cell was computed with bitsandbytes >= 0.50.0 (bitsandbytes 0.49.2 in" in capsys.readouterr().err
     assert gate.main([str(old), "--min-version", "torch=2.13"]) == 0  # a probe version applies to every cell
     assert gate.main([str(old), "--min-version", "nonsense"]) == 2
+
+
+def test_the_matrix_lists_known_failure_entries_a_run_found_stale(tmp_path: Path) -> None:
+    """Stale in the matrix too: the report keeps the entries that marked no collected test."""
+    import dataclasses
+
+    from pytest_qconform.matrix.markdown import to_markdown
+    from pytest_qconform.report.stale_entries import StaleEntry
+
+    stale = StaleEntry("pytest_qconform/session/known_failures.toml:173", "bitsandbytes", "checkpoint", "absmax ...")
+    report = dataclasses.replace(run("0.50.0", ["pass", "pass", "pass"]), stale_known_failures=(stale,))
+    back = read_report(write_report(report, tmp_path))
+    assert back.stale_known_failures == (stale,)
+    text = to_markdown(merge([back], now=NOW))
+    assert "**Stale known failures**" in text
+    assert f"- `{stale.source}` (bitsandbytes · checkpoint): in `{back.label}`" in text

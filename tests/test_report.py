@@ -6,6 +6,7 @@ import json
 import math
 import os
 import re
+import stat
 from pathlib import Path
 
 import pytest
@@ -238,6 +239,22 @@ def test_an_error_mid_write_keeps_the_old_file_whole(tmp_path, monkeypatch):
         atomic.write_text_atomically(target, "new\n")
     assert target.read_text(encoding="utf-8") == "old\n"
     assert [p.name for p in tmp_path.iterdir()] == ["README.md"]
+
+
+def test_an_atomic_write_gives_a_new_file_the_usual_mode_and_keeps_an_old_ones(tmp_path):
+    """nox -s matrix rewrote MATRIX.md and the heatmap with the temp file's 0600: a clean clone's
+    files changed mode in git, and other users of a shared checkout lost read access."""
+    umask = os.umask(0o022)
+    try:
+        atomic.write_text_atomically(tmp_path / "new.md", "new\n")
+        old = tmp_path / "old.md"
+        old.write_text("old\n", encoding="utf-8")
+        old.chmod(0o640)
+        atomic.write_text_atomically(old, "new\n")
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE((tmp_path / "new.md").stat().st_mode) == 0o644
+    assert stat.S_IMODE(old.stat().st_mode) == 0o640
 
 
 # ---------------------------------------------------------------- strict reading

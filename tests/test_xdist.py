@@ -220,3 +220,24 @@ def test_xdist_workers_share_the_cpus(
         assert torch.get_num_threads() == threads
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_deselected_instances_line_appears_under_workers(fake_backend_project: pytest.Pytester) -> None:
+    """The workers collect and deselect, the controller prints the summary: under ``-n auto``
+    the one line of instances not applying here went missing."""
+    fake_backend_project.makeconftest(WIDE_FAKE)
+    fake_backend_project.makepyfile(
+        test_suite="""
+import pytest
+from pytest_qconform.backends.base import QuantSpec
+
+@pytest.mark.qconform_operation("dequantize")
+@pytest.mark.parametrize("spec", [QuantSpec("nf4", 64), QuantSpec("nf4", 256)], ids=lambda s: s.label())
+def test_dequantize(qtarget, qbackend, spec):
+    pass
+"""
+    )
+    result, _ = _run(fake_backend_project, "out", "-n", "2")
+    result.stdout.fnmatch_lines(
+        ["qconform: 1 instances not applying here were deselected: 1 not claimed by their backend (fake 1)"]
+    )

@@ -54,7 +54,7 @@ class HqqGemliteBackend(Backend):
         try:
             for module in ("hqq", "gemlite"):
                 if importlib.util.find_spec(module) is None:
-                    return Availability(False, None, f"{self.name}: {module} is not installed ({INSTALL_HINT})")
+                    return Availability(False, None, f"{module} is not installed ({INSTALL_HINT})")
             import gemlite
             import hqq.backends.gemlite  # noqa: F401 - HQQ's conversion imports gemlite's helper
         except Exception as exc:  # noqa: BLE001 - gemlite asks Triton for a GPU driver on import: reported

@@ -16,9 +16,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pytest_qconform.matrix.figures import write_figure_png
 from pytest_qconform.report.benchmarks import Benchmark
+from pytest_qconform.report.figures import write_figure_png
 from pytest_qconform.report.run_report import ReportError, RunReport, read_report
+from pytest_qconform.report.storage import ReportsFolder
 
 METRICS = ("percent", "time")
 PROG = "qconform benchplot"
@@ -30,7 +31,7 @@ class BenchPlotError(ValueError):
 
 def default_png(report_path: str | Path) -> Path:
     path = Path(report_path)
-    return path.with_name(f"{path.stem}-bench.png")
+    return ReportsFolder(path.parent).bench_plot(path)
 
 
 def _case(entry: Benchmark) -> str:

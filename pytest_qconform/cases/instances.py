@@ -3,23 +3,37 @@ array per target and backend, from that backend's claims there (``axes``).
 
 Called from the plugin's ``pytest_generate_tests``; parametrizes ``qtarget``,
 ``qbackend`` and the check's own arguments together, since which values exist depends
-on the backend and the device.
+on the backend and the device. The session hands in its targets and backends
+(``Backends``): this room sits below the session and does not read the session's stash.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
+from pytest_qconform.backends.base import Backend
 from pytest_qconform.cases import axes
 from pytest_qconform.cases.claims import target_device
-from pytest_qconform.session import outcomes, state
+from pytest_qconform.hardware.targets import Target
+from pytest_qconform.vocabulary import NOTHING_CLAIMED_PREFIX
 
 AXES_MARKER = "qconform_axes"
 
 
 STRENGTH_MARKER = "qconform_ci_strength"
+
+
+@dataclass(frozen=True)
+class Backends:
+    """The session's targets and backends under test: ``backend(name)`` builds one on first use."""
+
+    targets: tuple[Target, ...]
+    names: tuple[str, ...]
+    backend: Callable[[str], Backend]
 
 
 def _strength(config: pytest.Config, definition: Any = None) -> int:
@@ -35,19 +49,18 @@ def _strength(config: pytest.Config, definition: Any = None) -> int:
 def _nothing_claimed(check: axes.CheckAxes, values: dict[str, tuple[Any, ...]], backend: str) -> str:
     empty = [name for name, found in values.items() if not found]
     wanted = "; ".join(f"{name} in {check.only[name]}" if name in check.only else name for name in empty)
-    return f"{outcomes.NOTHING_CLAIMED_PREFIX} {backend} claims no value of {wanted}"
+    return f"{NOTHING_CLAIMED_PREFIX} {backend} claims no value of {wanted}"
 
 
-def parametrize(metafunc: pytest.Metafunc, marker: pytest.Mark) -> None:
+def parametrize(metafunc: pytest.Metafunc, marker: pytest.Mark, session: Backends) -> None:
     """``qtarget``, ``qbackend`` and the check's axes, jointly, for every target and backend."""
-    config = metafunc.config
     check = axes.CheckAxes.from_marker(marker)
-    strength = _strength(config, metafunc.definition)
+    strength = _strength(metafunc.config, metafunc.definition)
     params = []
-    for target in config.stash[state.TARGETS]:
+    for target in session.targets:
         target_marks = [getattr(pytest.mark, m) for m in target.marker_names]
-        for name in sorted(config.stash[state.BACKEND_FACTORIES].keys()):
-            backend = state.backend(config, name)
+        for name in sorted(session.names):
+            backend = session.backend(name)
             rows: list[dict[str, Any]]
             marks = list(target_marks)
             if backend.availability().available:
@@ -94,7 +107,7 @@ def axis_labels(item: pytest.Item) -> dict[str, str] | None:
     return axes.labels(row)
 
 
-def claimed_labels(item: pytest.Item, cache: dict) -> dict[str, list[str]] | None:
+def claimed_labels(item: pytest.Item, cache: dict, backend_of: Callable[[str], Backend]) -> dict[str, list[str]] | None:
     """The values each declared axis of an instance's check has for its backend on its
     target (claimed, within the check's ``only``), by label: what coverage is measured
     against. ``cache``: shared across the items of one collection."""
@@ -105,7 +118,7 @@ def claimed_labels(item: pytest.Item, cache: dict) -> dict[str, list[str]] | Non
     target, name = params["qtarget"], params["qbackend"]
     key = (name, target.id, marker.args, tuple(sorted((k, tuple(v)) for k, v in marker.kwargs.items())))
     if key not in cache:
-        backend = state.backend(item.config, name)
+        backend = backend_of(name)
         if not backend.availability().available:
             cache[key] = None
         else:
@@ -120,6 +133,4 @@ def claimed_labels(item: pytest.Item, cache: dict) -> dict[str, list[str]] | Non
 
 def nothing_claimed(item: pytest.Item) -> bool:
     """Whether this instance is a check's one cell saying its backend claims nothing it needs."""
-    return any(
-        str(m.kwargs.get("reason", "")).startswith(outcomes.NOTHING_CLAIMED_PREFIX) for m in item.iter_markers("skip")
-    )
+    return any(str(m.kwargs.get("reason", "")).startswith(NOTHING_CLAIMED_PREFIX) for m in item.iter_markers("skip"))

@@ -110,7 +110,7 @@ class Probe:
         for b in self.backends:
             state = f"{b.version}" if b.available else f"unavailable: {b.reason}"
             out.append(f"  backend {b.name}: {state}")
-        from pytest_qconform.session.startup_notes import one_line
+        from pytest_qconform.hardware.startup_notes import one_line
 
         notes = one_line({"probe": self.notes, **{b.name: b.notes for b in self.backends}})
         if notes:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from pytest_qconform.hardware import archs
 from pytest_qconform.hardware.probe import Probe
-from pytest_qconform.session.outcomes import OTHER_DEVICE_PREFIX
+from pytest_qconform.vocabulary import OTHER_DEVICE_PREFIX
 
 CPU_MACHINES: tuple[str, ...] = ("x86_64", "aarch64", "arm64", "ppc64le", "s390x")
 

@@ -1,15 +1,16 @@
-"""The matrix CLI: merge run reports (``matrix_model``) and write the README section,
-the full table (``matrix_markdown``), the heatmap (``heatmap``), the browsable page
-(``site``) and the step summary.
+"""The matrix CLI: merge run reports (``matrix_model``) and write the README's table
+(``readme_table``), the full table (``matrix_markdown``), the heatmap (``heatmap``), the
+browsable page (``site``) and the step summary.
 
 CLI: ``python -m pytest_qconform.matrix.cli [PATHS...] [--readme README.md]
 [--out reports/MATRIX.md] [--png reports/matrix.png] [--site reports/site/index.html]
 [--step-summary] [--ignore-invalid] [--max-age-days N]``:
-the README and the step summary get the summary (``matrix_summary``, one screen), the
+the README gets the compact table (a row per backend, a column per arch), the step summary
+the summary (``matrix_summary``, one screen), the
 ``--out`` file the full per-cell table as well (``matrix_markdown``), the PNG the summary
-heatmap (``heatmap``), the ``--site`` file the page (all of it, filterable, one HTML file). Stale reports (older than ``--max-age-days``), empty reports (zero
-cells) and reports of different contract revisions are printed as warnings and written
-in the notes, never merged silently.
+heatmap (``heatmap``), the ``--site`` file the page (all of it, filterable, one HTML file). Stale reports (older than ``--max-age-days``) and empty reports (zero
+cells) are printed as warnings and written in the notes; reports of different contract
+revisions are written in the notes. Nothing is merged silently.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from pathlib import Path
 
 from pytest_qconform.matrix.markdown import readme_markdown, to_markdown, update_readme
 from pytest_qconform.matrix.model import Entry, Matrix, MatrixError, find_report_files, merge
+from pytest_qconform.matrix.readme_table import readme_table
 from pytest_qconform.matrix.site import write_site
-from pytest_qconform.matrix.versions import contract_revisions
 from pytest_qconform.report.atomic import write_text_atomically
 from pytest_qconform.report.run_report import ReportError, read_report
 from pytest_qconform.report.sections import SectionError, is_section_file, read_section
+from pytest_qconform.report.storage import COMMITTED
 
 __all__ = ["Entry", "Matrix", "MatrixError", "main", "merge"]
 DEFAULT_MAX_AGE_DAYS = 30.0
@@ -40,12 +42,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "paths",
         nargs="*",
-        default=["reports/"],
+        default=[str(COMMITTED.root)],
         metavar="PATH",
-        help="report files or folders scanned recursively for *.json (default: reports/)",
+        help="report files or folders scanned recursively for *.json, but a folder's bench/ (default: reports/)",
     )
     parser.add_argument(
-        "--readme", type=Path, help="replace the text between the qconform-matrix markers here with the summary"
+        "--readme",
+        type=Path,
+        help="replace the text between the qconform-matrix markers here with the compact table (a row per backend)",
     )
     parser.add_argument("--out", type=Path, help="write the summary and the full per-cell matrix to this file")
     parser.add_argument("--png", type=Path, help="write the summary heatmap PNG here (needs matplotlib)")
@@ -82,7 +86,10 @@ def _age(text: str) -> float:
 
 
 def _warnings(matrix: Matrix) -> list[str]:
-    """One line per report the merge flags: stale, empty, of another contract revision."""
+    """One line per report the merge flags as something to act on: stale (run it again), empty
+    (a run that checked nothing was copied in). Reports of different contract revisions are
+    not: the matrix's notes say so, once, where its reader reads it, and whoever runs the merge
+    on a clone can do nothing about the committed reports."""
     lines = [
         f"stale report {r.source or r.label}: created {r.created}, more than {matrix.max_age_days:g} days "
         "ago (merged, and flagged in the notes)"
@@ -95,13 +102,6 @@ def _warnings(matrix: Matrix) -> list[str]:
         + "; not merged"
         for r in matrix.empty
     ]
-    revisions = contract_revisions(matrix.runs)
-    if len(revisions) > 1:
-        said = "; ".join(
-            f"{'no revision' if rev is None else f'revision {rev}'}: {', '.join(labels)}"
-            for rev, labels in sorted(revisions.items(), key=lambda kv: -1 if kv[0] is None else kv[0])
-        )
-        lines.append(f"the merged reports were judged against different contract revisions ({said})")
     return lines
 
 
@@ -141,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             write_text_atomically(args.out, markdown)
             written.append(str(args.out))
         if args.readme:
-            update_readme(args.readme, summary)
+            update_readme(args.readme, readme_table(matrix))
             written.append(str(args.readme))
         if args.png:
             try:

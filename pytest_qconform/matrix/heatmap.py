@@ -18,10 +18,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from pytest_qconform.matrix.figures import write_figure_png
 from pytest_qconform.matrix.model import Matrix
 from pytest_qconform.matrix.summary import DISAGREE, SummaryEntry, summarize
 from pytest_qconform.matrix.versions import VersionRange, ranges
+from pytest_qconform.report.figures import write_figure_png
 from pytest_qconform.report.run_report import VERDICTS
 from pytest_qconform.report.tables import format_multiple
 from pytest_qconform.vocabulary import Verdict
@@ -40,21 +40,23 @@ HEAT_COLORS: dict[str, str] = {
 OTHER_COLOR = "#b0bec5"  # a status this version does not know (a newer report's)
 REGRESSION_EDGE = "#000000"  # outline of a box with a version regression
 DARK = frozenset({Verdict.PASS, Verdict.FAIL, Verdict.CRASHED, Verdict.TIMEOUT, DISAGREE})  # white text on these
+# A box's words: the verdict's own, as MATRIX.md writes it, at most shortened to its first word.
 WORDS = {
     Verdict.PASS: Verdict.PASS,
     Verdict.FAIL: Verdict.FAIL,
     Verdict.KNOWN_FAILURE: "known",
     Verdict.CRASHED: Verdict.CRASHED,
     Verdict.TIMEOUT: Verdict.TIMEOUT,
-    "skipped": "skipped",
-    "unavailable": "n/a",
-    "not-claimed": "none",
+    Verdict.SKIPPED: Verdict.SKIPPED,
+    Verdict.UNAVAILABLE: Verdict.UNAVAILABLE,
+    Verdict.NOT_CLAIMED: "not claimed",
     DISAGREE: "≠",
 }
 FONT_PT = 9
 DPI = 100
 BOX_W, BOX_H, LABEL_W, TITLE_H = 1.55, 0.48, 1.45, 0.45  # inches
 MAX_PANELS_ABREAST = 2
+BOX_CHARS = 26  # what fits on one line of a box at FONT_PT
 
 
 def versions_label(found: VersionRange | None) -> str:
@@ -69,11 +71,24 @@ def versions_label(found: VersionRange | None) -> str:
     return "same in all versions"
 
 
+def _wrapped(counts: list[str], width: int = BOX_CHARS) -> list[str]:
+    """The counts joined by `` · ``, on as many lines as a box's width needs."""
+    lines = [counts[0]] if counts else [""]
+    for part in counts[1:]:
+        if len(lines[-1]) + 3 + len(part) <= width:
+            lines[-1] += f" · {part}"
+        else:
+            lines.append(part)
+    return lines
+
+
 def box_label(entry: SummaryEntry, found: VersionRange | None = None) -> str:
-    """``22 pass · 2 known`` over ``worst 0.48``, over the versions' word (``≥ 0.50.0``)."""
-    lines = [" · ".join(f"{n} {WORDS.get(name, name)}" for name, n in entry.counts)]
+    """``22 pass · 2 known`` over ``worst 0.48``, over the versions' word (``≥ 0.50.0``). Counts
+    too wide for one line take two, and the worst multiple joins their second: a box holds three."""
+    lines = _wrapped([f"{n} {WORDS.get(name, name)}" for name, n in entry.counts])
     if entry.worst_judged_multiple is not None:
-        lines.append(f"worst {format_multiple(entry.worst_judged_multiple)}")
+        worst = f"worst {format_multiple(entry.worst_judged_multiple)}"
+        lines = lines[:-1] + _wrapped([lines[-1], worst]) if len(lines) > 1 else [*lines, worst]
     versions = versions_label(found)
     if versions:
         lines.append(versions)

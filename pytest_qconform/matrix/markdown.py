@@ -12,18 +12,20 @@ from pathlib import Path
 from typing import Any
 
 from pytest_qconform.hardware.archs import KNOWN_ARCHS
+from pytest_qconform.matrix.known_repros import NOT_RUN_PREFIX
 from pytest_qconform.matrix.model import Entry, Matrix, MatrixError, known_archs, natural_key
 from pytest_qconform.matrix.summary import DISAGREE, Summary, SummaryEntry, summarize
 from pytest_qconform.matrix.versions import contract_revisions, other_differences, ranges
 from pytest_qconform.report.atomic import write_text_atomically
 from pytest_qconform.report.run_report import VERDICTS
 from pytest_qconform.report.sections import Section
+from pytest_qconform.report.storage import COMMITTED
 from pytest_qconform.report.tables import format_multiple
 from pytest_qconform.vocabulary import Verdict
 
 MARKER_START = "<!-- qconform-matrix:start -->"
 MARKER_END = "<!-- qconform-matrix:end -->"
-FULL_MATRIX = "reports/MATRIX.md"  # where nox -s matrix writes the full table; the README links it
+FULL_MATRIX = COMMITTED.matrix_markdown.as_posix()  # where nox -s matrix writes the full table; the README links it
 SYMBOLS: dict[str, str] = {
     Verdict.PASS: "✅",
     Verdict.FAIL: "❌",
@@ -185,6 +187,7 @@ def _notes(matrix: Matrix, sections: Sequence[Section]) -> list[str]:
         out += section_lines(section, run_archs)
 
     out += _contract_notes(matrix)
+    out += _stale_entry_notes(matrix)
     if matrix.stale:
         out += [
             "",
@@ -214,6 +217,28 @@ def _notes(matrix: Matrix, sections: Sequence[Section]) -> list[str]:
     if matrix.simulated:
         out += ["", "**Excluded simulated reports** (simulated probe: nothing was computed on the device):", ""]
         out += [f"- `{r.label}` ({r.arch}, {r.created})" for r in matrix.simulated]
+    return out
+
+
+def _stale_entry_notes(matrix: Matrix) -> list[str]:
+    """The known-failure entries a counted run found marking no collected test: stale or mistyped."""
+    found: dict[tuple[str, str, str], list[str]] = {}
+    for run in matrix.runs:
+        for entry in run.stale_known_failures:
+            found.setdefault((entry.source, entry.backend, entry.check), []).append(run.label)
+    if not found:
+        return []
+    out = [
+        "",
+        "**Stale known failures** (entries of the known-failures files that marked no collected test in a run "
+        "that had their backend, version and device: their test was renamed, a glob no longer matches, or the "
+        "failure moved; remove or fix them):",
+        "",
+    ]
+    out += [
+        f"- `{source}` ({backend} · {check}): in {', '.join(f'`{label}`' for label in labels)}"
+        for (source, backend, check), labels in sorted(found.items())
+    ]
     return out
 
 
@@ -301,10 +326,17 @@ def to_markdown(matrix: Matrix, sections: Sequence[Section] = ()) -> str:
     if not matrix.runs:
         return "\n".join([_NO_RUNS, *_notes(matrix, sections)]) + "\n"
     out = _runs_and_summary(matrix)
-    out += ["", "**Verdicts** (every cell)", ""]
+    out += ["", "**Verdicts** (every cell, a section per backend: the README's table links each)"]
     header = ["backend", "operation", "format", "dtype", *matrix.columns]
-    rows = [[*row, *(format_entry(matrix.entry(row, arch)) for arch in matrix.columns)] for row in matrix.rows]
-    out += markdown_table(header, rows) if rows else ["(the counted reports contain no cells)"]
+    for backend in sorted({row[0] for row in matrix.rows}, key=natural_key):
+        rows = [
+            [*row, *(format_entry(matrix.entry(row, arch)) for arch in matrix.columns)]
+            for row in matrix.rows
+            if row[0] == backend
+        ]
+        out += ["", f"### {backend}", "", *markdown_table(header, rows)]
+    if not matrix.rows:
+        out += ["", "(the counted reports contain no cells)"]
     out += ["", _legend()]
     out += _coverage(matrix)
     out += _calls(matrix)
@@ -379,20 +411,36 @@ def _calls(matrix: Matrix) -> list[str]:
     ]
 
 
-_LINK = re.compile(r"^known failure \(([^()]*(?:\([^()]*\))?[^()]*)\): ")
+_LINK_START = "known failure ("
+_ENTRY_PLACE = re.compile(r" \[[^\[\]]*\]$")  # the entry's place, always last: `` [.../known_failures.toml:308]``
 
 
 def known_failure_text(reason: str) -> tuple[str, str]:
-    """(what, link) from a known failure's cell reason ``known failure (<link>): <what> [...]``:
-    ``what`` cut at its first top-level clause so that it fits one line."""
-    match = _LINK.match(reason)
-    link, rest = (match.group(1), reason[match.end() :]) if match else ("", reason)
+    """(what, link) from a known failure's cell reason ``[NOTRUN] known failure (<link>): <what>
+    [<entry's file:line>]``: ``what`` is the first sentence of the entry's reason, whole (a cut
+    inside a clause reads as another claim: "absmax transposed to ("), without its full stop,
+    pytest's ``[NOTRUN]`` or the entry's place."""
+    rest = _ENTRY_PLACE.sub("", reason.removeprefix(NOT_RUN_PREFIX))
+    link = ""
+    if rest.startswith(_LINK_START):
+        close = _closing(rest, len(_LINK_START) - 1)
+        if close is not None and rest.startswith("): ", close):
+            link, rest = rest[len(_LINK_START) : close], rest[close + 3 :]
+    end = _closing(rest, None)
+    return (rest[:end] if end is not None else rest.strip().removesuffix(".")), link
+
+
+def _closing(text: str, start: int | None) -> int | None:
+    """With ``start`` (an opening parenthesis): the index of its closing one. Without: the
+    index of the first sentence's full stop (``. `` outside brackets). None when there is none."""
     depth = 0
-    for i, ch in enumerate(rest):
-        depth += {"(": 1, ")": -1}.get(ch, 0)
-        if depth == 0 and rest.startswith((", ", "; ", " ["), i):
-            return rest[:i], link
-    return rest.strip(), link
+    for i in range(start or 0, len(text)):
+        depth += {"(": 1, "[": 1, ")": -1, "]": -1}.get(text[i], 0)
+        if start is not None and depth == 0:
+            return i
+        if start is None and depth == 0 and text.startswith(". ", i):
+            return i
+    return None
 
 
 def format_summary_entry(entry: SummaryEntry | None) -> str:
@@ -439,9 +487,10 @@ def summary_markdown(summary: Summary) -> list[str]:
         for group in summary.known_failures:
             what, link = known_failure_text(group.reason)
             source = f" ([source]({link.split(' ')[0]}))" if link.startswith("http") else ""
+            not_run = "; not run: it would end the test process" if group.reason.startswith(NOT_RUN_PREFIX) else ""
             out.append(
                 f"- {group.backend} · {group.operation} on {', '.join(group.archs)} ({len(group.cells)} cells: "
-                f"{', '.join(group.cells)}): {what}{source}"
+                f"{', '.join(group.cells)}): {what}{source}{not_run}"
             )
     return out
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_qconform.report.run_report import VERDICTS, RunReport
+from pytest_qconform.report.storage import ReportsFolder
 from pytest_qconform.report.versions import backend_version, version_key
 from pytest_qconform.vocabulary import Verdict
 
@@ -195,12 +196,13 @@ def known_archs() -> tuple[str, ...]:
 
 
 def find_report_files(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
-    """Files as given; folders scanned recursively for ``*.json`` (sorted, each file once)."""
+    """Files as given; of a folder, what its layout says the matrix reads (``ReportsFolder``:
+    every ``*.json`` but the benchmark runs'). Sorted, each file once."""
     found: dict[Path, Path] = {}
     for given in paths:
         path = Path(given)
         if path.is_dir():
-            candidates = sorted(p for p in path.rglob("*.json") if p.is_file())
+            candidates = ReportsFolder(path).matrix_inputs()
         elif path.is_file():
             candidates = [path]
         else:

@@ -31,7 +31,6 @@ from pytest_qconform.matrix.site_data import page_data
 from pytest_qconform.report.atomic import write_text_atomically
 from pytest_qconform.report.sections import Section
 
-DEFAULT_SITE = Path("reports/site/index.html")  # where nox -s matrix writes it; the README links it
 _ASSETS = "site_assets"
 
 

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_qconform.report.run_report import FAILING_VERDICTS, VERDICTS, Cell, ReportError, RunReport, read_report
+from pytest_qconform.report.storage import NotOneReport, ReportsFolder
 from pytest_qconform.report.versions import MinVersion
 from pytest_qconform.vocabulary import Verdict
 
@@ -88,10 +89,32 @@ def _counts(cells: Sequence[Cell]) -> str:
     return ", ".join(f"{n} {v}" for v, n in sorted(counts.items(), key=lambda kv: VERDICTS.index(kv[0])))
 
 
-def _describe(cell: Cell) -> str:
+def _first_line(cell: Cell) -> str:
     detail = cell.reason or (cell.first_failure or {}).get("message", "")
-    first_line = detail.strip().splitlines()[0] if detail.strip() else ""
+    return detail.strip().splitlines()[0] if detail.strip() else ""
+
+
+def _describe(cell: Cell) -> str:
+    first_line = _first_line(cell)
     return f"{'/'.join(cell.key)}: {cell.verdict}" + (f" ({first_line})" if first_line else "")
+
+
+def _grouped(cells: Sequence[Cell], named: int = 3) -> list[str]:
+    """One line per verdict and reason: a cell alone as ``_describe`` writes it; several as
+    ``27 cells unavailable (reason): a, b, c and 24 more``, so that one missing library is
+    one line, not one per cell (``--require pass`` on a CPU report named hqq-gemlite's 27)."""
+    groups: dict[tuple[str, str], list[Cell]] = {}
+    for cell in cells:
+        groups.setdefault((cell.verdict, _first_line(cell)), []).append(cell)
+    lines = []
+    for (verdict, why), group in groups.items():
+        if len(group) == 1:
+            lines.append(_describe(group[0]))
+            continue
+        keys = ", ".join("/".join(c.key) for c in group[:named])
+        more = f" and {len(group) - named} more" if len(group) > named else ""
+        lines.append(f"{len(group)} cells {verdict}" + (f" ({why})" if why else "") + f": {keys}{more}")
+    return lines
 
 
 def problems(
@@ -130,32 +153,24 @@ def problems(
             if c.verdict != Verdict.FAIL
         ]
         expected.update(c.key for c in matched)
-    for cell in cells:
-        if cell.key in expected:
-            continue
-        if require == "any":
-            break
-        if cell.verdict in FAILING_VERDICTS or (require == "pass" and cell.verdict not in PASSING_VERDICTS):
-            found.append(_describe(cell))
+    if require != "any":
+        unexpected = [c for c in cells if c.key not in expected]
+        found += [_describe(c) for c in unexpected if c.verdict in FAILING_VERDICTS]  # each one to fix
+        if require == "pass":
+            found += _grouped([c for c in unexpected if c.verdict not in PASSING_VERDICTS | FAILING_VERDICTS])
     return found
 
 
 def reports_in(paths: Sequence[str | Path]) -> list[Path]:
-    """Report files as given; a folder must hold exactly one ``*.json`` (a fresh folder per run)."""
+    """Report files as given; a folder must hold exactly one run report (a fresh folder per run)."""
     files: list[Path] = []
     for given in paths:
         path = Path(given)
         if path.is_dir():
-            found = sorted(p for p in path.glob("*.json") if p.is_file())
-            if len(found) != 1:
-                names = ", ".join(p.name for p in found[:5]) + (", ..." if len(found) > 5 else "")
-                raise GateUsageError(
-                    f"{path}: expected exactly one run report (*.json), found {len(found)}"
-                    + (f" ({names})" if found else "")
-                    + ". A folder reused across runs keeps old reports, and an old one could pass a run that wrote "
-                    "none: give each job a fresh --qconform-report-dir, or name the report file"
-                )
-            files += found
+            try:
+                files.append(ReportsFolder(path).the_run_report())
+            except NotOneReport as exc:
+                raise GateUsageError(str(exc)) from None
         elif path.is_file():
             files.append(path)
         else:

@@ -14,16 +14,16 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from pytest_qconform.cases.coverage import Coverage
 from pytest_qconform.report.atomic import write_text_atomically
 from pytest_qconform.report.benchmarks import Benchmark
 from pytest_qconform.report.calls import CallCoverage
 from pytest_qconform.report.contract import Suite
+from pytest_qconform.report.coverage import Coverage
 from pytest_qconform.report.schema import (
     SchemaError,
     json_object,
@@ -35,8 +35,11 @@ from pytest_qconform.report.schema import (
     type_name,
     validate_probe,
 )
+from pytest_qconform.report.stale_entries import StaleEntry
+from pytest_qconform.report.storage import ReportsFolder
 from pytest_qconform.vocabulary import FAILING, VERDICT_ORDER
 
+T = TypeVar("T")
 SCHEMA = "pytest-qconform/report"
 SCHEMA_VERSION = 3
 # Version 2 adds the optional top-level ``benchmarks`` list; version 3 adds ``suite`` (the
@@ -56,7 +59,6 @@ SUITE_SINCE_VERSION = 3
 # its one cell says so, and says least.
 VERDICTS: tuple[str, ...] = VERDICT_ORDER
 FAILING_VERDICTS: frozenset[str] = FAILING
-FILENAME_TIME_FORMAT = "%Y%m%dT%H%M%SZ"
 
 
 class ReportError(ValueError):
@@ -188,6 +190,7 @@ class RunReport:
     benchmarks: tuple[Benchmark, ...] = ()
     coverage: tuple[Coverage, ...] = ()  # what each declared axis was checked at (coverage.py)
     calls: tuple[CallCoverage, ...] = ()  # what the call-site oracle judged in workloads (calls.py)
+    stale_known_failures: tuple[StaleEntry, ...] = ()  # entries that marked no collected test (stale_entries.py)
     suite: Suite | None = None  # what judged the run (contract.py); None in reports older than version 3
 
     @property
@@ -225,6 +228,8 @@ class RunReport:
             data["coverage"] = [entry.to_dict() for entry in self.coverage]
         if self.calls:
             data["calls"] = [entry.to_dict() for entry in self.calls]
+        if self.stale_known_failures:
+            data["stale_known_failures"] = [entry.to_dict() for entry in self.stale_known_failures]
         if self.suite is not None:
             data["suite"] = self.suite.to_dict()
         return data
@@ -276,18 +281,10 @@ class RunReport:
             if not isinstance(raw, list):
                 raise SchemaError(f"report.benchmarks: expected a JSON array, got {type_name(raw)}")
             benchmarks = tuple(Benchmark.from_dict(entry, f"benchmarks[{i}]") for i, entry in enumerate(raw))
-        coverage: tuple[Coverage, ...] = ()
-        if "coverage" in data:  # optional in every version: a reader that ignores it loses nothing else
-            raw = data["coverage"]
-            if not isinstance(raw, list):
-                raise SchemaError(f"report.coverage: expected a JSON array, got {type_name(raw)}")
-            coverage = tuple(Coverage.from_dict(entry, f"coverage[{i}]") for i, entry in enumerate(raw))
-        calls: tuple[CallCoverage, ...] = ()
-        if "calls" in data:  # optional in every version, as coverage is
-            raw = data["calls"]
-            if not isinstance(raw, list):
-                raise SchemaError(f"report.calls: expected a JSON array, got {type_name(raw)}")
-            calls = tuple(CallCoverage.from_dict(entry, f"calls[{i}]") for i, entry in enumerate(raw))
+        # Optional in every version: a reader that ignores them loses nothing else.
+        coverage = _optional_array(data, "coverage", Coverage.from_dict)
+        calls = _optional_array(data, "calls", CallCoverage.from_dict)
+        stale = _optional_array(data, "stale_known_failures", StaleEntry.from_dict)
         suite = None
         if "suite" in data:
             if version < SUITE_SINCE_VERSION:
@@ -310,6 +307,7 @@ class RunReport:
             benchmarks=benchmarks,
             coverage=coverage,
             calls=calls,
+            stale_known_failures=stale,
             suite=suite,
         )
 
@@ -317,33 +315,21 @@ class RunReport:
 # ---------------------------------------------------------------- files
 
 
-def safe_filename_part(text: str) -> str:
-    """Keep letters, digits, ``.``, ``_`` and ``-``; no leading dot (no hidden files)."""
-    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._")
-    return cleaned or "unknown"
-
-
-def report_filename(report: RunReport) -> str:
-    """``<arch>-<host>-<YYYYmmddTHHMMSSZ>.json`` from the report's own ``created``."""
-    stamp = report.created_at.strftime(FILENAME_TIME_FORMAT)
-    return f"{safe_filename_part(report.arch)}-{safe_filename_part(report.host)}-{stamp}.json"
+def _optional_array(data: Mapping[str, Any], key: str, from_dict: Callable[[Any, str], T]) -> tuple[T, ...]:
+    """The records of an optional top-level array (``key``), each read by ``from_dict``; () when absent."""
+    if key not in data:
+        return ()
+    raw = data[key]
+    if not isinstance(raw, list):
+        raise SchemaError(f"report.{key}: expected a JSON array, got {type_name(raw)}")
+    return tuple(from_dict(entry, f"{key}[{i}]") for i, entry in enumerate(raw))
 
 
 def write_report(report: RunReport, folder: Path) -> Path:
-    """Write ``report`` atomically into ``folder`` (created if needed); returns its path.
-
-    A second report of the same arch, host and second gets a ``-1``, ``-2``... suffix
-    rather than replacing the first.
-    """
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    """Write ``report`` atomically into ``folder`` (created if needed), under the name the
+    folder's layout gives it (``storage.ReportsFolder``); returns its path."""
     text = json.dumps(report.to_dict(), indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n"
-    name = report_filename(report)
-    path = folder / name
-    counter = 0
-    while path.exists():
-        counter += 1
-        path = folder / f"{name[: -len('.json')]}-{counter}.json"
+    path = ReportsFolder(Path(folder)).new_report_path(report.arch, report.host, report.created_at)
     write_text_atomically(path, text)
     return path
 

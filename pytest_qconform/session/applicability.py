@@ -60,6 +60,15 @@ class NotHere:
 
 
 NOT_HERE = pytest.StashKey[NotHere]()  # what collection left out, read by the recorder for its summary
+_WORKER_KEY = "qconform_not_here"  # pytest-xdist: the workers collect, the controller prints the line
+
+
+def from_worker(config: pytest.Config, workeroutput: dict[str, Any]) -> None:
+    """On the pytest-xdist controller, which collects nothing: take what a worker's collection
+    left out. Every worker collects the same items, so the first to say it says it for all."""
+    found = workeroutput.get(_WORKER_KEY)
+    if found is not None and NOT_HERE not in config.stash:
+        config.stash[NOT_HERE] = NotHere(Counter(found["other_device"]), Counter(found["not_claimed"]), found["probe"])
 
 
 def _requested(target: Target, markexpr: str) -> bool:
@@ -107,6 +116,13 @@ def deselect(config: pytest.Config, items: list[pytest.Item]) -> None:
         kind, what = found
         (summary.other_device if kind == "other-device" else summary.not_claimed)[what] += 1
     config.stash[NOT_HERE] = summary
+    workeroutput = getattr(config, "workeroutput", None)  # set on a pytest-xdist worker
+    if workeroutput is not None:
+        workeroutput[_WORKER_KEY] = {
+            "other_device": dict(summary.other_device),
+            "not_claimed": dict(summary.not_claimed),
+            "probe": summary.probe,
+        }
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

@@ -68,6 +68,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if lost is None or _device_of(item) != lost[0]:
         return
     device, nodeid, error = lost
+    outcomes.declare(item.user_properties, Verdict.CRASHED)
     pytest.fail(
         outcomes.short_circuit_message(
             Verdict.CRASHED,
@@ -97,4 +98,5 @@ def pytest_runtest_makereport(
         os._exit(WORKER_EXIT_CODE)
     item.config.stash[LOST] = (device, item.nodeid, error)
     report.longrepr = f"{report.longrepr}\n{message}; later tests on it end at once: {REMEDY}"
+    outcomes.declare(report.user_properties, Verdict.CRASHED)
     return report

@@ -11,6 +11,7 @@ from pytest_qconform.backends.base import Backend
 from pytest_qconform.hardware.targets import Target
 from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 from pytest_qconform.session import outcomes, state
+from pytest_qconform.vocabulary import Verdict
 
 
 @pytest.fixture(scope="session")
@@ -42,6 +43,7 @@ def qbackend(request: pytest.FixtureRequest) -> Backend:
     backend = state.backend(request.config, request.param)
     available = backend.availability()
     if not available.available:
+        outcomes.declare(request.node.user_properties, Verdict.UNAVAILABLE)
         pytest.skip(f"{outcomes.UNAVAILABLE_PREFIX} {backend.name}: {available.reason}")
     if "qbench" in request.fixturenames:
         return backend
@@ -246,22 +248,24 @@ class Partners:
     backend still reads bitsandbytes' bytes when bitsandbytes is installed, using it as a
     byte source (its own cells are not run; ``under_test`` says whether they are)."""
 
-    def __init__(self, config: pytest.Config) -> None:
+    def __init__(self, config: pytest.Config, item: pytest.Item) -> None:
         self._config = config
+        self._item = item  # whose skip an unavailable partner under test declares
 
     def __call__(self, name: str) -> Backend:
         """Backend ``name``; skips when it is not registered or cannot load here (an ``unavailable``
         cell when it is under test, none when it would only have been the byte source)."""
         if name not in self._config.stash[state.REGISTERED_FACTORIES]:
-            pytest.skip(f"{outcomes.NOT_CLAIMED_PREFIX} interop partner {name} is not registered in this run")
+            outcomes.skip_not_claimed(f"interop partner {name} is not registered in this run")
         other = state.backend(self._config, name)
         available = other.availability()
         if not available.available:
             if not self.under_test(name):  # no byte source in this environment: nothing to check, no cell
-                pytest.skip(
-                    f"{outcomes.NOT_CLAIMED_PREFIX} interop partner {name} cannot load here "
+                outcomes.skip_not_claimed(
+                    f"interop partner {name} cannot load here "
                     f"({available.reason}); install it to check this backend's reading of its bytes"
                 )
+            outcomes.declare(self._item.user_properties, Verdict.UNAVAILABLE)
             pytest.skip(f"{outcomes.UNAVAILABLE_PREFIX} interop partner {name}: {available.reason}")
         return other
 
@@ -272,4 +276,4 @@ class Partners:
 @pytest.fixture
 def qbackend_named(request: pytest.FixtureRequest) -> Partners:
     """Another registered backend by name (``qbackend_named("bitsandbytes")``), under test or not."""
-    return Partners(request.config)
+    return Partners(request.config, request.node)

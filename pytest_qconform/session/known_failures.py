@@ -27,7 +27,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from pytest_qconform.hardware.targets import hardware_marker_names
-from pytest_qconform.session import outcomes, state
+from pytest_qconform.session import outcomes, stale_known_failures, state
 
 PACKAGED = "pytest_qconform/session/known_failures.toml"
 REQUIRED = ("backend", "versions", "arch", "check", "reason", "link", "repro")
@@ -79,7 +79,7 @@ class KnownFailure:
         Pre-releases and dev builds count as inside a range (``0.46.0.dev0`` matches
         ``>=0.45``): GPU runners often test such builds, and they fail the same way.
         """
-        if key["backend"] != self.backend or not _glob(key["operation"], self.check):
+        if key["backend"] != self.backend or not self.covers_check(key["operation"]):
             return False
         if self.arch != ANY and self.arch not in target_markers:
             return False
@@ -91,6 +91,12 @@ class KnownFailure:
             return False
         if not (_glob(key["format"], self.format) and _glob(key["dtype"], self.dtype) and _glob(test_name, self.test)):
             return False
+        return self.covers_version(version)
+
+    def covers_check(self, operation: str) -> bool:
+        return _glob(operation, self.check)
+
+    def covers_version(self, version: str | None) -> bool:
         if version is None:
             return False
         try:
@@ -221,17 +227,21 @@ def read_at_startup(config: pytest.Config) -> None:
 
 
 def apply(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every item that a known failure matches as a strict expected failure."""
+    """Mark every item that a known failure matches as a strict expected failure; remember the
+    entries that could have matched here and marked nothing (``stale_known_failures``)."""
     entries = config.stash.get(ENTRIES, None)
     if entries is None:
         entries = load(config.getoption("qconform_known_failures"))
     if not entries:
         return
     probe = state.probe(config)
+    matched: set[int] = set()
+    ran: set[tuple[str, str]] = set()
     for item in items:
         key = outcomes.cell_key_of(item)
         if not key:
             continue
+        ran.add((key["backend"], key["operation"]))
         status = probe.backend(key["backend"])
         callspec = getattr(item, "callspec", None)
         target = callspec.params.get("qtarget") if callspec is not None else None
@@ -241,13 +251,15 @@ def apply(config: pytest.Config, items: list[pytest.Item]) -> None:
             if target is not None
             else tuple(m for m in (probe.device_kind, probe.arch, probe.family) if m)
         )
-        for entry in entries:
+        for i, entry in enumerate(entries):
             if entry.matches(key, status.version if status else None, markers, item.name, probe.cpu_capability):
                 item.add_marker(
                     pytest.mark.xfail(strict=True, reason=entry.xfail_reason(), run=entry.ends_process != "yes")
                 )
                 item.repr_failure = _native_repr_failure(item)  # type: ignore[method-assign]
+                matched.add(i)
                 break
+    stale_known_failures.remember(config, stale_known_failures.find(config, entries, matched, ran))
 
 
 def _native_repr_failure(item: pytest.Item):

@@ -18,6 +18,11 @@ import pytest
 
 from pytest_qconform import vocabulary
 from pytest_qconform.hardware.probe import SIMULATE_ENV
+
+# Where a run's report goes unless --qconform-report-dir or the ini setting says otherwise: a
+# local run is scratch, not evidence. reports/ holds only what someone chose to merge into the
+# matrix, so a report gets there by a deliberate copy.
+from pytest_qconform.report.storage import LOCAL_REPORT_DIR
 from pytest_qconform.vocabulary import DtypeLabel
 
 DTYPE_NAMES: tuple[str, ...] = tuple(label.value for label in DtypeLabel)
@@ -31,10 +36,6 @@ PROFILES: tuple[str, ...] = ("ci", "thorough")
 BENCH_SHAPES: tuple[str, ...] = ("full", "small")
 AFTER_CRASH_RULES: tuple[str, ...] = ("operation", "backend", "continue")  # short_circuit.RULES
 ACTIVATING_OPTION = "--qconform"
-# Where a run's report goes unless --qconform-report-dir or the ini setting says otherwise: a
-# local run is scratch, not evidence. reports/ holds only what someone chose to merge into the
-# matrix (nox -s matrix reads every JSON there), so a report gets there by a deliberate copy.
-LOCAL_REPORT_DIR = ".qconform/reports"
 
 
 def choice(allowed: tuple[str, ...], aliases: dict[str, str] | None = None) -> Callable[[str], str]:

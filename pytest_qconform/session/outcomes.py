@@ -16,29 +16,32 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 import pytest
 
-from pytest_qconform.vocabulary import Verdict
+from pytest_qconform.vocabulary import (
+    NOT_CLAIMED_PREFIX,
+    NOTHING_CLAIMED_PREFIX,
+    OTHER_DEVICE_PREFIX,
+    UNAVAILABLE_PREFIX,
+    Verdict,
+)
+from pytest_qconform.vocabulary import OOM_PREFIX as OOM_PREFIX  # public API here too, as the others (__init__.py)
 
 KEY_PROPERTY = "qconform_key"
 MULTIPLE_PROPERTY = "qconform_multiple"
 REPRO_PROPERTY = "qconform_repro"
 AXES_PROPERTY = "qconform_axes"  # the axis values of an instance of a check with declared axes
 CLAIMED_AXES_PROPERTY = "qconform_claimed_axes"  # the values its backend claims on each of those axes
-UNAVAILABLE_PREFIX = "unavailable:"
-NOT_CLAIMED_PREFIX = "not claimed:"
-OOM_PREFIX = "out of memory:"
-OTHER_DEVICE_PREFIX = "other device:"  # an instance for a device this run does not report on
+VERDICT_PROPERTY = "qconform_verdict"  # the verdict the session decided for a skip or failure it raised (declare)
+NO_CELL = "no-cell"  # declared for a skip that makes no cell (the backend claims nothing of the instance)
 TIMEOUT_MESSAGE = "from pytest-timeout"  # pytest-timeout's signal-method failure message ends so
 XPASS_STRICT_PREFIX = "[XPASS(strict)]"  # pytest's longrepr of a strict xfail that passed
 WORKER_CRASH_MARK = "crashed while running"  # pytest-xdist's report of a dead worker
 DEVICE_LOST_PREFIX = "device lost:"  # a test after which its device is unusable (device_loss.py)
 # A test not run because its backend crashed or hung earlier (short_circuit.py) keeps that verdict.
 _SHORT_CIRCUIT = re.compile(r"\b(crashed|timeout) after an earlier (?:crash|timeout) in ")
-
-NOTHING_CLAIMED_PREFIX = "claims nothing this check needs:"  # the one cell of a check its backend claims nothing of
 
 
 @dataclass(frozen=True)
@@ -113,12 +116,46 @@ def _unexpected_pass(reason: str) -> str:
     )
 
 
+def declare(properties: list[tuple[str, object]], verdict: Verdict | None) -> None:
+    """Say what the skip or failure the session raises next means (None: no cell), as a value
+    that travels with the test's reports (``user_properties``: pytest-xdist sends them to the
+    controller), so that the recorder reads it instead of parsing the message. ``properties``:
+    the item's (before a skip or failure it raises) or the report's (in ``pytest_runtest_makereport``)."""
+    properties.append((VERDICT_PROPERTY, NO_CELL if verdict is None else verdict.value))
+
+
+DECLARED_ATTRIBUTE = "qconform_declared"  # on a skip exception: what ``session/declared_skips.py`` declares
+
+
+def skip_not_claimed(reason: str) -> NoReturn:
+    """Skip a test whose backend does not claim what it needs: no cell, said as a value (the
+    message reads ``not claimed: <reason>``). For checks that learn it only while running."""
+    __tracebackhide__ = True  # the skip's place is the caller's line, as pytest.skip's is
+    skip = pytest.skip.Exception(f"{NOT_CLAIMED_PREFIX} {reason}")
+    setattr(skip, DECLARED_ATTRIBUTE, NO_CELL)  # pytest's own Skipped: its message reads as any skip's
+    raise skip
+
+
+def _declared(report: pytest.TestReport) -> str | None:
+    found = [value for name, value in report.user_properties if name == VERDICT_PROPERTY]
+    return str(found[-1]) if found else None
+
+
 def verdict_of(report: pytest.TestReport) -> tuple[Verdict, str] | None:
-    """(verdict, message) of one phase's report, or None when the phase says nothing."""
+    """(verdict, message) of one phase's report, or None when the phase says nothing.
+
+    A verdict the session declared (``declare``) is taken as it is; the message prefixes are
+    read only for skips raised elsewhere (the suites and downstream tests write the public
+    ``NOT_CLAIMED_PREFIX`` and ``UNAVAILABLE_PREFIX``)."""
     if hasattr(report, "wasxfail"):
         if report.skipped:
             return Verdict.KNOWN_FAILURE, str(report.wasxfail)
         return Verdict.FAIL, _unexpected_pass(str(report.wasxfail))
+    declared = _declared(report)
+    if declared is not None and (report.failed or report.skipped):
+        if declared == NO_CELL:
+            return None
+        return Verdict(declared), skip_reason(report) if report.skipped else _failure_message(report)
     if report.failed:
         if isinstance(report.longrepr, str) and report.longrepr.startswith(XPASS_STRICT_PREFIX):
             return Verdict.FAIL, _unexpected_pass(report.longrepr[len(XPASS_STRICT_PREFIX) :].strip())

@@ -6,6 +6,7 @@ outcomes, report). Without ``--qconform`` the plugin only registers its markers.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from pytest_qconform.hardware.targets import hardware_marker_names
 # Only what every pytest start needs: without --qconform nothing here imports torch or a
 # backend (``state`` and everything under it are imported inside the hooks that need them).
 from pytest_qconform.session import hookspecs, options, outcomes
-from pytest_qconform.vocabulary import DtypeLabel
+from pytest_qconform.vocabulary import DtypeLabel, Verdict
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -55,9 +56,11 @@ def _register_markers(config: pytest.Config) -> None:
 
 
 def suites_dir() -> Path:
-    import pytest_qconform.suites as suites
-
-    return Path(suites.__file__).resolve().parent
+    """Where the installed suites live: found, not imported (the suites sit above the session
+    and import it; collecting them is pytest's job)."""
+    spec = importlib.util.find_spec("pytest_qconform.suites")
+    assert spec is not None and spec.submodule_search_locations, "pytest_qconform.suites is not installed"
+    return Path(next(iter(spec.submodule_search_locations))).resolve()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -71,6 +74,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.import_plugin("pytest_qconform.session.fixtures")
     config.pluginmanager.import_plugin("pytest_qconform.session.oom")
     config.pluginmanager.import_plugin("pytest_qconform.session.device_loss")
+    config.pluginmanager.import_plugin("pytest_qconform.session.declared_skips")
     from pytest_qconform.session.recorder import SHORT_CIRCUIT_PLUGIN, RunRecorder
     from pytest_qconform.session.short_circuit import ShortCircuit
 
@@ -113,7 +117,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if axes_marker is not None:
         from pytest_qconform.cases import instances
 
-        instances.parametrize(metafunc, axes_marker)
+        session = instances.Backends(
+            config.stash[state.TARGETS],
+            tuple(config.stash[state.BACKEND_FACTORIES].keys()),
+            lambda name: state.backend(config, name),
+        )
+        instances.parametrize(metafunc, axes_marker, session)
     elif "qtarget" in metafunc.fixturenames:
         params = [
             pytest.param(t, id=t.id, marks=[getattr(pytest.mark, m) for m in t.marker_names])
@@ -190,6 +199,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not config.getoption("qconform"):
         return
     from pytest_qconform.cases import instances
+    from pytest_qconform.session import state
 
     keep: list[pytest.Item] = []
     drop: list[pytest.Item] = []
@@ -203,10 +213,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if item.get_closest_marker("qconform_benchmark") is None:  # timings are not matrix cells
                 item.user_properties.append((outcomes.KEY_PROPERTY, key))
                 item.user_properties.append((outcomes.REPRO_PROPERTY, _repro(config, item)))
+                if instances.nothing_claimed(item):  # its skip marker's reason says what is missing
+                    outcomes.declare(item.user_properties, Verdict.NOT_CLAIMED)
                 labels = instances.axis_labels(item)
                 if labels is not None:
                     item.user_properties.append((outcomes.AXES_PROPERTY, labels))
-                    claimed = instances.claimed_labels(item, claims_cache)
+                    claimed = instances.claimed_labels(item, claims_cache, lambda name: state.backend(config, name))
                     if claimed is not None:
                         item.user_properties.append((outcomes.CLAIMED_AXES_PROPERTY, claimed))
         keep.append(item)

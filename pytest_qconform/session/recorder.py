@@ -10,9 +10,8 @@ from typing import cast
 
 import pytest
 
-from pytest_qconform.session import outcomes, state
-from pytest_qconform.session.applicability import NOT_HERE
-from pytest_qconform.session.options import LOCAL_REPORT_DIR
+from pytest_qconform.session import outcomes, stale_known_failures, state
+from pytest_qconform.session.applicability import NOT_HERE, from_worker
 from pytest_qconform.vocabulary import FAILING, Verdict
 
 # pytest-benchmark's skip of every non-benchmark test under --benchmark-only: it says
@@ -54,6 +53,12 @@ class RunRecorder:
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node, ids: list[str]) -> None:
         self.scheduled.update(ids)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error) -> None:  # pytest-xdist, controller: a worker finished
+        output = getattr(node, "workeroutput", None) or {}
+        from_worker(self.config, output)
+        stale_known_failures.from_worker(self.config, output)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.reported.add(report.nodeid)
@@ -189,15 +194,19 @@ class RunRecorder:
             return
         from pytest_qconform.report.benchmarks import Benchmark, with_bitsandbytes_ratios
         from pytest_qconform.report.run_report import RunReport, write_report
+        from pytest_qconform.report.storage import ReportsFolder
 
-        folder = _report_folder(self.config)
+        folder = ReportsFolder.for_run(
+            self.config.getoption("qconform_report_dir") or self.config.getini("qconform_report_dir"),
+            Path(self.config.invocation_params.dir),
+        ).root
         created = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         benchmarks = with_bitsandbytes_ratios(
             Benchmark.from_dict(data, f"benchmark of {data.get('nodeid')}") for data in self.benchmarks
         )
-        from pytest_qconform.cases.coverage import from_cases
         from pytest_qconform.report.calls import merged
         from pytest_qconform.report.contract import current_suite
+        from pytest_qconform.report.coverage import from_cases
 
         report = RunReport(
             probe=state.probe(self.config).to_dict(),
@@ -206,6 +215,7 @@ class RunRecorder:
             benchmarks=benchmarks,
             coverage=from_cases(self.config.stash[state.CASES].values()),
             calls=merged(entry for _, entry in sorted(self.calls.items())),
+            stale_known_failures=self.config.stash.get(stale_known_failures.STALE, ()),
             suite=current_suite(),
         )
         self.config.stash[state.REPORT_PATH] = str(write_report(report, folder))
@@ -217,6 +227,9 @@ class RunRecorder:
         not_here = self.config.stash.get(NOT_HERE, None)
         if not_here is not None and not_here.total:
             tr.write_line(not_here.line())
+        stale = stale_known_failures.summary_line(self.config.stash.get(stale_known_failures.STALE, ()))
+        if stale:
+            tr.write_line(stale, yellow=True)
         if self.nothing_checked:
             tr.write_line(self.nothing_checked, red=True, bold=True)
         if self.never_ran:
@@ -242,25 +255,3 @@ def _timeout_limit(config: pytest.Config) -> float | None:
     from pytest_timeout import get_env_settings
 
     return get_env_settings(config).timeout or None
-
-
-def _report_folder(config: pytest.Config) -> Path:
-    """The run report's folder, relative paths taken from where pytest was started.
-
-    The default folder (``options.LOCAL_REPORT_DIR``) gets a ``.gitignore`` of ``*`` in its
-    top folder, as ``.pytest_cache`` does: a project that runs us needs no ignore line of its own.
-    """
-    start = Path(config.invocation_params.dir)
-    chosen = config.getoption("qconform_report_dir") or config.getini("qconform_report_dir")
-    folder = Path(chosen)
-    if not folder.is_absolute():
-        folder = start / folder
-    if Path(chosen) == Path(LOCAL_REPORT_DIR):
-        top = start / Path(LOCAL_REPORT_DIR).parts[0]
-        top.mkdir(parents=True, exist_ok=True)
-        ignore = top / ".gitignore"
-        if not ignore.exists():
-            ignore.write_text(
-                "# Written by pytest-qconform: local run reports are not evidence (see README).\n*\n", encoding="utf-8"
-            )
-    return folder

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from pytest_qconform.backends import adapter_rules
+from pytest_qconform.hardware import startup_notes
 from pytest_qconform.hardware.probe import BackendStatus, probe_hardware
 from pytest_qconform.hardware.targets import build_targets
-from pytest_qconform.session import inductor_warmup, startup_notes, state
+from pytest_qconform.session import inductor_warmup, state
 
 
 def _select_backends(config: pytest.Config, factories: dict) -> dict:

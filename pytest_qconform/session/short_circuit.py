@@ -95,6 +95,7 @@ class ShortCircuit:
             if self.rule == "backend"
             else f"{key['backend']}'s remaining {key['operation']} tests"
         )
+        outcomes.declare(item.user_properties, Verdict(trip["verdict"]))
         pytest.fail(
             outcomes.short_circuit_message(
                 trip["verdict"],

@@ -1,0 +1,76 @@
+"""Verdicts travel as values: a skip or failure the session raises declares what it means
+(``outcomes.declare``), and the recorder reads that value, not a prefix of the message."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_qconform.session import outcomes
+from pytest_qconform.vocabulary import Verdict
+
+
+def _report(outcome: str, longrepr, when: str = "setup", declared: Verdict | None = None) -> pytest.TestReport:
+    properties: list[tuple[str, object]] = []
+    if declared is not None:
+        outcomes.declare(properties, declared)
+    return pytest.TestReport(
+        "test_x.py::test_x", ("test_x.py", 1, "test_x"), {}, outcome, longrepr, when, user_properties=properties
+    )
+
+
+def test_a_declared_skip_is_read_by_its_value_whatever_its_words():
+    report = _report("skipped", ("test_x.py", 1, "Skipped: gemlite is not installed"), declared=Verdict.UNAVAILABLE)
+    assert outcomes.verdict_of(report) == (Verdict.UNAVAILABLE, "gemlite is not installed")
+
+
+def test_a_declared_failure_is_read_by_its_value():
+    report = _report("failed", "not run: the device is unusable", declared=Verdict.CRASHED)
+    assert outcomes.verdict_of(report) == (Verdict.CRASHED, "not run: the device is unusable")
+
+
+def test_a_skip_raised_elsewhere_is_still_read_by_its_public_prefix():
+    """The suites and downstream tests skip with ``UNAVAILABLE_PREFIX``, ``NOT_CLAIMED_PREFIX``."""
+    unavailable = _report("skipped", ("test_x.py", 1, f"Skipped: {outcomes.UNAVAILABLE_PREFIX} mine: no GPU"))
+    assert outcomes.verdict_of(unavailable) == (Verdict.UNAVAILABLE, f"{outcomes.UNAVAILABLE_PREFIX} mine: no GPU")
+    not_claimed = _report("skipped", ("test_x.py", 1, f"Skipped: {outcomes.NOT_CLAIMED_PREFIX} fp4"))
+    assert outcomes.verdict_of(not_claimed) is None
+    plain = _report("skipped", ("test_x.py", 1, "Skipped: needs two GPUs"))
+    assert outcomes.verdict_of(plain) == (Verdict.SKIPPED, "needs two GPUs")
+
+
+def test_a_declared_verdict_does_not_outrank_a_known_failure():
+    report = _report("skipped", ("test_x.py", 1, "Skipped: x"), when="call", declared=Verdict.UNAVAILABLE)
+    report.wasxfail = "known failure (link): why [f.toml:1]"  # type: ignore[attr-defined]
+    assert outcomes.verdict_of(report) == (Verdict.KNOWN_FAILURE, "known failure (link): why [f.toml:1]")
+
+
+def test_a_declared_no_cell_skip_makes_no_cell_whatever_its_words():
+    report = _report("skipped", ("test_x.py", 1, "Skipped: anything"))
+    outcomes.declare(report.user_properties, None)
+    assert outcomes.verdict_of(report) is None
+
+
+def test_skip_not_claimed_declares_no_cell_on_the_report(fake_backend_project: pytest.Pytester) -> None:
+    """The suites' not-claimed skips travel as a value: the report carries it, the recorder
+    makes no cell of the instance, and the reason still reads "not claimed: ..."."""
+    fake_backend_project.makepyfile(
+        test_suite="""
+import pytest
+from pytest_qconform.session.outcomes import skip_not_claimed
+
+@pytest.mark.qconform_operation("dequantize")
+def test_dequantize(qtarget, qbackend):
+    skip_not_claimed("no such layout")
+"""
+    )
+    recorder = fake_backend_project.inline_run(
+        str(fake_backend_project.path / "test_suite.py"),
+        "--qconform",
+        "--qconform-backend=fake",
+        "--qconform-no-report",
+    )
+    (skipped,) = [r for r in recorder.getreports("pytest_runtest_logreport") if r.skipped]
+    assert (outcomes.VERDICT_PROPERTY, outcomes.NO_CELL) in skipped.user_properties
+    assert outcomes.skip_reason(skipped) == f"{outcomes.NOT_CLAIMED_PREFIX} no such layout"
+    assert outcomes.case_from_report(skipped) is None
+    assert skipped.longrepr[0].endswith("test_suite.py")  # the caller's place, as pytest.skip's
