@@ -28,7 +28,7 @@ from pytest_qconform.reference import bounds, linear
 
 from pytest_qconform.backends.base import QuantSpec
 from pytest_qconform.cases.strategies import WeightCase
-from pytest_qconform.session.outcomes import OTHER_DEVICE_PREFIX
+from pytest_qconform.session.outcomes import skip_other_device
 
 from ._cases import packed_dequantize_bound, reference_decode, require_claim, weight_error
 from ._layers import LAYER_SHAPE, activation, bias_of, check_forward, layer_inputs, require_layer_claim
@@ -104,9 +104,8 @@ def require_gpu(qdevice: torch.device) -> None:
     does not report on): a CPU run has nothing to capture, and a skipped cell would fail a
     ``--require pass`` gate."""
     if qdevice.type != "cuda":
-        pytest.skip(
-            f"{OTHER_DEVICE_PREFIX} GPU only: a CUDA graph captures GPU kernels, and this run computes on "
-            f"the {qdevice.type.upper()}"
+        skip_other_device(
+            f"GPU only: a CUDA graph captures GPU kernels, and this run computes on the {qdevice.type.upper()}"
         )
 
 

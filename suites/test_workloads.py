@@ -24,7 +24,7 @@ import pytest
 import torch
 from pytest_qconform.reference import bounds
 
-from pytest_qconform.session.outcomes import OTHER_DEVICE_PREFIX
+from pytest_qconform.session.outcomes import skip_other_device
 
 from ._cases import reference_decode
 from ._layers import check_requantized, lora_delta, needs, require_layer_claim, snapshot, snapshot_differences
@@ -119,8 +119,8 @@ def test_compiled_serving(qtarget, qbackend, qdevice, qcheck, qwatch, qprofile, 
     compiles two graphs (prefill, decode). On a CPU in the ``thorough`` profile only: inductor
     compiles C++ there, 15-50 s an instance on a 2-core CPU."""
     if qdevice.type != "cuda" and qprofile != "thorough":
-        pytest.skip(
-            f"{OTHER_DEVICE_PREFIX} compiled workloads run on GPUs, and on a CPU in the thorough profile "
+        skip_other_device(
+            "compiled workloads run on GPUs, and on a CPU in the thorough profile "
             "(inductor's C++ compiles, 15-30 s an instance)"
         )
     facet, _, lm = _workload(qtarget, qbackend, qdevice, qcheck, tmp_path, spec, model, dtype)
@@ -156,7 +156,7 @@ def test_captured_decode(qtarget, qbackend, qdevice, qcheck, qwatch, tmp_path, s
     static inputs. A call made during the capture has no values yet; the oracle judges it on
     the values the last replay left (``oracle.settle()``). On a GPU only."""
     if qdevice.type != "cuda":
-        pytest.skip(f"{OTHER_DEVICE_PREFIX} GPU only: a CUDA graph captures GPU kernels, this run computes on the CPU")
+        skip_other_device("GPU only: a CUDA graph captures GPU kernels, this run computes on the CPU")
     facet, _, lm = _workload(qtarget, qbackend, qdevice, qcheck, tmp_path, spec, model, dtype)
     lm.eval()
     ids, _ = prompts((SERVED_LENGTH, SERVED_LENGTH), seed=331, device=qdevice)

@@ -74,3 +74,25 @@ def test_dequantize(qtarget, qbackend):
     assert outcomes.skip_reason(skipped) == f"{outcomes.NOT_CLAIMED_PREFIX} no such layout"
     assert outcomes.case_from_report(skipped) is None
     assert skipped.longrepr[0].endswith("test_suite.py")  # the caller's place, as pytest.skip's
+
+
+def test_skip_other_device_declares_no_cell(fake_backend_project: pytest.Pytester) -> None:
+    fake_backend_project.makepyfile(
+        test_suite="""
+import pytest
+from pytest_qconform.session.outcomes import skip_other_device
+
+@pytest.mark.qconform_operation("workload:captured")
+def test_captured(qtarget, qbackend):
+    skip_other_device("GPU only")
+"""
+    )
+    recorder = fake_backend_project.inline_run(
+        str(fake_backend_project.path / "test_suite.py"),
+        "--qconform",
+        "--qconform-backend=fake",
+        "--qconform-no-report",
+    )
+    (skipped,) = [r for r in recorder.getreports("pytest_runtest_logreport") if r.skipped]
+    assert outcomes.skip_reason(skipped) == f"{outcomes.OTHER_DEVICE_PREFIX} GPU only"
+    assert outcomes.case_from_report(skipped) is None

@@ -49,6 +49,7 @@ class Target:
     bf16: bool
     default_blocksize: int
     skip_reason: str | None = None  # set when nothing can run on this target
+    other_device: bool = False  # another device than the run's: its instances make no cell
 
     @property
     def id(self) -> str:
@@ -179,6 +180,7 @@ def build_targets(probe: Probe, markexpr: str = "") -> tuple[Target, ...]:
         cpu = dataclasses.replace(
             cpu,
             torch_device=None,
+            other_device=True,
             skip_reason=(
                 f"{OTHER_DEVICE_PREFIX} this is a {why}: a run reports on one device, so its CPU instances run "
                 "on a CPU runner (or here with the GPU hidden: CUDA_VISIBLE_DEVICES= / HIP_VISIBLE_DEVICES=)"

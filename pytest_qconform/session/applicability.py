@@ -27,7 +27,6 @@ from pytest_qconform.cases.claims import target_device, unclaimed
 from pytest_qconform.cases.instances import nothing_claimed
 from pytest_qconform.hardware.targets import Target, requested_hardware
 from pytest_qconform.session import state
-from pytest_qconform.session.outcomes import OTHER_DEVICE_PREFIX
 
 
 @dataclass
@@ -83,8 +82,7 @@ def not_applying(config: pytest.Config, item: pytest.Item, caps_cache: dict) -> 
     if not isinstance(target, Target) or name is None:
         return None
     if target.skip_reason:
-        other = target.skip_reason.startswith(OTHER_DEVICE_PREFIX)
-        if other and not _requested(target, config.getoption("markexpr") or ""):
+        if target.other_device and not _requested(target, config.getoption("markexpr") or ""):
             return ("other-device", target.id)
         return None
     if nothing_claimed(item):  # the check's one cell saying what its backend lacks: kept

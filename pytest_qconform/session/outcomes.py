@@ -131,7 +131,19 @@ def skip_not_claimed(reason: str) -> NoReturn:
     """Skip a test whose backend does not claim what it needs: no cell, said as a value (the
     message reads ``not claimed: <reason>``). For checks that learn it only while running."""
     __tracebackhide__ = True  # the skip's place is the caller's line, as pytest.skip's is
-    skip = pytest.skip.Exception(f"{NOT_CLAIMED_PREFIX} {reason}")
+    _declared_skip(f"{NOT_CLAIMED_PREFIX} {reason}")
+
+
+def skip_other_device(reason: str) -> NoReturn:
+    """Skip an instance this run's device cannot compute (a CUDA graph on a CPU run): no cell,
+    as for any instance of a device the run does not report on (``other device: <reason>``)."""
+    __tracebackhide__ = True
+    _declared_skip(f"{OTHER_DEVICE_PREFIX} {reason}")
+
+
+def _declared_skip(message: str) -> NoReturn:
+    __tracebackhide__ = True
+    skip = pytest.skip.Exception(message)
     setattr(skip, DECLARED_ATTRIBUTE, NO_CELL)  # pytest's own Skipped: its message reads as any skip's
     raise skip
 
