@@ -50,17 +50,23 @@ def test_a_declared_no_cell_skip_makes_no_cell_whatever_its_words():
     assert outcomes.verdict_of(report) is None
 
 
-def test_skip_not_claimed_declares_no_cell_on_the_report(fake_backend_project: pytest.Pytester) -> None:
-    """The suites' not-claimed skips travel as a value: the report carries it, the recorder
-    makes no cell of the instance, and the reason still reads "not claimed: ..."."""
+@pytest.mark.parametrize(
+    ("skip", "prefix"),
+    [("skip_not_claimed", outcomes.NOT_CLAIMED_PREFIX), ("skip_other_device", outcomes.OTHER_DEVICE_PREFIX)],
+)
+def test_a_no_cell_skip_declares_it_on_the_report(
+    fake_backend_project: pytest.Pytester, skip: str, prefix: str
+) -> None:
+    """The suites' not-claimed and other-device skips travel as a value: the report carries it,
+    the recorder makes no cell of the instance, and the reason still reads "not claimed: ..."."""
     fake_backend_project.makepyfile(
-        test_suite="""
+        test_suite=f"""
 import pytest
-from pytest_qconform.session.outcomes import skip_not_claimed
+from pytest_qconform.session.outcomes import {skip}
 
 @pytest.mark.qconform_operation("dequantize")
 def test_dequantize(qtarget, qbackend):
-    skip_not_claimed("no such layout")
+    {skip}("no such layout")
 """
     )
     recorder = fake_backend_project.inline_run(
@@ -71,28 +77,6 @@ def test_dequantize(qtarget, qbackend):
     )
     (skipped,) = [r for r in recorder.getreports("pytest_runtest_logreport") if r.skipped]
     assert (outcomes.VERDICT_PROPERTY, outcomes.NO_CELL) in skipped.user_properties
-    assert outcomes.skip_reason(skipped) == f"{outcomes.NOT_CLAIMED_PREFIX} no such layout"
+    assert outcomes.skip_reason(skipped) == f"{prefix} no such layout"
     assert outcomes.case_from_report(skipped) is None
     assert skipped.longrepr[0].endswith("test_suite.py")  # the caller's place, as pytest.skip's
-
-
-def test_skip_other_device_declares_no_cell(fake_backend_project: pytest.Pytester) -> None:
-    fake_backend_project.makepyfile(
-        test_suite="""
-import pytest
-from pytest_qconform.session.outcomes import skip_other_device
-
-@pytest.mark.qconform_operation("workload:captured")
-def test_captured(qtarget, qbackend):
-    skip_other_device("GPU only")
-"""
-    )
-    recorder = fake_backend_project.inline_run(
-        str(fake_backend_project.path / "test_suite.py"),
-        "--qconform",
-        "--qconform-backend=fake",
-        "--qconform-no-report",
-    )
-    (skipped,) = [r for r in recorder.getreports("pytest_runtest_logreport") if r.skipped]
-    assert outcomes.skip_reason(skipped) == f"{outcomes.OTHER_DEVICE_PREFIX} GPU only"
-    assert outcomes.case_from_report(skipped) is None
