@@ -264,3 +264,19 @@ def accumulated_lora_gradients(
                 exact, bound = total[key][0] + exact, total[key][1] + bound
             total[key] = (exact, bound + bounds.rounding_bound(exact.abs() + bound, adapter_dtype))
     return total
+
+
+def check_first_adamw_step(qcheck, adapters, before, lr: float, eps: float) -> None:
+    """AdamW's first step moves each parameter by ``lr g / (|g| + eps)`` (the bias-corrected
+    moments of one gradient are ``g`` and ``g^2``), computed in the parameter's dtype with a
+    dozen roundings (moments, corrections, square root, division, scaling) and one more
+    to subtract: bound ``gamma_12(u) |step| + u |p'|``."""
+    from pytest_qconform.reference import bounds
+
+    for name, p in adapters.items():
+        p0, g = before[name]
+        step = lr * g / (g.abs() + eps)
+        exact = p0 - step
+        u = bounds.unit_roundoff(p.dtype)
+        bound = bounds.gamma(12, u) * step.abs() + u * exact.abs()
+        qcheck.within(p.detach(), exact, bound, f"{name}: AdamW's first step from its gradient")

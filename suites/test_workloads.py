@@ -22,13 +22,20 @@ from contextlib import nullcontext
 
 import pytest
 import torch
-from pytest_qconform.reference import bounds
 
 from pytest_qconform.session.outcomes import skip_other_device
 
 from ._cases import reference_decode
 from ._layers import check_requantized, lora_delta, needs, require_layer_claim, snapshot, snapshot_differences
-from ._workloads import LoraCalls, accumulated_lora_gradients, lora_layers, lora_targets, prompts, quantized_model
+from ._workloads import (
+    LoraCalls,
+    accumulated_lora_gradients,
+    check_first_adamw_step,
+    lora_layers,
+    lora_targets,
+    prompts,
+    quantized_model,
+)
 
 WORKLOAD_AXES = ("model", "format", "hqq_axis", "dtype")
 NEW_TOKENS = 3
@@ -237,7 +244,7 @@ def test_qlora_training_step(qtarget, qbackend, qdevice, qcheck, qwatch, tmp_pat
     _check_lora_gradients(qcheck, facet, lora_calls, qdevice)
     before = {name: (p.detach().double().clone(), p.grad.detach().double().clone()) for name, p in adapters.items()}
     optimizer.step()
-    _check_first_adamw_step(qcheck, adapters, before, lr, eps)
+    check_first_adamw_step(qcheck, adapters, before, lr, eps)
 
 
 def _check_lora_gradients(qcheck, facet, lora_calls, device) -> None:
@@ -269,20 +276,6 @@ def _check_lora_gradients(qcheck, facet, lora_calls, device) -> None:
             if parameter.grad is not None:
                 exact, bound = grads[what]
                 qcheck.within(parameter.grad, exact, bound, f"{short}: d {what} accumulated over the micro-batches")
-
-
-def _check_first_adamw_step(qcheck, adapters, before, lr: float, eps: float) -> None:
-    """AdamW's first step moves each parameter by ``lr g / (|g| + eps)`` (the bias-corrected
-    moments of one gradient are ``g`` and ``g^2``), computed in the parameter's dtype with a
-    dozen roundings (moments, corrections, square root, division, scaling) and one more
-    to subtract: bound ``gamma_12(u) |step| + u |p'|``."""
-    for name, p in adapters.items():
-        p0, g = before[name]
-        step = lr * g / (g.abs() + eps)
-        exact = p0 - step
-        u = bounds.unit_roundoff(p.dtype)
-        bound = bounds.gamma(12, u) * step.abs() + u * exact.abs()
-        qcheck.within(p.detach(), exact, bound, f"{name}: AdamW's first step from its gradient")
 
 
 # The per-expert MoE is this suite's own module (transformers 5 holds experts fused): no

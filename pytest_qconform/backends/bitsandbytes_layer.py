@@ -25,6 +25,13 @@ from pytest_qconform.backends.layers import MOVES, LayerCapabilities, LayerFacet
 from pytest_qconform.reference.packed import PackedBnb4
 
 
+def _quant_state(layer: torch.nn.Module) -> Any:
+    """The weight's ``quant_state``, or the layer's copy of it where the weight is a plain
+    tensor (FSDP's unsharded parameter: ``Linear4bit`` keeps its own for that case)."""
+    state = getattr(layer.weight, "quant_state", None)
+    return state if state is not None else layer.quant_state
+
+
 class BitsandbytesLayers(LayerFacet):
     def __init__(self, backend: Any) -> None:
         self._backend = backend  # BitsandbytesBackend: its export_packed/load read the bytes
@@ -55,7 +62,7 @@ class BitsandbytesLayers(LayerFacet):
             compute_dtype=compute_dtype,
             compress_statistics=spec.double_quant,
             quant_type=spec.format,
-            quant_storage=torch.uint8,
+            quant_storage=spec.quant_storage,
             device="meta",
         )
         layer.weight = Params4bit(
@@ -64,7 +71,7 @@ class BitsandbytesLayers(LayerFacet):
             blocksize=spec.blocksize,
             compress_statistics=spec.double_quant,
             quant_type=spec.format,
-            quant_storage=torch.uint8,
+            quant_storage=spec.quant_storage,
             module=layer,
         )
         if bias is not None:
@@ -85,7 +92,7 @@ class BitsandbytesLayers(LayerFacet):
         return layer.to(device)  # Params4bit.to quantizes
 
     def packed(self, layer: torch.nn.Module) -> PackedBnb4:
-        state = layer.weight.quant_state
+        state = _quant_state(layer)
         if getattr(state, "packing_format_for_cpu", False):
             # A copy without the layer's hooks (whatever they hold: an observer's state), whose
             # state_dict packs the bytes back as a checkpoint written now would hold them.
@@ -105,7 +112,7 @@ class BitsandbytesLayers(LayerFacet):
         repacked codes and the absmax it keeps for that kernel, in bf16 and transposed to
         ``[K / blocksize, N]``: read both as they are (``state_dict`` of that layout writes
         another absmax: a known failure), as the plain layout's record."""
-        state = layer.weight.quant_state
+        state = _quant_state(layer)
         if not getattr(state, "packing_format_for_cpu", False):
             return self.packed(layer)
         import numpy as np
@@ -144,7 +151,8 @@ class BitsandbytesLayers(LayerFacet):
         return layer
 
     def transformers_config(self, spec: QuantSpec, compute_dtype: torch.dtype) -> Any:
-        """``BitsAndBytesConfig``: it takes no blocksize, so a model gets the platform default."""
+        """``BitsAndBytesConfig``: it takes no blocksize, so a model gets the platform default;
+        ``bnb_4bit_quant_storage`` is the spec's (FSDP-QLoRA stores the bytes as the compute dtype)."""
         from transformers import BitsAndBytesConfig
 
         return BitsAndBytesConfig(
@@ -152,5 +160,5 @@ class BitsandbytesLayers(LayerFacet):
             bnb_4bit_quant_type=spec.format,
             bnb_4bit_use_double_quant=spec.double_quant,
             bnb_4bit_compute_dtype=compute_dtype,
-            bnb_4bit_quant_storage=torch.uint8,
+            bnb_4bit_quant_storage=spec.quant_storage,
         )

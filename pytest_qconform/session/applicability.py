@@ -17,6 +17,7 @@ what was needed and what was found. Nor are an unavailable backend's: its skips 
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,11 +36,12 @@ class NotHere:
 
     other_device: Counter = field(default_factory=Counter)  # target id -> instances
     not_claimed: Counter = field(default_factory=Counter)  # backend -> instances
+    opt_in: Counter = field(default_factory=Counter)  # marker -> instances that -m did not ask for
     probe: str = ""
 
     @property
     def total(self) -> int:
-        return sum(self.other_device.values()) + sum(self.not_claimed.values())
+        return sum(self.other_device.values()) + sum(self.not_claimed.values()) + sum(self.opt_in.values())
 
     def line(self) -> str:
         """``qconform: 306 instances not applying here were deselected: ...``; empty when none."""
@@ -55,10 +57,15 @@ class NotHere:
                 f"{sum(self.other_device.values())} for another device ({per}; a run reports on one "
                 f"device, this one on {self.probe}; -m selects them to see them skipped)"
             )
+        if self.opt_in:
+            per = ", ".join(f"-m {marker} runs its {n}" for marker, n in sorted(self.opt_in.items()))
+            parts.append(f"{sum(self.opt_in.values())} opt-in ({per})")
         return f"qconform: {self.total} instances not applying here were deselected: {'; '.join(parts)}"
 
 
 NOT_HERE = pytest.StashKey[NotHere]()  # what collection left out, read by the recorder for its summary
+# Markers of checks a run includes only when -m names them (the distributed ones spawn processes).
+OPT_IN_MARKERS: tuple[str, ...] = ("distributed",)
 _WORKER_KEY = "qconform_not_here"  # pytest-xdist: the workers collect, the controller prints the line
 
 
@@ -67,7 +74,12 @@ def from_worker(config: pytest.Config, workeroutput: dict[str, Any]) -> None:
     left out. Every worker collects the same items, so the first to say it says it for all."""
     found = workeroutput.get(_WORKER_KEY)
     if found is not None and NOT_HERE not in config.stash:
-        config.stash[NOT_HERE] = NotHere(Counter(found["other_device"]), Counter(found["not_claimed"]), found["probe"])
+        config.stash[NOT_HERE] = NotHere(
+            other_device=Counter(found["other_device"]),
+            not_claimed=Counter(found["not_claimed"]),
+            opt_in=Counter(found["opt_in"]),
+            probe=found["probe"],
+        )
 
 
 def _requested(target: Target, markexpr: str) -> bool:
@@ -75,8 +87,18 @@ def _requested(target: Target, markexpr: str) -> bool:
     return any(name in asked for name in target.marker_names)
 
 
+def _opted_out(config: pytest.Config, item: pytest.Item) -> str | None:
+    """The opt-in marker of an item whose marker ``-m`` does not name."""
+    words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", config.getoption("markexpr") or ""))
+    return next((m for m in OPT_IN_MARKERS if item.get_closest_marker(m) and m not in words), None)
+
+
 def not_applying(config: pytest.Config, item: pytest.Item, caps_cache: dict) -> tuple[str, str] | None:
-    """("other-device", target id) or ("not-claimed", backend) for an item this run leaves out."""
+    """("other-device", target id), ("not-claimed", backend) or ("opt-in", marker) for an
+    item this run leaves out."""
+    marker = _opted_out(config, item)
+    if marker is not None:
+        return ("opt-in", marker)
     params = getattr(getattr(item, "callspec", None), "params", {})
     target, name = params.get("qtarget"), params.get("qbackend")
     if not isinstance(target, Target) or name is None:
@@ -112,13 +134,16 @@ def deselect(config: pytest.Config, items: list[pytest.Item]) -> None:
             continue
         drop.append(item)
         kind, what = found
-        (summary.other_device if kind == "other-device" else summary.not_claimed)[what] += 1
+        {"other-device": summary.other_device, "not-claimed": summary.not_claimed, "opt-in": summary.opt_in}[kind][
+            what
+        ] += 1
     config.stash[NOT_HERE] = summary
     workeroutput = getattr(config, "workeroutput", None)  # set on a pytest-xdist worker
     if workeroutput is not None:
         workeroutput[_WORKER_KEY] = {
             "other_device": dict(summary.other_device),
             "not_claimed": dict(summary.not_claimed),
+            "opt_in": dict(summary.opt_in),
             "probe": summary.probe,
         }
     if drop:

@@ -50,6 +50,16 @@ def _register_markers(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
+        "distributed: a conformance check across processes (two ranks: gloo on the CPU, NCCL on two GPUs); "
+        "opt-in: runs only when -m names it",
+    )
+    config.addinivalue_line(
+        "markers",
+        "multi_gpu: a conformance check across devices (tensors on another GPU than the current one, "
+        "a model split over two GPUs); skipped with the reason on a machine with fewer than two GPUs",
+    )
+    config.addinivalue_line(
+        "markers",
         "qconform_benchmark: a benchmark (runs only with --benchmark-only); its "
         "timings go to the report's benchmarks, not to matrix cells",
     )
