@@ -65,6 +65,11 @@ class Probe:
     driver: str | None = None
     backends: tuple[BackendStatus, ...] = field(default=())
     notes: tuple[str, ...] = ()  # warnings and log lines probing the hardware emitted
+    # The GPUs this process sees (0 on a CPU or simulated probe) and how they are linked: one
+    # line per device and one per pair (peer access, and the link nvidia-smi names: NV18,
+    # PIX, SYS, ...). The multi-device and distributed cells need two (docs/running.md).
+    device_count: int = 0
+    topology: tuple[str, ...] = ()
 
     def with_notes(self, notes: list[str] | tuple[str, ...]) -> Probe:
         return dataclasses.replace(self, notes=tuple(notes))
@@ -83,6 +88,7 @@ class Probe:
         data = dataclasses.asdict(self)
         data["backends"] = {b.name: b.to_dict() for b in self.backends}
         data["notes"] = list(self.notes)
+        data["topology"] = list(self.topology)
         data["schema_version"] = 1
         return data
 
@@ -103,6 +109,7 @@ class Probe:
             + f"  host: {self.host}",
             f"  torch {self.torch}  cuda {self.cuda}  hip {self.hip}  triton {self.triton}  python {self.python}"
             + (f"  driver {self.driver}" if self.driver else ""),
+            f"  devices: {self.device_count}" + (f" ({'; '.join(self.topology)})" if self.topology else ""),
             f"  bf16: {'yes' if self.bf16 else 'no'}  default 4-bit blocksize: {self.default_blocksize}"
             + (f"  wave size: {facts.wave_size}" if facts else "")
             + f"  cpu capability: {self.cpu_capability}",
@@ -187,6 +194,8 @@ def probe_hardware(simulate: str | None = None) -> Probe:
             cpu_capability=cpu_capability,
             device_memory=int(memory) if memory else None,
             driver=gpu_driver_version("rocm" if hip else "cuda"),
+            device_count=torch.cuda.device_count(),
+            topology=gpu_topology(torch),
         )
     return Probe(
         "cpu",
@@ -202,6 +211,45 @@ def probe_hardware(simulate: str | None = None) -> Probe:
         triton=triton_version,
         cpu_capability=cpu_capability,
     )
+
+
+def gpu_topology(torch_module: Any) -> tuple[str, ...]:
+    """Each GPU (index, name, memory) and each pair's link: whether one can access the
+    other's memory directly (peer access), and the link ``nvidia-smi topo -m`` names, where
+    the tool is present."""
+    cuda = torch_module.cuda
+    count = cuda.device_count()
+    lines = []
+    for index in range(count):
+        props = cuda.get_device_properties(index)
+        lines.append(f"cuda:{index} {props.name} {props.total_memory / 2**30:.0f} GiB")
+    links = _nvidia_smi_links(count)
+    for i in range(count):
+        for j in range(i + 1, count):
+            peer = "peer access" if cuda.can_device_access_peer(i, j) else "no peer access"
+            link = f", {links[(i, j)]}" if (i, j) in links else ""
+            lines.append(f"cuda:{i}-cuda:{j} {peer}{link}")
+    return tuple(lines)
+
+
+def _nvidia_smi_links(count: int) -> dict[tuple[int, int], str]:
+    """``{(i, j): "NV18"}`` from ``nvidia-smi topo -m``'s matrix; empty without the tool."""
+    import subprocess
+
+    if count < 2:
+        return {}
+    try:
+        text = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    links = {}
+    for line in text.splitlines():
+        cells = re.sub(r"\x1b\[[0-9;]*m", "", line).split()
+        if len(cells) > count and re.fullmatch(r"GPU\d+", cells[0]):
+            i = int(cells[0][3:])
+            for j in range(i + 1, min(count, len(cells) - 1)):
+                links[(i, j)] = cells[1 + j]
+    return links
 
 
 DRIVER_FILES = {"cuda": "/proc/driver/nvidia/version", "rocm": "/sys/module/amdgpu/version"}

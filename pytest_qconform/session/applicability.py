@@ -37,11 +37,17 @@ class NotHere:
     other_device: Counter = field(default_factory=Counter)  # target id -> instances
     not_claimed: Counter = field(default_factory=Counter)  # backend -> instances
     opt_in: Counter = field(default_factory=Counter)  # marker -> instances that -m did not ask for
+    few_devices: int = 0  # multi_gpu instances on a machine with fewer than two GPUs
     probe: str = ""
 
     @property
     def total(self) -> int:
-        return sum(self.other_device.values()) + sum(self.not_claimed.values()) + sum(self.opt_in.values())
+        return (
+            sum(self.other_device.values())
+            + sum(self.not_claimed.values())
+            + sum(self.opt_in.values())
+            + self.few_devices
+        )
 
     def line(self) -> str:
         """``qconform: 306 instances not applying here were deselected: ...``; empty when none."""
@@ -56,6 +62,10 @@ class NotHere:
             parts.append(
                 f"{sum(self.other_device.values())} for another device ({per}; a run reports on one "
                 f"device, this one on {self.probe}; -m selects them to see them skipped)"
+            )
+        if self.few_devices:
+            parts.append(
+                f"{self.few_devices} multi_gpu (this machine has fewer than two GPUs; -m multi_gpu shows them skipped)"
             )
         if self.opt_in:
             per = ", ".join(f"-m {marker} runs its {n}" for marker, n in sorted(self.opt_in.items()))
@@ -99,6 +109,9 @@ def not_applying(config: pytest.Config, item: pytest.Item, caps_cache: dict) -> 
     marker = _opted_out(config, item)
     if marker is not None:
         return ("opt-in", marker)
+    if item.get_closest_marker("multi_gpu") and state.probe(config).device_count < 2:
+        if "multi_gpu" not in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", config.getoption("markexpr") or ""):
+            return ("few-devices", "multi_gpu")
     params = getattr(getattr(item, "callspec", None), "params", {})
     target, name = params.get("qtarget"), params.get("qbackend")
     if not isinstance(target, Target) or name is None:
@@ -134,6 +147,9 @@ def deselect(config: pytest.Config, items: list[pytest.Item]) -> None:
             continue
         drop.append(item)
         kind, what = found
+        if kind == "few-devices":
+            summary.few_devices += 1
+            continue
         {"other-device": summary.other_device, "not-claimed": summary.not_claimed, "opt-in": summary.opt_in}[kind][
             what
         ] += 1
