@@ -92,22 +92,24 @@ class PerExpertLinears(torch.nn.Module):
 def _replace_linears(model: torch.nn.Module, quantize) -> None:
     from transformers.pytorch_utils import Conv1D
 
-    for module in list(model.modules()):
+    for prefix, module in list(model.named_modules()):
         for name, child in list(module.named_children()):
+            where = f"{prefix}.{name}" if prefix else name
             if name == "lm_head":
                 continue
             if type(child) is torch.nn.Linear:
-                setattr(module, name, quantize(child.weight.detach(), child.bias))
+                setattr(module, name, quantize(child.weight.detach(), child.bias, where))
             elif isinstance(child, Conv1D):
-                setattr(module, name, quantize(child.weight.detach().T, child.bias))
+                setattr(module, name, quantize(child.weight.detach().T, child.bias, where))
 
 
 def _replace_experts(model: torch.nn.Module, quantize) -> int:
     replaced = 0
-    for module in list(model.modules()):
+    for prefix, module in list(model.named_modules()):
         for name, child in list(module.named_children()):
             if getattr(child, "gate_up_proj", None) is not None and child.gate_up_proj.dim() == 3:
-                setattr(module, name, PerExpertLinears(child, lambda w: quantize(w, None)))
+                where = f"{prefix}.{name}" if prefix else name
+                setattr(module, name, PerExpertLinears(child, lambda w, where=where: quantize(w, None, where)))
                 replaced += 1
     return replaced
 
@@ -122,11 +124,17 @@ def quantized_model(
     device: torch.device,
     tmp_path,
     seed: int = 211,
+    device_map: dict[str, str] | None = None,
 ) -> torch.nn.Module:
-    """``float_model(family)`` quantized by the backend (see the module docstring), on ``device``."""
+    """``float_model(family)`` quantized by the backend (see the module docstring), on
+    ``device``, or split over devices by ``device_map`` (module name prefix -> device, as
+    ``from_pretrained(device_map=...)`` takes it): transformers dispatches what it loads, and
+    a model quantized by replacing its layers gets each layer quantized on its device and
+    the rest dispatched by accelerate (hooks that move activations between the devices)."""
 
-    def quantize(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.nn.Module:
-        return facet.quantize(weight.cpu(), None if bias is None else bias.detach().cpu(), spec, dtype, device)
+    def quantize(weight: torch.Tensor, bias: torch.Tensor | None, name: str) -> torch.nn.Module:
+        on = placed(device_map, name, device)
+        return facet.quantize(weight.cpu(), None if bias is None else bias.detach().cpu(), spec, dtype, on)
 
     model = float_model(family, dtype, seed)
     built = "replacing nn.Linear and Conv1D"
@@ -138,7 +146,7 @@ def quantized_model(
             model = transformers.AutoModelForCausalLM.from_pretrained(
                 tmp_path / "float",
                 quantization_config=facet.transformers_config(spec, dtype),
-                device_map=str(device),
+                device_map=device_map or str(device),
                 dtype=dtype,
             )
             if any(facet.owns(m) for m in model.modules()):
@@ -149,12 +157,24 @@ def quantized_model(
         except NotImplementedError as exc:  # transformers refuses the config (HQQ in transformers 5)
             qcheck.describe(transformers_refused=str(exc).splitlines()[0])
     if built != "from_pretrained with its quantization_config":
-        model = model.to(device)
+        model = model.to(device) if device_map is None else model
         _replace_linears(model, quantize)
         facet.mark_quantized(model)
     experts = _replace_experts(model, quantize)
+    if device_map is not None and built != "from_pretrained with its quantization_config":
+        import accelerate
+
+        model = accelerate.dispatch_model(model, device_map=device_map)
     qcheck.describe(model=family, built_by=built, **({"quantized_expert_blocks": experts} if experts else {}))
     return model
+
+
+def placed(device_map: dict[str, str] | None, name: str, default: torch.device) -> torch.device:
+    """The device ``device_map`` gives module ``name`` (its longest matching prefix), else ``default``."""
+    if not device_map:
+        return default
+    matches = [prefix for prefix in device_map if prefix == "" or name == prefix or name.startswith(prefix + ".")]
+    return torch.device(device_map[max(matches, key=len)]) if matches else default
 
 
 def prompts(lengths: tuple[int, ...], seed: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

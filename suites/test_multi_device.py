@@ -167,3 +167,64 @@ def test_layer_forward_on_another_device(qtarget, qbackend, qcheck, spec, dtype,
     qcheck.equal(snapshot_differences(home_state, state), [], "stored fields that differ from the layer built at home")
     qcheck.equal(torch.equal(y, home_y), True, f"forward bit-equal to the layer with {device} current")
     qcheck.equal(torch.equal(dx, home_dx), True, f"dx bit-equal to the layer with {device} current")
+
+
+# Llama's modules over two GPUs as device_map="auto" splits a model too big for one: the
+# embedding and the first decoder layer on the first device, the rest on the second.
+def split_map(first: torch.device, second: torch.device) -> dict[str, str]:
+    return {
+        "model.embed_tokens": str(first),
+        "model.rotary_emb": str(first),
+        "model.layers.0": str(first),
+        "model.layers.1": str(second),
+        "model.norm": str(second),
+        "lm_head": str(second),
+    }
+
+
+@pytest.mark.multi_gpu
+@pytest.mark.qconform_axes("format", "hqq_axis", "dtype")
+@pytest.mark.qconform_ci_strength(1)
+@pytest.mark.qconform_operation("multi-gpu:split-model")
+def test_split_model(qtarget, qbackend, qcheck, qwatch, tmp_path, spec, dtype):
+    """The workload Llama split over two GPUs by a device map (``from_pretrained(device_map=)``
+    where the backend claims transformers, else each layer quantized on its device and the
+    rest dispatched by accelerate), cuda:0 current: a forward, greedy ``generate()`` and a
+    QLoRA step (PEFT LoRA where the layer claims it), every sampled call of every quantized
+    layer judged by the call-site oracle on the device it ran on."""
+    from ._layers import needs
+    from ._workloads import prompts, quantized_model
+
+    facet, caps = require_layer_claim(qbackend, qtarget, spec, dtype, backward=True)
+    second, _ = placement(qtarget, "data1-current0")
+    first = torch.device("cuda", 0)
+    device_map = split_map(first, second)
+    torch.cuda.set_device(first)
+    lm = quantized_model(qcheck, facet, caps, spec, "llama", dtype, first, tmp_path, device_map=device_map)
+    devices = sorted({str(p.device) for p in lm.parameters()} | {str(b.device) for b in lm.buffers()})
+    qcheck.equal(devices, sorted({str(first), str(second)}), "the devices the split model's tensors are on")
+    ids, mask = prompts((5, 2, 7), seed=307, device=first)
+    lm.eval()
+    with qwatch(lm, {qbackend.name: facet}):
+        with torch.no_grad():
+            logits = lm(input_ids=ids, attention_mask=mask).logits
+        out = lm.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    qcheck.equal(bool(torch.isfinite(logits).all()), True, "the split model's logits are finite")
+    qcheck.equal(tuple(out.shape), (3, 10), "generate's output shape")
+    if not caps.peft:
+        return  # forward and generate only: PEFT does not wrap this layer class
+    peft = needs("peft")
+    lm = peft.prepare_model_for_kbit_training(lm, use_gradient_checkpointing=False)
+    torch.manual_seed(401)
+    targets = sorted({n.rsplit(".", 1)[-1] for n, m in lm.named_modules() if facet.owns(m)})
+    lm = peft.get_peft_model(lm, peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, init_lora_weights=False))
+    lm.train()
+    adapters = {name: p for name, p in lm.named_parameters() if p.requires_grad}
+    with qwatch(lm, {qbackend.name: facet}):
+        with torch.autocast("cuda", dtype=dtype, enabled=dtype is not torch.float32):
+            loss = lm(input_ids=ids, attention_mask=mask, labels=ids).loss
+        loss.backward()
+    missing = sorted(name for name, p in adapters.items() if p.grad is None or not bool(torch.isfinite(p.grad).all()))
+    qcheck.equal(missing[:3], [], f"adapters without a finite gradient ({len(missing)} of {len(adapters)})")
+    on = {str(p.device) for p in adapters.values()}
+    qcheck.equal(sorted(on), sorted({str(first), str(second)}), "the devices the adapters are on")
