@@ -63,16 +63,20 @@ class StepSetup:
 
 
 def backend_ref(backend: Backend) -> type[Backend] | str:
-    """How a spawned rank rebuilds ``backend``: its class when it pickles by reference (an
-    importable module-level class), else its registered name."""
+    """How a spawned rank rebuilds ``backend``: the nearest class of its MRO that pickles by
+    reference (a module-level class) and has its name (a subclass made at run time to narrow
+    its claims computes what its base does), else its registered name."""
     import pickle
 
-    cls = type(backend)
-    try:
-        pickle.dumps(cls)
-        return cls
-    except (pickle.PicklingError, AttributeError, TypeError):
-        return backend.name
+    for cls in type(backend).__mro__:
+        if getattr(cls, "name", None) != backend.name:
+            continue
+        try:
+            pickle.dumps(cls)
+            return cls
+        except (pickle.PicklingError, AttributeError, TypeError):
+            continue
+    return backend.name
 
 
 def run_ranks(setup: StepSetup, timeout: float = RANK_TIMEOUT + 30) -> list[dict[str, Any]]:
@@ -109,7 +113,12 @@ def rank_main(rank: int, setup: StepSetup) -> None:
     if setup.device_kind == "cuda":
         torch.cuda.set_device(rank)
     # Built before joining the group: transformers saves a checkpoint on rank 0 only once there is one.
-    models = {mode: _build(rank, setup, mode) for mode in setup.modes}
+    models: dict[str, Any] = {}
+    for mode in setup.modes:
+        try:
+            models[mode] = _build(rank, setup, mode)
+        except Exception:  # noqa: BLE001 - reported in the mode's cell, after joining (the peers then see this rank leave)
+            models[mode] = traceback.format_exc(limit=-6)
     dist.init_process_group(
         "nccl" if setup.device_kind == "cuda" else "gloo",
         init_method=f"file://{Path(setup.folder) / 'rendezvous'}",
@@ -120,6 +129,8 @@ def rank_main(rank: int, setup: StepSetup) -> None:
     failed = False
     for mode in setup.modes:
         try:
+            if isinstance(models[mode], str):
+                raise RuntimeError(f"building the model failed:\n{models[mode]}")
             results[mode] = _step(rank, setup, mode, *models[mode])
             dist.barrier()
         except Exception:  # noqa: BLE001 - reported in the mode's cell
@@ -175,6 +186,39 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+class LoraLinear(torch.nn.Module):
+    """LoRA around a quantized layer PEFT does not know (a ``FunctionalLinear``), with PEFT's
+    arithmetic and names: ``y = base(x) + s B(A(x))``, the adapters in float32 and ``x``
+    cast to their dtype, as PEFT's ``lora.Linear`` computes it."""
+
+    def __init__(self, base: torch.nn.Module, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.base_layer = base
+        self.lora_A = torch.nn.ModuleDict({"default": torch.nn.Linear(in_features, RANK, bias=False)})
+        self.lora_B = torch.nn.ModuleDict({"default": torch.nn.Linear(RANK, out_features, bias=False)})
+        torch.nn.init.normal_(self.lora_B["default"].weight, std=0.02)  # PEFT's init_lora_weights=False: nonzero B
+        self.scaling = ALPHA / RANK
+
+    def get_base_layer(self) -> torch.nn.Module:
+        return self.base_layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base_layer(x)
+        a, b = self.lora_A["default"], self.lora_B["default"]
+        return (y + b(a(x.to(a.weight.dtype))) * self.scaling).to(y.dtype)
+
+
+def with_lora(model: torch.nn.Module, facet: Any) -> torch.nn.Module:
+    """``model`` with ``LoraLinear`` around each of the backend's quantized layers."""
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if facet.owns(child):
+                out_features, in_features = facet.packed(child).shape
+                device = next(iter(child.buffers()), torch.empty(0)).device
+                setattr(module, name, LoraLinear(child, in_features, out_features).to(device))
+    return model
+
+
 def _device(rank: int, setup: StepSetup) -> torch.device:
     return torch.device(f"cuda:{rank}" if setup.device_kind == "cuda" else "cpu")
 
@@ -194,6 +238,11 @@ def _build(rank: int, setup: StepSetup, mode: str) -> tuple[torch.nn.Module, Any
     return model, facet
 
 
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks FSDP wraps one by one (accelerate's transformer-layer policy)."""
+    return [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
+
+
 def _step(rank: int, setup: StepSetup, mode: str, model: torch.nn.Module, facet: Any) -> dict[str, Any]:
     import peft
 
@@ -206,10 +255,17 @@ def _step(rank: int, setup: StepSetup, mode: str, model: torch.nn.Module, facet:
         model, use_gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": False}
     )
     torch.manual_seed(401)  # the same adapters on every rank
-    config = peft.LoraConfig(
-        r=RANK, lora_alpha=ALPHA, target_modules=lora_targets(model, facet), lora_dropout=0.0, init_lora_weights=False
-    )
-    model = peft.get_peft_model(model, config)
+    if facet.capabilities(device).peft:
+        config = peft.LoraConfig(
+            r=RANK,
+            lora_alpha=ALPHA,
+            target_modules=lora_targets(model, facet),
+            lora_dropout=0.0,
+            init_lora_weights=False,
+        )
+        model = peft.get_peft_model(model, config)
+    else:
+        model = with_lora(model, facet)
     model.train()
     inner = model
     if mode == "ddp":
@@ -221,7 +277,7 @@ def _step(rank: int, setup: StepSetup, mode: str, model: torch.nn.Module, facet:
         from torch.distributed.fsdp import fully_shard
 
         full = model.state_dict() if rank == 0 else {}
-        for layer in model.base_model.model.model.layers:
+        for layer in decoder_layers(model):
             fully_shard(layer)
         wrapped = fully_shard(model)
         set_model_state_dict(

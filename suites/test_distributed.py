@@ -1,5 +1,6 @@
 """QLoRA across processes: a training step on two ranks under DDP and under FSDP
-(``_distributed``), gloo on the CPU, NCCL on two GPUs.
+(``_distributed``), gloo on the CPU, NCCL on two GPUs; LoRA through PEFT where the layer
+claims it, else PEFT's arithmetic around the layer (``_distributed.LoraLinear``).
 
 What must hold afterwards, per mode: every rank's packed bytes and the rest of its
 quantization state are those rank 0 loaded (a hash of each, per layer: under FSDP, the
@@ -112,7 +113,7 @@ def _storage_spec(qbackend, qtarget, spec, dtype):
 def test_ddp_qlora_step(request, qtarget, qbackend, qcheck, tmp_path_factory, spec, dtype):
     """DDP: every rank loads the checkpoint, one micro-batch each, gradients all-reduced."""
     spec = _storage_spec(qbackend, qtarget, spec, dtype)
-    require_layer_claim(qbackend, qtarget, spec, dtype, backward=True, peft=True)
+    require_layer_claim(qbackend, qtarget, spec, dtype, backward=True)
     results = _results(request, qtarget, qbackend, spec, dtype, tmp_path_factory)
     _check_step(qcheck, results, "ddp", same_checkpoint=True)
 
@@ -122,6 +123,6 @@ def test_fsdp_qlora_step(request, qtarget, qbackend, qcheck, tmp_path_factory, s
     """FSDP: the model sharded per decoder layer, rank 0's checkpoint broadcast to ranks
     that started from other weights, one micro-batch each, gradients reduce-scattered."""
     spec = _storage_spec(qbackend, qtarget, spec, dtype)
-    require_layer_claim(qbackend, qtarget, spec, dtype, backward=True, peft=True)
+    require_layer_claim(qbackend, qtarget, spec, dtype, backward=True)
     results = _results(request, qtarget, qbackend, spec, dtype, tmp_path_factory)
     _check_step(qcheck, results, "fsdp", same_checkpoint=False)

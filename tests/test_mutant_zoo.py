@@ -6,8 +6,9 @@ registered through the ``pytest_qconform_backends`` hook: the original suites ag
 the mutants of their classes; the suites of issue 18 (inputs users have: every
 blocksize, layouts, storage, parameters, value ranges, layer shapes), the layer suites
 of issue 19 (forward modes, state, checkpoints, moves, models in sequence), and the
-compiled and captured paths and the lifecycle sequences of issue 26, each against the
-mutants whose ``suites`` name them. The run reports say, per backend and operation, what
+compiled and captured paths and the lifecycle sequences of issue 26, the workloads of
+issue 36, and the multi-device (two GPUs) and distributed (two gloo ranks) suites of issue
+37, each against the mutants whose ``suites`` name them. The run reports say, per backend and operation, what
 the suites concluded. Each mutant must fail the operation whose check targets its bug
 class, and each correct backend must pass all of every run. A mutant whose class needs a
 GPU (``needs_gpu``: CUDA graphs) is left out of a run without one, and its test skips
@@ -24,11 +25,13 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 from zoo import (
+    DISTRIBUTED_SUITES,
     KERNEL_MUTANTS,
     KERNEL_SUITES,
     LAYER_SUITES,
     LIBRARY_MUTANTS,
     LIFECYCLE_SUITES,
+    MULTI_GPU_SUITES,
     MUTANTS,
     PATH_SUITES,
     USER_INPUT_SUITES,
@@ -36,8 +39,11 @@ from zoo import (
 )
 
 GPU = torch.cuda.is_available()
-# Mutants whose class only a GPU can show (CUDA graphs): left out of a GPU-less zoo run.
-RUN_MUTANTS = tuple(m for m in MUTANTS if GPU or not getattr(m, "needs_gpu", False))
+GPUS = torch.cuda.device_count()
+# Mutants whose class only a GPU can show (CUDA graphs), or only two (``needs_gpus``): left out of a run without.
+RUN_MUTANTS = tuple(
+    m for m in MUTANTS if (GPU or not getattr(m, "needs_gpu", False)) and GPUS >= getattr(m, "needs_gpus", 0)
+)
 
 # The correct backends, each in every run: the NF4 base of most mutants, and the CPU stand-in
 # for hqq-gemlite (HQQ's layer in gemlite's converted layout) under the gemlite mutants.
@@ -45,10 +51,10 @@ CORRECT = ("torch-nf4-correct", "torch-gemlite4-correct")
 CONFTEST = textwrap.dedent("""
     from qconform_example_nf4.backend import TorchNF4Backend
     from torch_gemlite4 import TorchGemlite4Backend
-    from zoo import MUTANTS, narrowed
+    from zoo import MUTANTS, CorrectTorchNF4, narrowed
 
     def pytest_qconform_backends(config):
-        correct = type("Correct", (TorchNF4Backend,), {"name": "torch-nf4-correct"})
+        correct = CorrectTorchNF4
         gemlite = type("CorrectGemlite", (TorchGemlite4Backend,), {"name": "torch-gemlite4-correct"})
         return {m.name: narrowed(m) for m in (correct, gemlite, *MUTANTS)}
 """)
@@ -98,7 +104,11 @@ GROUPS = {
     "paths": PATH_SUITES,
     "lifecycle": LIFECYCLE_SUITES,
     "workloads": WORKLOAD_SUITES,
+    "multi-gpu": MULTI_GPU_SUITES,
+    "distributed": DISTRIBUTED_SUITES,
 }
+# The -m expression a run's suites need (their checks are deselected without it).
+GROUP_MARKERS = {"multi-gpu": "multi_gpu", "distributed": "distributed"}
 # The tests that judge the correct backends over every run's cells.
 WHOLE_ZOO_TESTS = ("test_correct_backend_passes_every_check", "test_every_claimed_axis_value_is_checked")
 
@@ -107,6 +117,11 @@ def _group(mutant) -> str:
     """The run a mutant belongs to: ``original`` or the label of the suites it names."""
     suites = getattr(mutant, "suites", None)
     return "original" if suites is None else next(label for label, group in GROUPS.items() if group == suites)
+
+
+def _markers(label: str) -> tuple[str, ...]:
+    """The ``-m`` a run's suites need (their checks are deselected without it)."""
+    return ("-m", GROUP_MARKERS[label]) if label in GROUP_MARKERS else ()
 
 
 def _keyword(label: str) -> str:
@@ -133,6 +148,8 @@ def zoo_report(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     labels = ["original", *GROUPS]
     runs = []
     for label in labels:
+        if label == "multi-gpu" and GPUS < 2:
+            continue  # its checks need two GPUs; its mutants are left out (RUN_MUTANTS) and skip saying so
         names = [m.name for m in RUN_MUTANTS if _group(m) == label and m in chosen]
         if names or whole:
             runs.append((label, names))
@@ -144,7 +161,10 @@ def zoo_report(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     # setup of the project's tests, one after another); merged in the runs' order as before.
     with ThreadPoolExecutor(max_workers=min(len(runs), os.cpu_count() or 1) or 1) as pool:
         reports = list(
-            pool.map(lambda run: _run_zoo(run[0], [*CORRECT, *run[1][1]], _keyword(run[1][0])), zip(roots, runs))
+            pool.map(
+                lambda run: _run_zoo(run[0], [*CORRECT, *run[1][1]], _keyword(run[1][0]), *_markers(run[1][0])),
+                zip(roots, runs),
+            )
         )
     cells, coverage = [], []
     for report in reports:
@@ -207,8 +227,13 @@ EXPECTED_OPERATIONS = {
         "lifecycle",
         "workload:generate",
         "workload:serving",
+        "distributed:ddp",
+        "distributed:fsdp",
     }
-    | ({"captured", "workload:compiled", "workload:captured"} if GPU else set()),
+    | ({"captured", "workload:compiled", "workload:captured"} if GPU else set())
+    | (
+        {"multi-gpu:quantize", "multi-gpu:dequantize", "multi-gpu:matmul", "multi-gpu:backward"} if GPUS >= 2 else set()
+    ),
     "torch-gemlite4-correct": {"quantize", "matmul", "matmul-fp32-input", "parameters"},
 }
 
@@ -236,7 +261,8 @@ def test_every_claimed_axis_value_is_checked(zoo_report: dict, correct: str) -> 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
 def test_mutant_is_caught_by_its_check(zoo_report: dict, mutant) -> None:
     if mutant not in RUN_MUTANTS:
-        pytest.skip(f"{mutant.name}: its class ({mutant.catches}) shows on a GPU only, and this machine has none")
+        gpus = getattr(mutant, "needs_gpus", 1)
+        pytest.skip(f"{mutant.name}: its class ({mutant.catches}) shows on {gpus} GPU(s), and this machine has {GPUS}")
     verdicts = _verdicts(zoo_report, mutant.name)
     assert "fail" in verdicts.get(mutant.catches, set()), (
         f"{mutant.name} ({mutant.__doc__.strip().splitlines()[0]}) was not caught by the "

@@ -1134,3 +1134,86 @@ LIBRARY_MUTANTS: tuple[type[LibraryMutant], ...] = (
     HqqConstantGroupsNaN,
     PeftMergeDropsBias,
 )
+
+
+# -- issue 37: models across devices and processes ---------------------------------------------------------------
+# The multi-device suite (-m multi_gpu: two GPUs) and the distributed one (-m distributed: two ranks, gloo on
+# the CPU), each run against these mutants and the correct backend. A distributed rank is a fresh process
+# that rebuilds its backend from its class, so the correct backend is a module-level class here.
+MULTI_GPU_SUITES: tuple[str, ...] = ("test_multi_device.py",)
+DISTRIBUTED_SUITES: tuple[str, ...] = ("test_distributed.py",)
+
+
+class CorrectTorchNF4(TorchNF4Backend):
+    """The correct plain-PyTorch backend under the zoo's name for it."""
+
+    name = "torch-nf4-correct"
+
+
+class LaunchesOnTheCurrentDevice(TorchNF4Backend):
+    """triton#2441's class: a matmul kernel launched on the current device, with pointers into
+    another device's memory, writes nothing there: with the tensors on another GPU than the
+    current one the output is the zeros it was allocated with (right on the current device)."""
+
+    name = "mutant-current-device-launch"
+    catches = "multi-gpu:matmul"
+    suites = MULTI_GPU_SUITES
+    needs_gpus = 2
+
+    def matmul(self, x, q, bias, compute_dtype):
+        y = super().matmul(x, q, bias, compute_dtype)
+        if x.is_cuda and x.device.index != torch.cuda.current_device():
+            return y * 0  # never written (kept differentiable: the backward is not this bug)
+        return y
+
+
+class CachesTheFirstDevice(TorchNF4Backend):
+    """Host code that reads a device property once and keeps it for every device
+    (bitsandbytes' ops.cu comment; gemlite 8cb34b3): the device of the first call, where
+    dequantize allocates every output afterwards; a weight on another GPU is decoded onto it."""
+
+    name = "mutant-cached-first-device"
+    catches = "multi-gpu:dequantize"
+    suites = MULTI_GPU_SUITES
+    needs_gpus = 2
+
+    def __init__(self) -> None:
+        self.first_device: torch.device | None = None
+
+    def dequantize(self, q, dtype):
+        out = super().dequantize(q, dtype)
+        if self.first_device is None:
+            self.first_device = out.device
+        return out.to(self.first_device)
+
+
+class _StateOutsideBuffersLinear(FunctionalLinear):
+    """The quantization state but its packed bytes held in a plain dict attribute, not as buffers."""
+
+    def __init__(self, backend, quantized, bias, compute_dtype):
+        super().__init__(backend, quantized, bias, compute_dtype)
+        names = [name for name in self._buffers if name.startswith(PREFIX) and name != PREFIX + "packed"]
+        self.kept = {name: self._buffers.pop(name) for name in names}
+
+    def state(self):
+        kept = getattr(self, "kept", {})  # FunctionalLinear.__init__ reads the state before this one's __init__ ends
+        return {**super().state(), **{name.removeprefix(PREFIX): value for name, value in kept.items()}}
+
+    def _load_from_state_dict(self, state_dict, prefix, *args):
+        torch.nn.Module._load_from_state_dict(self, state_dict, prefix, *args)  # what it holds as buffers: the bytes
+        self._rebuild()
+
+
+class QuantStateNotBroadcast(_LayerMutant):
+    """fsdp_qlora PR 4's class: a layer whose quantization state (absmax, code table) lives
+    beside the module, neither parameter nor buffer, so a rank-0 broadcast of the model's state
+    (FSDP's sync, a state-dict broadcast) carries the packed bytes and not their scales: the
+    other ranks compute with rank 0's codes and their own absmax."""
+
+    name = "mutant-quant-state-not-broadcast"
+    catches = "distributed:fsdp"
+    suites = DISTRIBUTED_SUITES
+    layer_class = _StateOutsideBuffersLinear
+
+
+MUTANTS = MUTANTS + (LaunchesOnTheCurrentDevice, CachesTheFirstDevice, QuantStateNotBroadcast)
