@@ -192,14 +192,18 @@ def test_split_model(qtarget, qbackend, qcheck, qwatch, tmp_path, spec, dtype):
     rest dispatched by accelerate), cuda:0 current: a forward, greedy ``generate()`` and a
     QLoRA step (PEFT LoRA where the layer claims it), every sampled call of every quantized
     layer judged by the call-site oracle on the device it ran on."""
-    from ._layers import needs
-    from ._workloads import prompts, quantized_model
-
     facet, caps = require_layer_claim(qbackend, qtarget, spec, dtype, backward=True)
     second, _ = placement(qtarget, "data1-current0")
     first = torch.device("cuda", 0)
+    with torch.cuda.device(first):
+        _split_model_workload(qbackend, qcheck, qwatch, tmp_path, spec, dtype, facet, caps, first, second)
+
+
+def _split_model_workload(qbackend, qcheck, qwatch, tmp_path, spec, dtype, facet, caps, first, second) -> None:
+    from ._layers import needs
+    from ._workloads import prompts, quantized_model
+
     device_map = split_map(first, second)
-    torch.cuda.set_device(first)
     lm = quantized_model(qcheck, facet, caps, spec, "llama", dtype, first, tmp_path, device_map=device_map)
     devices = sorted({str(p.device) for p in lm.parameters()} | {str(b.device) for b in lm.buffers()})
     qcheck.equal(devices, sorted({str(first), str(second)}), "the devices the split model's tensors are on")
