@@ -24,6 +24,7 @@ eager calls and CUDA-graph capture call them directly.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -49,6 +50,22 @@ PATH_OPERATIONS: tuple[str, ...] = ("dequantize", "matmul", "layer-forward")  # 
 DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
 STATE_FORMAT_VERSION = 1  # of serialize()'s dict
 _QUANT_TYPES = ("nf4", "fp4")
+
+
+_CURRENT_DEVICE = contextlib.nullcontext()  # stateless: one shared instance
+
+
+def on_device_of(tensor: torch.Tensor) -> contextlib.AbstractContextManager:
+    """Triton launches a kernel on the current device, whatever device its tensors are on
+    (triton#2441: "Pointer argument cannot be accessed from Triton" with the tensors on
+    cuda:1 while cuda:0 is current, the state of every layer past the first GPU under
+    ``device_map="auto"``). ``torch.cuda.device`` of the tensor's GPU around the launches when
+    that is not the current one; else a shared no-op, so the common call pays one read of
+    the current device (its cost on an H100: docs/findings.md, issue 37)."""
+    device = tensor.device
+    if device.type != "cuda" or device.index is None or torch.compiler.is_compiling():
+        return _CURRENT_DEVICE  # (a compiled graph calls the kernels through ops.py's operators)
+    return _CURRENT_DEVICE if device.index == torch.cuda.current_device() else torch.cuda.device(device)
 
 
 # Rows routed to the fused gemv at most (kernels.fused_rows_limit may say fewer for a given
@@ -118,7 +135,8 @@ class _Nf4Linear(torch.autograd.Function):
         state: Nf4State = ctx.state
         dx = dbias = None
         if ctx.needs_input_grad[0]:
-            weight = ctx.backend.buffered_weight(state, dy.dtype)
+            with on_device_of(dy):
+                weight = ctx.backend.buffered_weight(state, dy.dtype)
             dx = torch.matmul(dy, weight)
         if ctx.has_bias and ctx.needs_input_grad[1]:
             dbias = dy.reshape(-1, dy.shape[-1]).sum(0)
@@ -230,9 +248,10 @@ class TritonNf4Backend(Backend):
             raise ValueError(f"{self.name}: format {spec.format!r} is not supported; the kernels read nf4 and fp4")
         from qconform_triton_nf4 import kernels
 
-        packed, absmax = kernels.quantize_4bit(
-            weight, blocksize=spec.blocksize, boundaries=self.code_boundaries(spec.format, weight.device)
-        )
+        with on_device_of(weight):
+            packed, absmax = kernels.quantize_4bit(
+                weight, blocksize=spec.blocksize, boundaries=self.code_boundaries(spec.format, weight.device)
+            )
         code = self._table(spec.format, weight.device)[0].clone()  # each state owns its table
         nested: dict[str, Any] = {}
         if spec.double_quant:
@@ -249,11 +268,15 @@ class TritonNf4Backend(Backend):
         self, q: Quantized, dtype: torch.dtype, *, out: torch.Tensor | None = None, absmax: torch.Tensor | None = None
     ) -> torch.Tensor:
         """``kernels.dequantize_4bit(..., out=out)``; the kernels take no explicit absmax form."""
-        from qconform_triton_nf4 import kernels
-
         if absmax is not None:
             return super().dequantize_with(q, dtype, out=out, absmax=absmax)
         state: Nf4State = q.handle
+        with on_device_of(state.packed):
+            return self._dequantize(state, dtype, out)
+
+    def _dequantize(self, state: Nf4State, dtype: torch.dtype, out: torch.Tensor | None) -> torch.Tensor:
+        from qconform_triton_nf4 import kernels
+
         if torch.compiler.is_compiling():
             result = triton_nf4_ops.dequantize(state, dtype)
             return result if out is None else out.copy_(result)
@@ -319,10 +342,11 @@ class TritonNf4Backend(Backend):
             x = x.to(compute_dtype)
         if bias is not None and bias.dtype != compute_dtype:
             bias = bias.to(compute_dtype)
-        if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
-            y = _Nf4Linear.apply(x, bias, self, q.handle)
-        else:
-            y = self.linear(x, q.handle, bias)  # no graph to record: no autograd.Function
+        with on_device_of(x):
+            if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
+                y = _Nf4Linear.apply(x, bias, self, q.handle)
+            else:
+                y = self.linear(x, q.handle, bias)  # no graph to record: no autograd.Function
         return y if y.dtype == inp_dtype else y.to(inp_dtype)
 
     # -- packed state, serialization -------------------------------------------------------------
