@@ -61,7 +61,8 @@ def on_device_of(tensor: torch.Tensor) -> contextlib.AbstractContextManager:
     cuda:1 while cuda:0 is current, the state of every layer past the first GPU under
     ``device_map="auto"``). ``torch.cuda.device`` of the tensor's GPU around the launches when
     that is not the current one; else a shared no-op, so the common call pays one read of
-    the current device (its cost on an H100: docs/findings.md, issue 37)."""
+    the current device (``torch.cuda.current_device()``; its host cost is to be measured on a
+    GPU, bench/notes.md "Host cost per call")."""
     device = tensor.device
     if device.type != "cuda" or device.index is None or torch.compiler.is_compiling():
         return _CURRENT_DEVICE  # (a compiled graph calls the kernels through ops.py's operators)
