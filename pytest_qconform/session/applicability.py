@@ -88,6 +88,7 @@ def from_worker(config: pytest.Config, workeroutput: dict[str, Any]) -> None:
             other_device=Counter(found["other_device"]),
             not_claimed=Counter(found["not_claimed"]),
             opt_in=Counter(found["opt_in"]),
+            few_devices=found["few_devices"],
             probe=found["probe"],
         )
 
@@ -160,6 +161,7 @@ def deselect(config: pytest.Config, items: list[pytest.Item]) -> None:
             "other_device": dict(summary.other_device),
             "not_claimed": dict(summary.not_claimed),
             "opt_in": dict(summary.opt_in),
+            "few_devices": summary.few_devices,
             "probe": summary.probe,
         }
     if drop:
