@@ -19,6 +19,7 @@ something replaces one directly (accelerate's ``set_module_tensor_to_device``).
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -54,16 +55,21 @@ class FunctionalLinear(torch.nn.Module):
     def _rebuild(self) -> None:
         """The backend's ``Quantized`` view of the buffers (after init, moves and loads)."""
         state = self.state()
+        self._built_names = tuple(PREFIX + key for key in state)
         self._built_from = tuple(state.values())
+        self._built_buffer_count = len(self._buffers)
         self._quantized = self.backend.load(state, state["packed"].device)
 
     @property
     def quantized(self) -> Quantized:
         """The backend's view of the buffers as they are now: rebuilt when a buffer was
         replaced without ``_apply`` or a load (accelerate's ``set_module_tensor_to_device``,
-        which moves and loads tensors one by one, assigns ``module._buffers[name]``)."""
-        current = tuple(self.state().values())
-        if len(current) != len(self._built_from) or any(a is not b for a, b in zip(current, self._built_from)):
+        which moves and loads tensors one by one, assigns ``module._buffers[name]``), or
+        one was added or removed. Read on every forward: the comparison runs in C (``map``)."""
+        buffers = self._buffers
+        if len(buffers) != self._built_buffer_count or not all(
+            map(operator.is_, map(buffers.get, self._built_names), self._built_from)
+        ):
             self._rebuild()
         return self._quantized
 

@@ -281,58 +281,60 @@ class TritonNf4Backend(Backend):
         if torch.compiler.is_compiling():
             result = triton_nf4_ops.dequantize(state, dtype)
             return result if out is None else out.copy_(result)
-        plan = state.plans.get(("dequantize", dtype)) if out is None else None
-        if plan is not None:
-            result = torch.empty(state.shape, dtype=dtype, device=state.packed.device)
-            plan(result)
-            return result
-        result = kernels.dequantize_4bit(state.packed, state.absmax, out_dtype=dtype, out=out, **state.kernel_args())
-        self._remember(state, ("dequantize", dtype), lambda: triton_nf4_plans.dequantize_plan(state, dtype))
-        return result
+        if out is not None:  # the caller's tensor: checked on every call
+            return kernels.dequantize_4bit(state.packed, state.absmax, out_dtype=dtype, out=out, **state.kernel_args())
+        return self._dequantize_plan(state, dtype)(torch.empty(state.shape, dtype=dtype, device=state.packed.device))
 
     @staticmethod
-    def _remember(state: Nf4State, key: Any, make: Any) -> None:
-        """Store ``make()`` as ``state``'s plan for ``key`` (None: the entry point stays the path)."""
-        if key not in state.plans:
-            state.plans[key] = make()
+    def _dequantize_plan(state: Nf4State, dtype: torch.dtype) -> Any:
+        """``state``'s dequantize plan for ``dtype``, validated and built on first use."""
+        key = ("dequantize", dtype)
+        plan = state.plans.get(key)
+        if plan is None:
+            from qconform_triton_nf4 import kernels
+
+            plan = kernels.dequantize_4bit_plan(state.packed, state.absmax, out_dtype=dtype, **state.kernel_args())
+            state.plans[key] = plan
+        return plan
 
     def buffered_weight(self, state: Nf4State, dtype: torch.dtype) -> torch.Tensor:
         """The weight dequantized into this backend's reusable buffer; valid until the next call.
         (Under torch.compile a fresh tensor: the compiled graph owns its memory.)"""
-        from qconform_triton_nf4 import kernels
-
         if torch.compiler.is_compiling():
             return triton_nf4_ops.dequantize(state, dtype)
+        plan = self._dequantize_plan(state, dtype)
         if self._buffer is None:
+            from qconform_triton_nf4 import kernels
+
             self._buffer = kernels.WeightBuffer()
-        plan = state.plans.get(("dequantize", dtype))
-        if plan is not None:
-            view = self._buffer.view(state.shape, dtype, state.packed.device)
-            plan(view)
-            return view
-        result = self._buffer.dequantize(state.packed, state.absmax, out_dtype=dtype, **state.kernel_args())
-        self._remember(state, ("dequantize", dtype), lambda: triton_nf4_plans.dequantize_plan(state, dtype))
-        return result
+        return plan(self._buffer.view(state.shape, dtype, state.packed.device))
 
     def linear(self, x: torch.Tensor, state: Nf4State, bias: torch.Tensor | None) -> torch.Tensor:
-        """Forward only: fused gemv for few rows, else buffer dequantize + ``torch.matmul``."""
+        """Forward only: the plan for x's and bias' layout (``triton_nf4_plans``), built and
+        validated on the first call of that layout: fused gemv for few rows, else buffer
+        dequantize + ``torch.matmul``."""
+        if torch.compiler.is_compiling():
+            self._check_2d(state)
+            return triton_nf4_ops.linear(x, state, bias, FUSED_MAX_ROWS)
+        key = triton_nf4_plans.plan_key(x, bias)
+        plan = state.plans.get(key)
+        if plan is None:
+            self._check_2d(state)
+            plan = triton_nf4_plans.linear_plan(
+                x,
+                state.packed,
+                state.absmax,
+                state.kernel_args(),
+                bias,
+                FUSED_MAX_ROWS,
+                lambda dtype: self.buffered_weight(state, dtype),
+            )
+            state.plans[key] = plan
+        return plan(x, bias)
+
+    def _check_2d(self, state: Nf4State) -> None:
         if len(state.shape) != 2:
             raise ValueError(f"{self.name}: matmul needs a 2-D (out, in) weight, got shape {state.shape}")
-        if torch.compiler.is_compiling():
-            return triton_nf4_ops.linear(x, state, bias, FUSED_MAX_ROWS)
-        key = ("linear", triton_nf4_plans.tensor_key(x), triton_nf4_plans.tensor_key(bias))
-        plan = state.plans.get(key)
-        if plan is not None:
-            return plan(x, bias)
-
-        def buffered(dtype: torch.dtype) -> torch.Tensor:
-            return self.buffered_weight(state, dtype)
-
-        y = triton_nf4_ops.fused_or_dequantized(
-            x, state.packed, state.absmax, state.kernel_args(), bias, buffered, FUSED_MAX_ROWS
-        )
-        self._remember(state, key, lambda: triton_nf4_plans.linear_plan(x, state, bias, FUSED_MAX_ROWS, buffered))
-        return y
 
     def matmul(
         self, x: torch.Tensor, q: Quantized, bias: torch.Tensor | None, compute_dtype: torch.dtype

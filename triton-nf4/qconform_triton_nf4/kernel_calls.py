@@ -154,15 +154,18 @@ class Recorder:
         from qconform_triton_nf4 import kernels
         from qconform_triton_nf4.kernels import weight_buffer
 
-        for owner, name in (
-            (kernels, "dequantize_4bit"),
-            (kernels, "gemv_4bit"),
-            (kernels, "quantize_4bit"),
-            (weight_buffer, "dequantize_4bit"),
+        for owner, name, logged_as in (
+            (kernels, "dequantize_4bit", "dequantize_4bit"),
+            (kernels, "gemv_4bit", "gemv_4bit"),
+            (kernels, "quantize_4bit", "quantize_4bit"),
+            (weight_buffer, "dequantize_4bit", "dequantize_4bit"),
+            # a plan takes its entry point's arguments and reaches the same launches
+            (kernels, "dequantize_4bit_plan", "dequantize_4bit"),
+            (kernels, "gemv_4bit_plan", "gemv_4bit"),
         ):
             original = getattr(owner, name)
             self._patched.append((owner, name, original))
-            setattr(owner, name, self._wrap(name, original))
+            setattr(owner, name, self._wrap(logged_as, original))
         return self
 
     def __exit__(self, *exc: object) -> None:

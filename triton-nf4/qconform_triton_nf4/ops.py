@@ -1,5 +1,4 @@
-"""The Triton adapter's forward route, and our NF4 kernels as torch custom operators, the
-form ``torch.compile`` takes them in.
+"""Our NF4 kernels as torch custom operators, the form ``torch.compile`` takes them in.
 
 Why: dynamo traces a Python kernel launcher like any other Python. Under
 ``TRITON_INTERPRET=1`` that launcher is Triton's interpreter, whose NumPy pointer
@@ -10,39 +9,18 @@ shape-only fake implementation is PyTorch's documented way to put a third-party 
 into a graph (bitsandbytes registers its kernels the same way), on the CPU and the GPU
 alike. The adapter calls these only while dynamo traces (``torch.compiler.is_compiling()``):
 eager calls, and CUDA-graph capture, go to the kernels directly, with no dispatcher in
-front of the benchmarked path. Inside an operator the code is the eager code, run on
-real tensors; only the adapter's reusable ``WeightBuffer`` is left out (a compiled graph
-owns its memory).
+front of the benchmarked path (an eager call of the operator, its dispatcher and a plan
+built per call, took 130-260 us of host time on the H100 host: bench/notes.md). Inductor
+calls the operator from its generated code; under ``mode="reduce-overhead"`` the launches
+it makes are captured in the step's CUDA graph. Inside an operator the code is the eager
+route (``plans.linear_plan``), run on real tensors; only the adapter's reusable
+``WeightBuffer`` is left out (a compiled graph owns its memory).
 
 Registered once, when ``triton_nf4`` is imported (the namespace ``qconform``).
 """
 
 # No ``from __future__ import annotations``: custom_op reads the parameter types as objects.
-import math
-from collections.abc import Callable
-
 import torch
-
-
-def fused_or_dequantized(
-    x: torch.Tensor,
-    packed: torch.Tensor,
-    absmax: torch.Tensor,
-    kernel_args: dict,
-    bias: torch.Tensor | None,
-    dequantized: Callable[[torch.dtype], torch.Tensor],
-    fused_max_rows: int,
-) -> torch.Tensor:
-    """The adapter's forward route: as many rows as the fused ``gemv_4bit`` serves faster
-    (at most ``fused_max_rows``) go through it; more rows multiply ``dequantized(x.dtype)``
-    with ``torch.matmul``. ``kernel_args``: ``Nf4State.kernel_args()``."""
-    from qconform_triton_nf4 import kernels
-
-    rows = math.prod(x.shape[:-1])
-    if rows <= min(fused_max_rows, kernels.fused_rows_limit(x, packed, kernel_args["shape"][1])):
-        return kernels.gemv_4bit(x, packed, absmax, bias=bias, **kernel_args)
-    y = torch.matmul(x, dequantized(x.dtype).t())
-    return y + bias if bias is not None else y
 
 
 def _kernel_args(code, nested_absmax, nested_code, blocksize, shape, nested_blocksize, offset) -> dict:
@@ -97,19 +75,22 @@ def nf4_linear(
     offset: float | None,
     fused_max_rows: int,
 ) -> torch.Tensor:
-    """``fused_or_dequantized``, the weight dequantized afresh."""
+    """The adapter's route (``plans.linear_plan``, built for this call), the weight
+    dequantized afresh."""
     from qconform_triton_nf4 import kernels
+    from qconform_triton_nf4.plans import linear_plan
 
     kernel_args = _kernel_args(code, nested_absmax, nested_code, blocksize, shape, nested_blocksize, offset)
-    return fused_or_dequantized(
+    plan = linear_plan(
         x,
         packed,
         absmax,
         kernel_args,
         bias,
-        lambda dtype: kernels.dequantize_4bit(packed, absmax, out_dtype=dtype, **kernel_args),
         fused_max_rows,
+        lambda dtype: kernels.dequantize_4bit(packed, absmax, out_dtype=dtype, **kernel_args),
     )
+    return plan(x, bias)
 
 
 @nf4_linear.register_fake

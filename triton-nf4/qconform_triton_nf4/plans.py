@@ -1,83 +1,81 @@
-"""The Triton adapter's eager calls, planned once per weight and activation layout.
+"""The Triton adapter's matmul route, planned once per weight and activation layout.
 
 Why: a model's forward calls the matmul with the same weight and the same activation
 layout over and over, without a CUDA graph. Validating the state, choosing a kernel,
 computing its tiles and binding Triton's launch on every call cost far more host time
-than the gemv takes on the device (bench/notes.md, "Host cost per call"). So the first
-call of a (weight, layout) goes through the kernels' public entry points, which validate
-everything (and are what ``kernel_calls.Recorder`` logs), and leaves a plan in the
-weight's ``Nf4State.plans``; later calls with the same key run the plan: one allocation
-for the output and the bound launches (``kernels.launch.BoundLaunch``), no validation,
-no device sync and no read of device data.
+than the gemv takes on the device (bench/notes.md, "Host cost per call"). So the route
+is a plan: ``linear_plan`` validates the call through the kernels' checks
+(``kernels.gemv_4bit_plan``, ``kernels.dequantize_4bit_plan``: what ``gemv_4bit`` and
+``dequantize_4bit`` run on every call, and what ``kernel_calls.Recorder`` logs), decides
+the route and binds the launches, and the plan runs the call: one allocation for the
+output and the bound launches (``kernels.launch.BoundLaunch``), no validation, no device
+sync and no read of device data. The adapter keeps a plan per key in the weight's
+``Nf4State.plans`` and builds it on the first call of that key; the custom operator that
+``torch.compile`` calls (``triton_nf4.ops``) builds one per call. There is no other route.
 
-The key holds every property of the activation that a kernel choice or Triton's
-specialization reads: dtype, shape, strides, the data pointer modulo 16, device, and the
-same of the bias. Anything else (a new dtype, an odd view) gets its own plan; the state
-is immutable (a frozen dataclass whose tensors the adapter never writes), so its plans
-never go stale, and ``Nf4State.__deepcopy__`` gives a copy empty plans (a copied plan
-would read the original's tensors).
+The key (``plan_key``) holds every property of the activation that a kernel choice or
+Triton's specialization reads: dtype, shape, strides, the data pointer modulo 16, the
+device, and the same of the bias. Anything else (a new dtype, an odd view) gets its own
+plan; the state is immutable (a frozen dataclass whose tensors the adapter never writes),
+so its plans never go stale, and ``Nf4State.__deepcopy__`` gives a copy empty plans (a
+copied plan would read the original's tensors).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 import torch
 
 _ALIGNMENT = 16  # Triton specializes a pointer on whether it is a multiple of 16
 
-Plan = Callable[..., torch.Tensor]
+Plan = Callable[[torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 
 
-def tensor_key(t: torch.Tensor | None) -> Hashable:
-    """What a plan depends on in ``t``: dtype, shape, strides, pointer alignment, device."""
-    if t is None:
-        return None
-    return (t.dtype, t.shape, t.stride(), t.data_ptr() % _ALIGNMENT, t.device)
+def plan_key(x: torch.Tensor, bias: torch.Tensor | None) -> Hashable:
+    """What a matmul plan depends on in ``x`` and ``bias``: dtype, shape, strides, pointer
+    alignment and device index of each (one flat tuple: it is built on every call)."""
+    if bias is None:
+        return (x.dtype, x.shape, x.stride(), x.data_ptr() % _ALIGNMENT, x.get_device())
+    return (
+        x.dtype,
+        x.shape,
+        x.stride(),
+        x.data_ptr() % _ALIGNMENT,
+        x.get_device(),
+        bias.dtype,
+        bias.shape,
+        bias.stride(),
+        bias.data_ptr() % _ALIGNMENT,
+        bias.get_device(),
+    )
 
 
 def linear_plan(
     x: torch.Tensor,
-    state: Any,
+    packed: torch.Tensor,
+    absmax: torch.Tensor,
+    kernel_args: Mapping[str, Any],
     bias: torch.Tensor | None,
     fused_max_rows: int,
-    buffered: Callable[[torch.dtype], torch.Tensor],
-) -> Plan | None:
-    """``plan(x, bias) -> x W^T + b`` for activations keyed like ``x`` and ``bias`` (the
-    route ``triton_nf4_ops.fused_or_dequantized`` takes, decided once), or None where the
-    entry points' own handling of empty operands is the right path."""
+    dequantized: Callable[[torch.dtype], torch.Tensor],
+) -> Plan:
+    """``plan(x, bias) -> x W^T + b`` for activations and biases laid out like ``x`` and
+    ``bias``: as many rows as the fused ``gemv_4bit`` serves faster (at most
+    ``fused_max_rows``) through its plan, validated by ``kernels.gemv_4bit_plan``; more rows
+    multiply ``dequantized(x.dtype)`` with ``torch.matmul``. ``kernel_args``:
+    ``Nf4State.kernel_args()``."""
     from qconform_triton_nf4 import kernels
 
-    N, K = state.shape
+    K = kernel_args["shape"][1]
     rows = math.prod(x.shape[:-1])
-    if rows == 0 or N == 0 or K == 0:
-        return None
-    lead = tuple(x.shape[:-1])
-    if rows <= min(fused_max_rows, kernels.fused_rows_limit(x, state.packed, K)):
-        x2 = x.reshape(-1, K)
-        gemv = kernels.nf4_gemv.plan_gemv(x2, state.packed, state.absmax, bias is not None, state.kernel_args())
+    if rows <= min(fused_max_rows, kernels.fused_rows_limit(x, packed, K)):
+        return kernels.gemv_4bit_plan(x, packed, absmax, bias=bias, **kernel_args)
 
-        def fused(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-            out = torch.empty((rows, N), dtype=x.dtype, device=x.device)
-            gemv(x.reshape(-1, K), out, bias.reshape(-1).contiguous() if bias is not None else None)
-            return out.view(*lead, N)
-
-        return fused
-
-    def dequantized(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        y = torch.matmul(x, buffered(x.dtype).t())
+    def dequantized_route(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        y = torch.matmul(x, dequantized(x.dtype).t())
         return y + bias if bias is not None else y
 
-    return dequantized
-
-
-def dequantize_plan(state: Any, dtype: torch.dtype) -> Callable[[torch.Tensor], None] | None:
-    """``plan(out)``: the state decoded into ``out`` (contiguous, the state's shape, ``dtype``),
-    or None for an empty weight."""
-    from qconform_triton_nf4 import kernels
-
-    if math.prod(state.shape) == 0:
-        return None
-    return kernels.nf4_dequant.plan_dequantize(state.packed, state.absmax, dtype, state.kernel_args())
+    return dequantized_route

@@ -1,7 +1,7 @@
-"""The Triton adapter's planned eager calls (``backends/triton_nf4_plans``) and the bound
-kernel launch under them (``kernels/launch``): a planned call returns what the validated
-entry points return, plans follow the activation's layout, a copied weight starts with
-none, and a bound launch passes Triton's runner every argument in signature order."""
+"""The Triton adapter's planned calls (``triton_nf4/plans``) and the bound kernel launch
+under them (``kernels/launch``): a planned call returns what the validated entry points
+return, plans follow the activation's layout, a copied weight starts with none, and a
+bound launch passes Triton's runner (or its launcher) every argument in signature order."""
 
 from __future__ import annotations
 
@@ -88,15 +88,78 @@ def quantized():
 
 
 @pytest.mark.parametrize("rows", [1, 4, 17], ids=lambda rows: f"M{rows}")
-def test_planned_matmul_equals_the_first_call_through_the_entry_points(quantized, rows: int) -> None:
+def test_planned_matmul_equals_the_validated_entry_points(quantized, rows: int) -> None:
+    """The plan is the only route: its first and later calls return what the entry points
+    return (``gemv_4bit`` for the fused rows, ``dequantize_4bit`` + ``torch.matmul`` past them)."""
+    from qconform_triton_nf4 import kernels
+    from qconform_triton_nf4.backend import FUSED_MAX_ROWS
+
     backend, q = quantized
     q = copy.deepcopy(q)
+    state = q.handle
     x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows)).to(DEVICE, torch.bfloat16)
     bias = torch.randn(64).to(DEVICE, torch.bfloat16)
-    first = backend.matmul(x, q, bias, torch.bfloat16)  # validated entry points; leaves a plan
-    assert len(q.handle.plans) >= 1
-    again = backend.matmul(x.clone(), q, bias, torch.bfloat16)  # the plan
-    assert torch.equal(first, again)
+    first = backend.matmul(x, q, bias, torch.bfloat16)  # builds the plan through the validated checks
+    assert len(state.plans) >= 1
+    again = backend.matmul(x.clone(), q, bias, torch.bfloat16)  # the plan, kept
+    if rows <= min(FUSED_MAX_ROWS, kernels.fused_rows_limit(x, state.packed, 256)):
+        expected = kernels.gemv_4bit(x, state.packed, state.absmax, bias=bias, **state.kernel_args())
+    else:
+        weight = kernels.dequantize_4bit(state.packed, state.absmax, out_dtype=torch.bfloat16, **state.kernel_args())
+        expected = torch.matmul(x, weight.t()) + bias
+    assert torch.equal(first, expected) and torch.equal(again, expected)
+
+
+def test_plans_validate_on_the_first_call_of_a_key(quantized) -> None:
+    backend, q = quantized
+    q = copy.deepcopy(q)
+    with pytest.raises((ValueError, RuntimeError)):
+        backend.matmul(torch.zeros(1, 255, device=DEVICE, dtype=torch.bfloat16), q, None, torch.bfloat16)
+    assert q.handle.plans == {}
+
+
+def test_direct_launcher_calls_the_launcher_and_yields_to_launch_hooks(monkeypatch) -> None:
+    """Below the runner: the launcher gets the stream, the function, the metadata and no
+    hooks; a launch hook set later sends the call through Triton's runner."""
+    from triton import knobs
+
+    from qconform_triton_nf4.kernels import launch as launch_module
+
+    class CudaLauncher:  # the name direct_launcher checks
+        global_scratch_size = profile_scratch_size = 0
+
+        def __init__(self) -> None:
+            self.calls: list[tuple] = []
+
+        def __call__(self, *args):
+            self.calls.append(args)
+
+    class Compiled:
+        function, packed_metadata = 7, (4, 1, 0)
+
+        def __init__(self) -> None:
+            self.run = CudaLauncher()
+
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 99, raising=False)
+    monkeypatch.setattr(launch_module, "C_LAUNCH_VERSIONS", ("no such version",))
+    compiled, runner_calls = Compiled(), []
+    launch = launch_module.direct_launcher(compiled, (2, 1, 1), (64,), lambda *args: runner_calls.append(args))
+    assert launch is not None
+    launch("x", 3)
+    assert compiled.run.calls == [(2, 1, 1, 99, 7, (4, 1, 0), None, None, None, "x", 3, 64)] and not runner_calls
+    hook = knobs.runtime.launch_enter_hook
+
+    def watching(metadata):
+        return None
+
+    if hasattr(hook, "add"):
+        hook.add(watching)
+        try:
+            launch("y", 3)
+        finally:
+            hook.remove(watching)
+        assert runner_calls == [("y", 3, 64)] and len(compiled.run.calls) == 1
 
 
 def test_plans_follow_the_layout_and_copies_start_without_them(quantized) -> None:

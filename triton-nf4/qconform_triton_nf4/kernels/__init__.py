@@ -4,7 +4,9 @@
 for <= 32 rows: per-row kernels for one row, tensor cores (``nf4_mma``) from two),
 ``fused_rows_limit`` (up to how many rows that beats dequantize + GEMM) and
 ``WeightBuffer`` (a reusable dequantize buffer). The code table is an argument, so NF4 and
-FP4 share every kernel.
+FP4 share every kernel. ``gemv_4bit_plan`` and ``dequantize_4bit_plan`` validate the same
+arguments and return the bound launches as a callable, for a caller that repeats the call
+(each entry point is its plan, called once).
 
 Run on CPU through Triton's interpreter: set ``TRITON_INTERPRET=1`` in the environment
 BEFORE this package is first imported. Triton (3.6 and 3.9 checked) decides between the
@@ -23,8 +25,13 @@ source compiles for ROCm. ROCm builds are not routed to the tensor-core kernel.
 """
 
 from qconform_triton_nf4.kernels import interpreter_calls
-from qconform_triton_nf4.kernels.nf4_dequant import SUPPORTED_BLOCKSIZES, dequantize_4bit, interpreter_active
-from qconform_triton_nf4.kernels.nf4_gemv import MAX_ROWS, fused_rows_limit, gemv_4bit
+from qconform_triton_nf4.kernels.nf4_dequant import (
+    SUPPORTED_BLOCKSIZES,
+    dequantize_4bit,
+    dequantize_4bit_plan,
+    interpreter_active,
+)
+from qconform_triton_nf4.kernels.nf4_gemv import MAX_ROWS, fused_rows_limit, gemv_4bit, gemv_4bit_plan
 from qconform_triton_nf4.kernels.nf4_quantize import CodeBoundaries, code_boundaries, quantize_4bit
 from qconform_triton_nf4.kernels.weight_buffer import WeightBuffer
 
@@ -38,8 +45,10 @@ __all__ = [
     "WeightBuffer",
     "code_boundaries",
     "dequantize_4bit",
+    "dequantize_4bit_plan",
     "fused_rows_limit",
     "gemv_4bit",
+    "gemv_4bit_plan",
     "quantize_4bit",
     "interpreter_active",
 ]

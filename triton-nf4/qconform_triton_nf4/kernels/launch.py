@@ -15,45 +15,140 @@ The first call goes through ``kernel[grid]`` (it compiles, or finds the kernel i
 Triton's caches) and keeps the ``CompiledKernel`` it returns. Triton's interpreter
 returns none, and a kernel whose constexprs do not all follow its runtime parameters
 cannot be bound this way: those keep the ordinary launch on every call.
+
+Below the runner, a bound launch calls Triton's launcher itself (``direct_launcher``): the
+runner looks the device and stream up through Python, builds launch metadata for the
+launch hooks, and in Triton 3.6 always calls the hooks, which are empty ``HookChain``s
+unless a profiler added one; the ``CudaLauncher`` then defines two closures for scratch
+memory our kernels do not use. With no hook set and no scratch memory, the bound launch
+passes the current stream (``torch._C._cuda_getCurrentRawStream`` of the current device,
+what Triton's runner reads) and the compiled function straight to the generated C
+``launch`` (Triton 3.6's argument order, checked on the H100) or, on another Triton, to
+the ``CudaLauncher`` (whose argument order 3.3 to 3.9 share). A hook set later sends that
+call through the runner (bench/notes.md, "Host cost per call, second round").
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any
+
+import torch
 
 
 class BoundLaunch:
     """``launch(*runtime_args)`` == ``kernel[grid](*runtime_args, **meta)`` for arguments of
     the same dtypes, alignments and integer classes as the first call's."""
 
-    __slots__ = ("_grid", "_kernel", "_meta", "_runner", "_tail")
+    __slots__ = ("_grid", "_kernel", "_meta", "_runner")
 
     def __init__(self, kernel: Any, grid: tuple[int, ...], meta: dict[str, Any]) -> None:
         self._kernel, self._grid, self._meta = kernel, tuple(grid), meta
-        self._runner: Any = None
-        self._tail: tuple[Any, ...] = ()
+        self._runner: Callable[..., Any] | None = None
 
     def __call__(self, *args: Any) -> None:
-        if self._runner is not None:
-            self._runner(*args, *self._tail)
+        runner = self._runner
+        if runner is not None:
+            runner(*args)
             return
         compiled = self._kernel[self._grid](*args, **self._meta)
         self._bind(compiled, len(args))
 
     def _bind(self, compiled: Any, runtime_count: int) -> None:
-        """Keep ``compiled``'s runner and the constexpr values that follow the runtime
-        arguments, when this Triton offers both; otherwise stay on the ordinary launch."""
+        """Keep a launch of ``compiled`` with the constexpr values that follow the runtime
+        arguments appended, when this Triton offers both; otherwise stay on the ordinary launch."""
         tail = constexpr_tail(self._kernel, runtime_count, self._meta)
         if compiled is None or tail is None or not hasattr(compiled, "__getitem__"):
             return
         grid = self._grid + (1,) * (3 - len(self._grid))
-        self._runner, self._tail = compiled[grid], tail
+        runner = compiled[grid]
+        self._runner = direct_launcher(compiled, grid, tail, runner) or (lambda *args: runner(*args, *tail))
 
     @property
     def bound(self) -> bool:
         """Whether calls skip ``kernel[grid]`` (after the first, on a compiled GPU kernel)."""
         return self._runner is not None
+
+
+def pointers(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``values`` with each CUDA tensor replaced by its data pointer: what a plan passes a
+    bound launch for the tensors that are the same on every call (the weight's), sparing the
+    launcher a ``data_ptr()`` call and a pointer-attribute query per tensor and launch. Only
+    for a bound launch (the first, compiling call must see tensors: Triton specializes on
+    their dtypes); the plan keeps the tensors alive. NVIDIA only: Triton 3.6's CUDA launcher
+    takes an int as a pointer (read there); its ROCm launcher was not checked."""
+    if torch.version.hip is not None:
+        return values
+    return tuple(v.data_ptr() if isinstance(v, torch.Tensor) and v.is_cuda else v for v in values)
+
+
+# Triton versions whose generated C ``launch`` takes (grid x3, stream, function, cooperative,
+# pdl, global scratch, profile scratch, kernel metadata, launch metadata, enter hook, exit
+# hook, *arguments): read in Triton 3.6's nvidia/driver.py and run on the H100.
+C_LAUNCH_VERSIONS: tuple[str, ...] = ("3.6.",)
+
+
+def _hooks_idle(runtime: Any) -> bool:
+    """No launch hook is set (Triton 3.6: empty ``HookChain``s; earlier: None)."""
+    for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook):
+        if hook is not None and getattr(hook, "calls", True):
+            return False
+    return True
+
+
+def direct_launcher(
+    compiled: Any, grid: tuple[int, ...], tail: tuple[Any, ...], runner: Callable[..., Any]
+) -> Callable[..., None] | None:
+    """``launch(*runtime_args)`` through Triton's launcher below the runner (module
+    docstring), or None where it does not apply: not an NVIDIA ``CudaLauncher``, scratch
+    memory, or a Triton that does not say. Falls back to ``runner`` on a call made while
+    a launch hook is set."""
+    try:
+        import triton
+        from triton import knobs
+    except ImportError:
+        return None
+    launcher: Any = getattr(compiled, "run", None)
+    if (
+        torch.version.hip is not None
+        or type(launcher).__name__ != "CudaLauncher"
+        or getattr(launcher, "global_scratch_size", True)
+        or getattr(launcher, "profile_scratch_size", True)
+    ):
+        return None
+    function, metadata = compiled.function, compiled.packed_metadata
+    grid_x, grid_y, grid_z = grid
+    runtime = knobs.runtime
+    current_device: Any = getattr(torch._C, "_cuda_getDevice", None)
+    current_stream: Any = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if current_device is None or current_stream is None:
+        return None
+    c_launch: Any = getattr(launcher, "launch", None)
+    if triton.__version__.startswith(C_LAUNCH_VERSIONS) and c_launch is not None:
+        cooperative, pdl = launcher.launch_cooperative_grid, launcher.launch_pdl
+
+        def launch(*args: Any) -> None:
+            if not _hooks_idle(runtime):
+                runner(*args, *tail)
+                return
+            stream = current_stream(current_device())
+            c_launch(
+                grid_x, grid_y, grid_z, stream, function, cooperative, pdl, None, None, metadata, None, None, None,
+                *args, *tail,
+            )  # fmt: skip
+
+        return launch
+
+    def launch_through_launcher(*args: Any) -> None:
+        if not _hooks_idle(runtime):
+            runner(*args, *tail)
+            return
+        launcher(
+            grid_x, grid_y, grid_z, current_stream(current_device()), function, metadata, None, None, None, *args, *tail
+        )
+
+    return launch_through_launcher
 
 
 def constexpr_tail(kernel: Any, runtime_count: int, meta: dict[str, Any]) -> tuple[Any, ...] | None:

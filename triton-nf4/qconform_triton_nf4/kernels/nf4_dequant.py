@@ -289,6 +289,46 @@ def dequantize_4bit(
     (NF4 or FP4). With ``out`` (contiguous, ``shape``, ``out_dtype``, same device) the result
     is written there and ``out`` is returned.
     """
+    shape = tuple(int(s) for s in shape)
+    plan = dequantize_4bit_plan(
+        packed,
+        absmax,
+        blocksize=blocksize,
+        shape=shape,
+        code=code,
+        out_dtype=out_dtype,
+        nested_absmax=nested_absmax,
+        nested_code=nested_code,
+        nested_blocksize=nested_blocksize,
+        offset=offset,
+    )
+    device = packed.device
+    if out is None:
+        out = torch.empty(shape, dtype=out_dtype, device=device)
+    elif tuple(out.shape) != shape or out.dtype != out_dtype or out.device != device or not out.is_contiguous():
+        raise ValueError(
+            f"kernels.dequantize_4bit: out must be a contiguous {out_dtype} tensor of shape {shape} on {device}, got "
+            f"{out.dtype} {tuple(out.shape)} on {out.device} (contiguous={out.is_contiguous()})"
+        )
+    return plan(out)
+
+
+def dequantize_4bit_plan(
+    packed: torch.Tensor,
+    absmax: torch.Tensor,
+    *,
+    blocksize: int,
+    shape: tuple[int, ...],
+    code: torch.Tensor,
+    out_dtype: torch.dtype,
+    nested_absmax: torch.Tensor | None = None,
+    nested_code: torch.Tensor | None = None,
+    nested_blocksize: int = 256,
+    offset: float | torch.Tensor | None = None,
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``dequantize_4bit``'s arguments validated and its launch bound: ``plan(out)`` decodes
+    into ``out`` and returns it. ``out`` must be a contiguous ``out_dtype`` tensor of
+    ``shape`` on the state's device; the plan does not check (``dequantize_4bit`` does)."""
     where = "kernels.dequantize_4bit"
     shape = tuple(int(s) for s in shape)
     numel = math.prod(shape)
@@ -305,18 +345,10 @@ def dequantize_4bit(
         nested_blocksize=nested_blocksize,
         where=where,
     )
-    device = packed.device
-    if out is None:
-        out = torch.empty(shape, dtype=out_dtype, device=device)
-    elif tuple(out.shape) != shape or out.dtype != out_dtype or out.device != device or not out.is_contiguous():
-        raise ValueError(
-            f"{where}: out must be a contiguous {out_dtype} tensor of shape {shape} on {device}, got "
-            f"{out.dtype} {tuple(out.shape)} on {out.device} (contiguous={out.is_contiguous()})"
-        )
     if numel == 0:
-        return out
-    check_launchable(device, where)
-    plan_dequantize(
+        return lambda out: out
+    check_launchable(packed.device, where)
+    run = plan_dequantize(
         packed,
         absmax,
         out_dtype,
@@ -329,8 +361,13 @@ def dequantize_4bit(
             "nested_blocksize": nested_blocksize,
             "offset": offset,
         },
-    )(out)
-    return out
+    )
+
+    def planned(out: torch.Tensor) -> torch.Tensor:
+        run(out)
+        return out
+
+    return planned
 
 
 def plan_dequantize(
@@ -339,9 +376,8 @@ def plan_dequantize(
     """The launch of ``dequantize_4bit`` for this state and dtype, decided and bound once:
     ``plan(out)`` decodes into ``out`` (contiguous, the state's shape, ``out_dtype`` and
     device; not checked). ``kernel_args``: ``dequantize_4bit``'s keyword arguments from
-    ``blocksize`` to ``offset`` (``Nf4State.kernel_args()``). For a caller that decodes one
-    weight many times (the Triton adapter): nothing is validated here, so the state must
-    have passed ``dequantize_4bit`` once, and hold at least one element."""
+    ``blocksize`` to ``offset`` (``Nf4State.kernel_args()``). ``dequantize_4bit_plan``'s step
+    after its checks: nothing is validated here, and the state holds at least one element."""
     blocksize, nested_blocksize = kernel_args["blocksize"], kernel_args["nested_blocksize"]
     shape = tuple(int(s) for s in kernel_args["shape"])
     code = kernel_args["code"]

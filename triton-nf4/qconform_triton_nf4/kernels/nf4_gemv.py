@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 import qconform_triton_nf4.kernels.nf4_mma as nf4_mma
-from qconform_triton_nf4.kernels.launch import BoundLaunch
+from qconform_triton_nf4.kernels.launch import BoundLaunch, pointers
 from qconform_triton_nf4.kernels.nf4_dequant import (
     check_launchable,
     check_packed_state,
@@ -771,7 +771,42 @@ def gemv_4bit(
     says up to how many rows this is faster). Returns [..., N] in x.dtype; accumulation is
     fp32. The tensor-core route (``mma_route``) rounds each fp32 weight to x's dtype before
     its products, as dequantize-then-GEMM does; the per-row kernels keep it in fp32.
+    ``gemv_4bit_plan(...)(x, bias)``: validated and planned on every call.
     """
+    return gemv_4bit_plan(
+        x,
+        packed,
+        absmax,
+        blocksize=blocksize,
+        shape=shape,
+        code=code,
+        nested_absmax=nested_absmax,
+        nested_code=nested_code,
+        nested_blocksize=nested_blocksize,
+        offset=offset,
+        bias=bias,
+    )(x, bias)
+
+
+def gemv_4bit_plan(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    absmax: torch.Tensor,
+    *,
+    blocksize: int,
+    shape: tuple[int, int],
+    code: torch.Tensor,
+    nested_absmax: torch.Tensor | None = None,
+    nested_code: torch.Tensor | None = None,
+    nested_blocksize: int = 256,
+    offset: float | torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+) -> Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]:
+    """``gemv_4bit``'s arguments validated, its kernels chosen and their launches bound:
+    ``plan(x, bias)`` is ``gemv_4bit(x, ..., bias=bias)`` for every x and bias laid out as
+    these (dtype, shape, strides, data-pointer alignment, device: what the kernel choice and
+    Triton's specialization read). The plan checks nothing: a caller that keeps it (the
+    Triton adapter's ``plans``) keys it on those properties."""
     where = "kernels.gemv_4bit"
     if len(shape) != 2:
         raise ValueError(f"{where}: shape must be (N, K) of the weight, got {shape}")
@@ -802,16 +837,22 @@ def gemv_4bit(
             f"{where}: x has {M} rows after flattening its leading dims {tuple(x.shape[:-1])}; the fused "
             f"gemv handles at most {MAX_ROWS}: dequantize_4bit the weight and use a matmul instead"
         )
-    out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    out_shape = (*x.shape[:-1], N)
+    dtype, device = x.dtype, x.device
     if M == 0 or N == 0:
-        return out.reshape(*x.shape[:-1], N)
+        return lambda x, bias: torch.empty(out_shape, dtype=dtype, device=device)
     if K == 0:
-        out.copy_(bias.reshape(1, N).expand(M, N) if bias is not None else torch.zeros_like(out))
-        return out.reshape(*x.shape[:-1], N)
+
+        def bias_only(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+            if bias is None:
+                return torch.zeros(out_shape, dtype=dtype, device=device)
+            return bias.reshape(N).to(dtype).expand(out_shape).contiguous()
+
+        return bias_only
     check_launchable(x.device, where)
     if N * K >= 2**31 * min(blocksize, 64):
         raise ValueError(f"{where}: a weight of {N} x {K} exceeds the kernel's int32 block index")
-    plan = plan_gemv(
+    run = plan_gemv(
         x2,
         packed,
         absmax,
@@ -826,8 +867,17 @@ def gemv_4bit(
             "offset": offset,
         },
     )
-    plan(x2, out, bias.reshape(-1).contiguous() if bias is not None else None)
-    return out.reshape(*x.shape[:-1], N)
+    flat = x.dim() == 2  # x is its own [M, K] view: no reshape per call
+    bias_flat = bias is not None and bias.dim() == 1 and bias.stride(0) == 1
+
+    def planned(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        out = x.new_empty(out_shape)  # x's dtype and device: ~1 us less host time than torch.empty(...)
+        if bias is not None and not bias_flat:
+            bias = bias.reshape(-1).contiguous()
+        run(x if flat else x.reshape(-1, K), out, bias)
+        return out
+
+    return planned
 
 
 def plan_gemv(
@@ -836,11 +886,9 @@ def plan_gemv(
     """The launches of ``gemv_4bit`` for [M, K] activations like ``x2`` (dtype, shape,
     strides, data-pointer alignment: what the kernel choice and Triton's specialization
     read), decided and bound once: ``plan(x2, out, bias)`` writes ``out`` [M, N] (fresh,
-    x2's dtype) from ``x2`` and the flat ``bias`` (or None, as ``has_bias`` said). For a
-    caller that multiplies by one weight many times (the Triton adapter keys its plans on
-    those properties); ``gemv_4bit`` validates and plans on every call, and this function
-    validates nothing: the state must have passed ``gemv_4bit`` once, and 0 < M <= MAX_ROWS,
-    N, K > 0. ``kernel_args``: ``gemv_4bit``'s keyword arguments from ``blocksize`` to
+    x2's dtype) from ``x2`` and the flat ``bias`` (or None, as ``has_bias`` said).
+    ``gemv_4bit_plan``'s step after its checks: it validates nothing (0 < M <= MAX_ROWS,
+    N, K > 0). ``kernel_args``: ``gemv_4bit``'s keyword arguments from ``blocksize`` to
     ``offset`` (``Nf4State.kernel_args()``)."""
     N, K = (int(s) for s in kernel_args["shape"])
     blocksize, nested_blocksize, code = kernel_args["blocksize"], kernel_args["nested_blocksize"], kernel_args["code"]
@@ -949,7 +997,14 @@ def plan_gemv(
         launch = BoundLaunch(_gemv_4bit_kernel, (math.ceil(N / block_n) * M,), meta)
         tail = (nested_absmax_arg, nested_code_arg, offset_value, M, N, K, stride_xm, stride_xk)
 
+    fixed = (weight, absmax_flat, code_arg)
+    fixed_pointers, tail_pointers = pointers(fixed), pointers(tail)  # the state's tensors, once bound
+
     def run(x2: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None) -> None:
+        if launch.bound:
+            w, a, c = fixed_pointers
+            launch(x2, w, a, c, bias if bias is not None else a, out, *tail_pointers)
+            return
         launch(
             x2,
             weight,

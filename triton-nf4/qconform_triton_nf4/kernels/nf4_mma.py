@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from qconform_triton_nf4.kernels.launch import BoundLaunch
+from qconform_triton_nf4.kernels.launch import BoundLaunch, pointers
 from qconform_triton_nf4.kernels.nf4_dequant import (
     interpreter_active,
     load_block_absmax,
@@ -736,28 +736,19 @@ def plan_gemm_4bit_mma(
         dict(SPLITS=splits, HAS_BIAS=has_bias, BF16_BITS=bf16_bits, BLOCK=block, num_warps=4),
     )
 
+    fixed, nested = (pairs, absmax, code), (nested_absmax, nested_code)
+    fixed_pointers, nested_pointers = pointers(fixed), pointers(nested)  # for the bound launches
+
     def run(x2: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None) -> None:
-        bias_arg = bias if bias is not None else absmax
+        bound = gemm.bound
+        p, a, c = fixed_pointers if bound else fixed
+        nested_args = nested_pointers if bound else nested
+        out_arg = out.view(torch.int16) if bf16_bits else out
         if splits == 1:
-            gemm(
-                x2,
-                pairs,
-                absmax,
-                code,
-                bias_arg,
-                out.view(torch.int16) if bf16_bits else out,
-                nested_absmax,
-                nested_code,
-                offset,
-                M,
-                N,
-                K,
-                stride_xm,
-                1,
-            )
+            gemm(x2, p, a, c, bias if bias is not None else a, out_arg, *nested_args, offset, M, N, K, stride_xm, 1)
             return
         partial = torch.empty((splits, M, N), dtype=torch.float32, device=device)
-        gemm(x2, pairs, absmax, code, bias_arg, partial, nested_absmax, nested_code, offset, M, N, K, stride_xm, 1)
-        sums(partial, bias_arg, out.view(torch.int16) if bf16_bits else out, M * N, N)
+        gemm(x2, p, a, c, bias if bias is not None else a, partial, *nested_args, offset, M, N, K, stride_xm, 1)
+        sums(partial, bias if bias is not None else fixed_pointers[1] if sums.bound else absmax, out_arg, M * N, N)
 
     return run
