@@ -100,6 +100,18 @@ class Nf4State:
     # Eager-call plans by activation layout (triton_nf4_plans): filled by the adapter.
     plans: dict[Any, Any] = field(init=False, default_factory=dict, compare=False, repr=False)
 
+    def __post_init__(self) -> None:
+        """The state's tensors are static addresses to a compiled graph, as a module's
+        parameters and buffers are: ``torch.compile(mode="reduce-overhead")`` would otherwise
+        copy every weight into the CUDA graph's own input buffers before each replay (~130 MB
+        a step for the two-layer decode model of bench/decode_step.py). This is what
+        ``torch._dynamo.mark_static_address(t, guard=False)`` does, without importing dynamo
+        into every eager run; the state never replaces a tensor."""
+        for name in ("packed", "absmax", "code", "nested_absmax", "nested_code"):
+            tensor = getattr(self, name)
+            if isinstance(tensor, torch.Tensor):
+                tensor._dynamo_static_input_type = "unguarded"  # type: ignore[attr-defined]
+
     def __deepcopy__(self, memo: dict[int, Any]) -> Nf4State:
         """A copy of the tensors with no plans: a plan binds the tensors it was made for."""
         return Nf4State(**{f.name: copy.deepcopy(getattr(self, f.name), memo) for f in fields(self) if f.init})
