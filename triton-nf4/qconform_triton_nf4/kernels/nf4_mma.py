@@ -54,18 +54,22 @@ MAX_ROWS = 32  # four groups of 8 rows of x (B is 8 columns wide)
 CHUNK = 64  # columns of K per warp step: 4 products of 16 columns
 _CHUNK = tl.constexpr(CHUNK)  # the same, readable inside the kernels
 # (ROW_TILES, num_warps, warps per multiprocessor the split aims at) by groups of 8 rows
-# of x: the GPU's choice from bench/notes.md v11, v13 and v15 (H100, bf16: 8192^2 8 rows
-# 39.1 us with (1, 4, 32), 17-24 rows 53.3-60.3, 32 rows 84.1; 14336 x 4096 16 rows 40.0
-# with (2, 4, 32)); below NARROW_N outputs, two groups take ``_GPU_CONFIG_NARROW`` (v15:
-# 8192^2 16 rows 47.3 us against 56.2, 4096^2 20.6 against 25.2; at 14336 x 4096 it
-# loses, 44.1 against 40.0). Three and four groups stay in one row tile (the kernel holds
-# accumulators for two groups per tile of a pair). The interpreter runs two warps, and two
-# row tiles for one or two groups: each interpreted operation costs about the same whatever
-# its width, so a 128-wide K in one step instead of two and half the programs (a layer check
-# 3.8 -> 2.4 s), and the CPU runs the kernel's multi-warp sums as the GPU does.
-_GPU_CONFIG = {1: (1, 4, 32), 2: (2, 4, 32), 3: (1, 4, 32), 4: (1, 4, 32)}
+# of x: the GPU's choice from bench/notes.md v11, v13, v15 and v16 (H100, bf16, device us;
+# v16 swept ``bench/mma_configs.py``). One group (2-8 rows): (1, 4, 32), 8192^2 4 rows 35.6.
+# Two groups: (2, 4, 32) at 14336 x 4096 (16 rows 40.5); below NARROW_N outputs (1, 8, 16)
+# (8192^2 47.2, 4096^2 17.0 against 21.1 with v15's (1, 8, 32)). Three groups: (1, 4, 16)
+# (8192^2 24 rows 55.7 against 60.6 with (1, 4, 32)). Four groups: fewer warps per
+# multiprocessor, so fewer K splits (at 14336 x 4096 none: one launch): (1, 2, 16) at
+# 14336 x 4096 (32 rows 58.0 against 80.1; bitsandbytes 71.9), (1, 4, 16) below NARROW_N
+# (8192^2 62.9 against 84.2, 4096^2 25.0 against 32.2). Three and four groups stay in one
+# row tile (the kernel holds accumulators for two groups per tile of a pair). The
+# interpreter runs two warps, and two row tiles for one or two groups: each interpreted
+# operation costs about the same whatever its width, so a 128-wide K in one step instead
+# of two and half the programs (a layer check 3.8 -> 2.4 s), and the CPU runs the kernel's
+# multi-warp sums as the GPU does.
+_GPU_CONFIG = {1: (1, 4, 32), 2: (2, 4, 32), 3: (1, 4, 16), 4: (1, 2, 16)}
 NARROW_N = 12288
-_GPU_CONFIG_NARROW = {2: (1, 8, 32)}
+_GPU_CONFIG_NARROW = {2: (1, 8, 16), 4: (1, 4, 16)}
 _INTERPRETER_CONFIG = {1: (2, 2, 1), 2: (2, 2, 1), 3: (1, 2, 1), 4: (1, 2, 1)}
 
 
