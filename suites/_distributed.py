@@ -208,14 +208,17 @@ class LoraLinear(torch.nn.Module):
         return (y + b(a(x.to(a.weight.dtype))) * self.scaling).to(y.dtype)
 
 
-def with_lora(model: torch.nn.Module, facet: Any) -> torch.nn.Module:
-    """``model`` with ``LoraLinear`` around each of the backend's quantized layers."""
+def with_lora(model: torch.nn.Module, facet: Any, device: torch.device) -> torch.nn.Module:
+    """``model`` with ``LoraLinear`` around each of the backend's quantized layers, its
+    adapters on ``device`` (a layer's buffers are no guide: a state may keep scalars on the host)."""
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if facet.owns(child):
                 out_features, in_features = facet.packed(child).shape
-                device = next(iter(child.buffers()), torch.empty(0)).device
-                setattr(module, name, LoraLinear(child, in_features, out_features).to(device))
+                lora = LoraLinear(child, in_features, out_features)
+                lora.lora_A.to(device)
+                lora.lora_B.to(device)  # the quantized layer stays as it was built
+                setattr(module, name, lora)
     return model
 
 
@@ -265,7 +268,7 @@ def _step(rank: int, setup: StepSetup, mode: str, model: torch.nn.Module, facet:
         )
         model = peft.get_peft_model(model, config)
     else:
-        model = with_lora(model, facet)
+        model = with_lora(model, facet, device)
     model.train()
     inner = model
     if mode == "ddp":

@@ -53,9 +53,10 @@ def placement(qtarget, direction: str) -> tuple[torch.device, int]:
     return torch.device("cuda", data), current
 
 
-def _calls(qbackend, spec, dtype, device: torch.device, current: int, *, dequantize: bool) -> dict:
-    """Quantize, dequantize, a matmul of each of ``ROWS`` with a bias and its backward, on
-    ``device`` while ``current`` is the current device; everything on the host afterwards."""
+def _calls(qbackend, spec, dtype, device: torch.device, current: int, *, dequantize: bool, backward: bool) -> dict:
+    """Quantize, dequantize, a matmul of each of ``ROWS`` with a bias and (``backward``: the
+    backend claims it) its backward, on ``device`` while ``current`` is the current device;
+    everything on the host afterwards."""
     with torch.cuda.device(current):
         weight = WeightCase(SHAPE, "normal", 37).make(device)
         quantized = qbackend.quantize(weight, spec)
@@ -65,10 +66,12 @@ def _calls(qbackend, spec, dtype, device: torch.device, current: int, *, dequant
             out["dequantized"] = (w.device, w.cpu())
         bias = torch.randn(SHAPE[0], generator=torch.Generator().manual_seed(41)).to(dtype).to(device)
         for rows in ROWS:
-            x = activation((rows,), SHAPE[1], 43 + rows, dtype, device).requires_grad_(True)
+            x = activation((rows,), SHAPE[1], 43 + rows, dtype, device).requires_grad_(backward)
             y = qbackend.matmul(x, quantized, bias, dtype)
-            y.backward(torch.ones_like(y))
-            out[rows] = (x.detach().cpu(), y.device, y.detach().cpu(), x.grad.detach().cpu())
+            if backward:
+                y.backward(torch.ones_like(y))
+            dx = x.grad.detach().cpu() if backward else None
+            out[rows] = (x.detach().cpu(), y.device, y.detach().cpu(), dx)
         torch.cuda.synchronize(device)
     return out
 
@@ -76,8 +79,8 @@ def _calls(qbackend, spec, dtype, device: torch.device, current: int, *, dequant
 def _home_and_away(qtarget, qbackend, spec, dtype, direction, *, backward: bool = False, dequantize: bool = False):
     require_claim(qbackend, qtarget, spec, dtype, backward=backward, dequantize=dequantize)
     device, current = placement(qtarget, direction)
-    home = _calls(qbackend, spec, dtype, device, device.index, dequantize=dequantize)
-    away = _calls(qbackend, spec, dtype, device, current, dequantize=dequantize)
+    home = _calls(qbackend, spec, dtype, device, device.index, dequantize=dequantize, backward=backward)
+    away = _calls(qbackend, spec, dtype, device, current, dequantize=dequantize, backward=backward)
     return device, current, home, away
 
 
