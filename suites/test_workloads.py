@@ -114,7 +114,8 @@ def _judged(oracle, word: str) -> int:
     return sum(n for (_, signature), n in oracle.judged.items() if word in signature.split())
 
 
-@workload("compiled", model=("qwen2",), format=("nf4", "hqq4"), dtype=(torch.bfloat16,))
+@pytest.mark.qconform_heavy
+@workload("compiled", model=("qwen2",), format=("nf4", "hqq4"), hqq_axis=(1,), dtype=(torch.bfloat16,))
 def test_compiled_serving(qtarget, qbackend, qdevice, qcheck, qwatch, qprofile, tmp_path, spec, model, dtype):
     """Serving through ``torch.compile`` as users compile a model right after loading it (no
     eager call first): a static KV cache, a prefill and decode steps of the compiled model.
@@ -122,8 +123,9 @@ def test_compiled_serving(qtarget, qbackend, qdevice, qcheck, qwatch, qprofile, 
     compiled call, and a run in which no call was compiled (dynamo fell back to eager) fails.
     The default mode: capture into CUDA graphs is ``workload:captured``'s.
 
-    One family (Qwen2: biased q/k/v), NF4 (HQQ: its 4-bit) in bf16, as served; each instance
-    compiles two graphs (prefill, decode). On a CPU in the ``thorough`` profile only: inductor
+    One family (Qwen2: biased q/k/v), NF4 (HQQ: its 4-bit, axis 1, its default) in bf16, as
+    served; each instance compiles two graphs (prefill, decode), 10-20 s on an H100, so it
+    runs first (``qconform_heavy``). On a CPU in the ``thorough`` profile only: inductor
     compiles C++ there, 15-50 s an instance on a 2-core CPU."""
     if qdevice.type != "cuda" and qprofile != "thorough":
         skip_other_device(

@@ -241,3 +241,32 @@ def test_dequantize(qtarget, qbackend, spec):
     result.stdout.fnmatch_lines(
         ["qconform: 1 instances not applying here were deselected: 1 not claimed by their backend (fake 1)"]
     )
+
+
+def test_heavy_checks_run_first(fake_backend_project: pytest.Pytester) -> None:
+    """``qconform_heavy`` instances lead the collection, in their own order, the rest keeping
+    theirs: pytest-xdist hands out the front first, so no worker ends the run on a compile."""
+    fake_backend_project.makeconftest(WIDE_FAKE)
+    fake_backend_project.makepyfile(
+        test_suite="""
+import pytest
+
+@pytest.mark.qconform_operation("dequantize")
+def test_a(qtarget, qbackend):
+    pass
+
+@pytest.mark.qconform_heavy
+@pytest.mark.qconform_operation("matmul")
+def test_b_compiles(qtarget, qbackend):
+    pass
+
+@pytest.mark.qconform_operation("quantize")
+def test_c(qtarget, qbackend):
+    pass
+"""
+    )
+    result = fake_backend_project.runpytest_inprocess(
+        str(fake_backend_project.path / "test_suite.py"), *ARGS, "--collect-only", "-q"
+    )
+    names = [line.split("::")[1].split("[")[0] for line in result.outlines if "::" in line]
+    assert names == ["test_b_compiles", "test_b_compiles", "test_a", "test_a", "test_c", "test_c"], names

@@ -45,6 +45,11 @@ def _register_markers(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
+        "qconform_heavy: a check whose instance takes many seconds (it compiles a model): run first, so that "
+        "pytest-xdist workers start on it instead of one of them ending the run with it",
+    )
+    config.addinivalue_line(
+        "markers",
         "qconform_ci_strength(n): the covering strength of a check's instances in the ci profile "
         "(default 2, all pairs; 1: every value of every axis once, for a whole workload per instance)",
     )
@@ -240,6 +245,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     applicability.deselect(config, items)
     from pytest_qconform.benchmark import harness as bench
 
+    items.sort(key=lambda item: item.get_closest_marker("qconform_heavy") is None)  # stable: heavy first
     bench.order_items(items)
     from pytest_qconform.session import known_failures
 
