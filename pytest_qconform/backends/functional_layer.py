@@ -42,7 +42,10 @@ class FunctionalLinear(torch.nn.Module):
         self.compute_dtype = compute_dtype
         self.out_features, self.in_features = quantized.shape
         for key, value in backend.serialize(quantized).items():
-            self.register_buffer(PREFIX + key, value)
+            # One device for the whole state, as any module's: a backend's scalars (blocksize,
+            # shape) come from serialize() on the host, and a layer on a GPU that kept them there
+            # could not be wrapped by DDP over NCCL, which broadcasts every buffer.
+            self.register_buffer(PREFIX + key, value.to(quantized.device))
         self.bias = (
             torch.nn.Parameter(bias.detach().clone(), requires_grad=bias.requires_grad) if bias is not None else None
         )
@@ -107,7 +110,7 @@ class FunctionalLinear(torch.nn.Module):
             if name.startswith(prefix + PREFIX)
         }
         if given:
-            device = self._buffers[names[0]].device
+            device = self._buffers[PREFIX + "packed"].device  # the state's, whatever order the names have
             try:
                 self.backend.load(given, device)
             except Exception as exc:  # noqa: BLE001 - reported through load_state_dict's error list
