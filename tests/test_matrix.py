@@ -117,6 +117,17 @@ def test_same_machine_and_versions_newer_report_supersedes_older_visibly():
     assert "≠" not in text.split("**Verdicts**")[1].split("Legend")[0]
 
 
+def test_a_run_on_more_devices_does_not_supersede_a_one_device_run():
+    """A two-GPU run (its multi-device cells) beside a one-GPU run of the same host and
+    versions: both count, and the one-device run's cells stay in the matrix."""
+    one = report("2025-01-01T00:00:00Z", [cell()], source="one.json")
+    two = report("2025-02-01T00:00:00Z", [cell(OTHER_ROW)], source="two.json")
+    two.probe["device_count"] = 2
+    m = merge([one, two])
+    assert m.superseded == () and len(m.runs) == 2
+    assert m.entry(ROW, "sm90").verdicts == ("pass",) and m.entry(OTHER_ROW, "sm90").verdicts == ("pass",)
+
+
 @pytest.mark.parametrize("differs", [{"host": "h100-b"}, {"torch": "2.12.0"}])  # bnb versions: test_matrix_versions
 def test_different_host_or_versions_both_count_and_disagreement_is_shown(differs):
     first = report("2025-01-01T00:00:00Z", [cell(verdict="pass")], source="a.json")

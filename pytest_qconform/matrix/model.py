@@ -105,9 +105,13 @@ def _backend_versions(report: RunReport) -> tuple[tuple[str, str | None], ...]:
 
 
 def machine_key(report: RunReport) -> tuple[Any, ...]:
-    """What makes two reports measurements of the same thing: arch, host and every version."""
+    """What makes two reports measurements of the same thing: arch, host, every version and
+    the number of devices the run had (a two-GPU run's multi-device cells and a one-GPU run's
+    cells are other measurements, so neither supersedes the other; reports without the
+    count are one-device runs)."""
     p = report.probe
-    return (report.arch, report.host, p.get("torch"), p.get("cuda"), p.get("hip"), _backend_versions(report))
+    devices = p.get("device_count") or 1
+    return (report.arch, report.host, p.get("torch"), p.get("cuda"), p.get("hip"), _backend_versions(report), devices)
 
 
 def _run_order(report: RunReport) -> tuple[Any, ...]:
