@@ -29,8 +29,11 @@ A folder given as REPORT must hold exactly one report: a folder reused across ru
 holds old reports, and an old green report must not pass a run that wrote none. Give
 each CI job a fresh ``--qconform-report-dir``.
 
+Every report is validated against the published JSON Schema (``published_schema``) before
+it is judged; the first violation (where in the file, and why) is bad input.
+
 Exit status: 0 requirements met, 1 not met (each problem on its own line), 2 bad input
-(no report, unreadable report, bad pattern).
+(no report, unreadable report or one that breaks the schema, bad pattern).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_qconform.report.published_schema import violation
 from pytest_qconform.report.run_report import FAILING_VERDICTS, VERDICTS, Cell, ReportError, RunReport, read_report
 from pytest_qconform.report.storage import NotOneReport, ReportsFolder
 from pytest_qconform.report.versions import MinVersion
@@ -178,6 +182,16 @@ def reports_in(paths: Sequence[str | Path]) -> list[Path]:
     return files
 
 
+def validated(path: Path) -> RunReport:
+    """Read ``path`` and validate it against the published schema; a ReportError names the
+    file and the first violation (``cells[3].verdict: ...``)."""
+    report = read_report(path)
+    problem = violation(path.read_text(encoding="utf-8"))
+    if problem is not None:
+        raise ReportError(path, f"does not follow the published report schema (report.schema.json): {problem}")
+    return report
+
+
 def meeting(report: RunReport, minimums: Sequence[MinVersion]) -> RunReport:
     """``report`` with only the cells computed with at least every version in ``minimums``."""
     if not minimums:
@@ -251,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         patterns = [CellPattern.parse(text) for text in args.expect_fail]
         minimums = [MinVersion.parse(text) for text in args.min_version]
-        reports = [read_report(path) for path in reports_in(args.reports)]
+        reports = [validated(path) for path in reports_in(args.reports)]
     except (GateUsageError, ReportError, ValueError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,205 @@
+"""The run report file's shape, as pydantic models: the source of the published JSON Schema.
+
+Downstream tools (a dashboard, another matrix) should be able to validate a report without
+importing pytest-qconform, so the schema is published as JSON Schema
+(``report.schema.json``, ``published_schema.py``), generated from these models rather than
+written by hand beside the records. The models describe the file exactly as ``report/``
+writes it: every key a record writes, optional sections optional, no key the writer does not
+write (but in the probe, whose unknown keys are kept as written). What JSON Schema cannot
+say (a benchmark's derived fields agreeing with the fields they derive from; a matmul's
+batch) is still checked by the records' readers.
+
+One model per schema version (``schema_version`` 1, 2 and 3): a version-1 report has no
+``benchmarks``, a version-3 report must carry ``suite``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pytest_qconform.vocabulary import Verdict
+
+Name = Annotated[str, Field(min_length=1)]
+Count = Annotated[int, Field(ge=0)]
+PositiveCount = Annotated[int, Field(ge=1)]
+PositiveNumber = Annotated[float, Field(gt=0)]
+# Strict JSON has no NaN or Infinity: a non-finite multiple is the string "inf" or "nan".
+Multiple = float | Literal["inf", "nan"] | None
+CREATED_PATTERN = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?Z$"
+
+
+class _Record(BaseModel):
+    """A record of the report: exactly the keys the writer writes, finite numbers only."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
+
+
+class BackendStatusFile(BaseModel):
+    """One backend's load result on the run's machine; other keys are kept as written."""
+
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False, frozen=True)
+
+    available: bool
+    version: str | None
+    reason: str
+    notes: list[str] = Field(default_factory=list, description="warnings and log lines loading the backend emitted")
+
+
+class ProbeFile(BaseModel):
+    """The run's hardware and software (``hardware.probe.Probe``). The keys without a default
+    are checked on reading; the others are written by the probe and not relied on, and any
+    further key is kept as written."""
+
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False, frozen=True)
+
+    device_kind: Literal["cpu", "cuda", "rocm"]
+    arch: Name = Field(description="sm90, gfx942, or the CPU machine (x86_64): the matrix column")
+    device_name: str
+    host: str
+    torch: str | None
+    cuda: str | None
+    hip: str | None
+    simulated: bool = Field(description="true: nothing was computed on arch; the matrix excludes such reports")
+    backends: dict[str, BackendStatusFile]
+    family: str | None = None
+    bf16: bool | None = None
+    default_blocksize: int | None = None
+    triton: str | None = None
+    python: str | None = None
+    cpu_capability: str | None = None
+    device_memory: int | None = Field(default=None, description="the GPU's bytes; null on a CPU")
+    driver: str | None = Field(default=None, description="the GPU driver's version, where the host publishes it")
+    device_count: Count | None = Field(default=None, description="the GPUs the run's process sees")
+    topology: list[str] | None = Field(default=None, description="each GPU and each pair's link")
+    notes: list[str] | None = None
+    schema_version: int | None = None
+
+
+class FirstFailure(_Record):
+    """The first failing case of a cell: its message and a command that reruns it."""
+
+    message: str
+    repro: str
+
+
+class CellFile(_Record):
+    """One matrix cell of one run: every test case of a (backend, operation, format, dtype), folded."""
+
+    backend: Name
+    operation: Name
+    format: Name
+    dtype: Name = Field(description="bf16, fp16, fp32, or - where no dtype applies")
+    verdict: Verdict
+    cases: Count
+    worst_error_multiple: Multiple = Field(description="worst error as a multiple of its bound; null: not measured")
+    first_failure: FirstFailure | None
+    reason: str
+
+
+class SuiteFile(_Record):
+    """What judged the run: the suite's name and version and its contract revision."""
+
+    name: Name
+    version: Name
+    contract_revision: PositiveCount
+
+
+class CoverageFile(_Record):
+    """What the checks with declared axes covered, for one backend and operation."""
+
+    backend: Name
+    operation: Name
+    instances: Count
+    values: dict[str, list[str]]
+    claimed: dict[str, list[str]]
+    unchecked: dict[str, list[str]]
+    pairs: list[tuple[str, str, str, str]] = Field(description="[axis, value, axis, value] that met in an instance")
+
+
+class CallsFile(_Record):
+    """What the call-site oracle judged inside workloads, for one backend and operation."""
+
+    backend: Name
+    operation: Name
+    seen: Count
+    judged: Count
+    failed: Count
+    contexts: dict[str, Count] = Field(description="judged calls per context signature")
+
+
+class StaleEntryFile(_Record):
+    """A known-failures entry that could have matched the run and marked no collected test."""
+
+    source: Name = Field(description="file:line of the entry")
+    backend: Name
+    check: Name
+    reason: str
+
+
+class BenchmarkFile(_Record):
+    """One timed case of a ``--benchmark-only`` run. The derived keys (bytes_moved,
+    bandwidth_bytes_per_s, floor_s, percent_of_floor) must agree with the keys they derive
+    from, and a matmul has a batch where the other operations have null: the reader checks
+    both, JSON Schema cannot."""
+
+    backend: Name
+    operation: Literal["dequantize", "matmul", "quantize"]
+    format: Name
+    dtype: Name
+    target: Name
+    shape: tuple[PositiveCount, PositiveCount] = Field(description="[N, K]: out x in features")
+    batch: PositiveCount | None
+    median_s: PositiveNumber
+    timing: Literal["cuda-events", "host-timer"]
+    samples: PositiveCount
+    copies: PositiveCount
+    rotated_bytes: Count
+    weight_bytes: PositiveCount
+    activation_bytes: Count
+    output_bytes: PositiveCount
+    bytes_moved: PositiveCount
+    bandwidth_bytes_per_s: PositiveNumber
+    copy_bandwidth_bytes_per_s: PositiveNumber
+    floor_s: PositiveNumber
+    percent_of_floor: PositiveNumber
+    host_median_s: PositiveNumber | None
+    launch_hidden: bool | None
+    time_ratio_to_bitsandbytes: PositiveNumber | None
+    nodeid: str
+    eager_median_s: PositiveNumber | None = Field(default=None, description="absent in reports before it")
+
+
+class _ReportFile(_Record):
+    schema_: Literal["pytest-qconform/report"] = Field(alias="schema")
+    created: str = Field(pattern=CREATED_PATTERN, description="UTC ISO 8601 with Z")
+    probe: ProbeFile
+    cells: list[CellFile]
+    coverage: list[CoverageFile] = Field(default_factory=list, description="absent when no check declared axes")
+    calls: list[CallsFile] = Field(default_factory=list, description="absent when nothing was watched")
+    stale_known_failures: list[StaleEntryFile] = Field(default_factory=list, description="absent when none")
+
+
+class ReportV1(_ReportFile):
+    """A run report of schema version 1: probe, cells, created."""
+
+    schema_version: Literal[1]
+
+
+class ReportV2(_ReportFile):
+    """A run report of schema version 2: version 1 and the optional benchmarks."""
+
+    schema_version: Literal[2]
+    benchmarks: list[BenchmarkFile] = Field(default_factory=list, description="absent in runs that timed nothing")
+
+
+class ReportV3(_ReportFile):
+    """A run report of schema version 3, the one written now: version 2 and the suite, required."""
+
+    schema_version: Literal[3]
+    benchmarks: list[BenchmarkFile] = Field(default_factory=list, description="absent in runs that timed nothing")
+    suite: SuiteFile
+
+
+ReportFile = Annotated[ReportV1 | ReportV2 | ReportV3, Field(discriminator="schema_version")]

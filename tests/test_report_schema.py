@@ -1,0 +1,139 @@
+"""The published report schema: generated, committed as generated, met by every report a run
+writes and by the committed ones, and able to fail (``check`` names the first violation)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pytest_qconform.report import gate
+from pytest_qconform.report.published_schema import SCHEMA_FILE, generate, violation
+from pytest_qconform.report.storage import ReportsFolder
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS_COPY = ROOT / "docs" / "report.schema.json"
+COMMITTED = ReportsFolder(ROOT / "reports")
+REGENERATE = "python -m pytest_qconform.report.published_schema docs/report.schema.json"
+
+
+@pytest.mark.parametrize("copy", [SCHEMA_FILE, DOCS_COPY], ids=["package", "docs"])
+def test_the_committed_schema_is_what_the_models_generate(copy: Path) -> None:
+    assert copy.read_text(encoding="utf-8") == generate(), f"{copy} is stale: run {REGENERATE}"
+
+
+def test_the_schema_names_every_record_and_version() -> None:
+    schema = json.loads(generate())
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    assert {"ReportV1", "ReportV2", "ReportV3", "CellFile", "BenchmarkFile", "SuiteFile"} <= set(schema["$defs"])
+    assert schema["discriminator"]["propertyName"] == "schema_version"
+    assert "pass" in schema["$defs"]["Verdict"]["enum"]
+
+
+def test_a_report_a_run_writes_validates(fake_backend_project: pytest.Pytester) -> None:
+    """Every record a run writes: cells of every outcome, a first failure, an unavailable
+    backend, the suite; the file must meet the schema as written."""
+    fake_backend_project.makepyfile(
+        test_suite="""
+import pytest
+
+@pytest.mark.qconform_operation("dequantize")
+def test_passes(qtarget, qbackend):
+    pass
+
+@pytest.mark.qconform_operation("matmul")
+def test_fails(qtarget, qbackend):
+    assert False, "outside its bound"
+
+@pytest.mark.qconform_operation("quantize")
+def test_skips(qtarget, qbackend):
+    pytest.skip("needs a GPU")
+"""
+    )
+    result = fake_backend_project.runpytest(
+        "test_suite.py",
+        "--qconform",
+        "--qconform-backend=fake",
+        "--qconform-backend=missing",
+        "--qconform-report-dir=out",
+    )
+    result.assert_outcomes(passed=1, failed=1, skipped=4)
+    (written,) = (fake_backend_project.path / "out").glob("*.json")
+    report = json.loads(written.read_text())
+    assert {c["verdict"] for c in report["cells"]} == {"pass", "fail", "skipped", "unavailable"}
+    assert violation(written.read_text()) is None
+    assert gate.main([str(written), "--require", "any"]) == 0
+
+
+@pytest.mark.parametrize(
+    "path",
+    [*(p for p in COMMITTED.matrix_inputs() if COMMITTED.sections not in p.parents), *COMMITTED.bench_reports()],
+    ids=lambda p: p.relative_to(ROOT / "reports").as_posix(),
+)
+def test_every_committed_report_validates(path: Path) -> None:
+    """reports/ and reports/bench/ (benchmark runs are run reports too); a section
+    (reports/sections/) is no run report: it has its own kind and version (sections.py)."""
+    assert violation(path.read_text(encoding="utf-8")) is None
+
+
+def _committed() -> dict:
+    return json.loads(next(p for p in COMMITTED.matrix_inputs() if p.parent == COMMITTED.root).read_text())
+
+
+def _without_verdict(data: dict) -> None:
+    del data["cells"][0]["verdict"]
+
+
+def _cases_as_text(data: dict) -> None:
+    data["cells"][0]["cases"] = "4"
+
+
+def _unknown_verdict(data: dict) -> None:
+    data["cells"][0]["verdict"] = "mostly-pass"
+
+
+def _benchmarks_in_version_1(data: dict) -> None:
+    data["schema_version"] = 1
+    del data["suite"]
+    data["benchmarks"] = []
+
+
+def _newer_version(data: dict) -> None:
+    data["schema_version"] = 4
+
+
+def _unwritten_cell_key(data: dict) -> None:
+    data["cells"][0]["note"] = "hand-edited"
+
+
+@pytest.mark.parametrize(
+    ("break_it", "expected"),
+    [
+        (_without_verdict, "cells[0].verdict: Field required"),
+        (_cases_as_text, "cells[0].cases: Input should be a valid integer, got '4'"),
+        (_unknown_verdict, "cells[0].verdict: Input should be 'crashed', "),
+        (_benchmarks_in_version_1, "benchmarks: Extra inputs are not permitted"),
+        (_newer_version, "top level: Input tag '4' found using 'schema_version' does not match"),
+        (_unwritten_cell_key, "cells[0].note: Extra inputs are not permitted"),
+    ],
+)
+def test_a_malformed_report_is_named_with_its_first_violation(break_it, expected: str) -> None:
+    data = _committed()
+    assert violation(json.dumps(data)) is None
+    break_it(data)
+    found = violation(json.dumps(data))
+    assert found is not None and found.startswith(expected)
+
+
+def test_check_refuses_a_report_that_breaks_the_schema(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A key the reader ignores but the writer never writes is a usage error of the gate (exit 2)."""
+    data = _committed()
+    data["cells"][2]["note"] = "hand-edited"
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(data))
+    assert gate.main([str(path)]) == 2
+    assert (
+        f"{path}: does not follow the published report schema (report.schema.json): "
+        "cells[2].note: Extra inputs are not permitted" in capsys.readouterr().err
+    )
