@@ -198,7 +198,7 @@ def test_a_report_says_which_suite_and_contract_judged_it(tmp_path: Path) -> Non
         ({"suite": None}, "report.suite: expected a JSON object"),
         (
             {"suite": {"name": "pytest-qconform", "version": "0.1.0", "contract_revision": "1"}},
-            "report.suite.contract_revision: expected an integer >= 1, got str '1'",
+            "report.suite.contract_revision: Input should be a valid integer, got str '1'",
         ),
         ({"schema_version": 2}, "report.suite: not part of schema_version 2"),
         ({"suite": "drop"}, "missing field 'suite' (required since schema_version 3"),

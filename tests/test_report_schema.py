@@ -9,7 +9,11 @@ from pathlib import Path
 import pytest
 
 from pytest_qconform.report import gate
+from pytest_qconform.report.calls import CallCoverage
 from pytest_qconform.report.published_schema import SCHEMA_FILE, generate, violation
+from pytest_qconform.report.records import load
+from pytest_qconform.report.run_report import read_report
+from pytest_qconform.report.schema import SchemaError
 from pytest_qconform.report.storage import ReportsFolder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,7 +30,16 @@ def test_the_committed_schema_is_what_the_models_generate(copy: Path) -> None:
 def test_the_schema_names_every_record_and_version() -> None:
     schema = json.loads(generate())
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
-    assert {"ReportV1", "ReportV2", "ReportV3", "CellFile", "BenchmarkFile", "SuiteFile"} <= set(schema["$defs"])
+    assert {
+        "ReportV1",
+        "ReportV2",
+        "ReportV3",
+        "CellFile",
+        "BenchmarkFile",
+        "Suite",
+        "StaleEntry",
+        "CallCoverage",
+    } <= set(schema["$defs"])
     assert schema["discriminator"]["propertyName"] == "schema_version"
     assert "pass" in schema["$defs"]["Verdict"]["enum"]
 
@@ -75,6 +88,17 @@ def test_every_committed_report_validates(path: Path) -> None:
     """reports/ and reports/bench/ (benchmark runs are run reports too); a section
     (reports/sections/) is no run report: it has its own kind and version (sections.py)."""
     assert violation(path.read_text(encoding="utf-8")) is None
+
+
+@pytest.mark.parametrize(
+    "path",
+    [*(p for p in COMMITTED.matrix_inputs() if COMMITTED.sections not in p.parents), *COMMITTED.bench_reports()],
+    ids=lambda p: p.relative_to(ROOT / "reports").as_posix(),
+)
+def test_every_committed_report_reads_and_writes_back_as_it_is(path: Path) -> None:
+    """The records' readers and writers (pydantic's, records.py, where a record has moved to it)
+    keep the file as written: read, then written again, it is the same JSON."""
+    assert read_report(path).to_dict() == json.loads(path.read_text(encoding="utf-8"))
 
 
 def _committed() -> dict:
@@ -137,3 +161,36 @@ def test_check_refuses_a_report_that_breaks_the_schema(tmp_path: Path, capsys: p
         f"{path}: does not follow the published report schema (report.schema.json): "
         "cells[2].note: Extra inputs are not permitted" in capsys.readouterr().err
     )
+
+
+CALLS = {
+    "backend": "hqq",
+    "operation": "workload:generate",
+    "seen": 3,
+    "judged": 2,
+    "failed": 0,
+    "contexts": {"a b": 2},
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"seen": -1}, "calls[0].seen: Input should be greater than or equal to 0, got int -1"),
+        ({"judged": True}, "calls[0].judged: Input should be a valid integer, got bool True"),
+        ({"contexts": {"a b": "2"}}, "calls[0].contexts['a b']: Input should be a valid integer, got str '2'"),
+        ({"backend": ""}, "calls[0].backend: String should have at least 1 character, got str ''"),
+        ({"note": "x"}, "calls[0].note: not a field of this record"),
+        ({"failed": None}, "calls[0].failed: Input should be a valid integer, got null"),
+    ],
+)
+def test_a_record_read_by_pydantic_names_the_wrong_field(change: dict, expected: str) -> None:
+    assert load(CallCoverage, CALLS, "calls[0]") == CallCoverage("hqq", "workload:generate", 3, 2, 0, {"a b": 2})
+    with pytest.raises(SchemaError) as raised:
+        load(CallCoverage, {**CALLS, **change}, "calls[0]")
+    assert str(raised.value) == expected
+    without = {k: v for k, v in CALLS.items() if k != "judged"}
+    with pytest.raises(SchemaError, match=r"^calls\[0\]: missing field 'judged'$"):
+        load(CallCoverage, without, "calls[0]")
+    with pytest.raises(SchemaError, match=r"^calls\[0\]: expected a JSON object, got list$"):
+        load(CallCoverage, [], "calls[0]")

@@ -9,57 +9,25 @@ was this backend seen computing, and judged".
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
-from pytest_qconform.report.schema import SchemaError, json_object, required, string, type_name
+from pydantic.dataclasses import dataclass
+
+from pytest_qconform.report.records import RECORD_CONFIG, Count, Name
 
 CALLS_PROPERTY = "qconform_calls"  # a test's oracle summary, in its user_properties
 
 
-def _count(data: dict, key: str, where: str) -> int:
-    value = required(data, key, where)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise SchemaError(f"{where}.{key}: expected a non-negative integer, got {type_name(value)}")
-    return value
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=RECORD_CONFIG)
 class CallCoverage:
-    """The calls of one backend's quantized layers judged in one operation's workloads."""
+    """What the call-site oracle judged inside workloads, for one backend and operation."""
 
-    backend: str
-    operation: str
-    seen: int
-    judged: int
-    failed: int
-    contexts: dict[str, int]  # context signature -> judged calls
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "backend": self.backend,
-            "operation": self.operation,
-            "seen": self.seen,
-            "judged": self.judged,
-            "failed": self.failed,
-            "contexts": dict(sorted(self.contexts.items())),
-        }
-
-    @classmethod
-    def from_dict(cls, data: Any, where: str = "calls") -> CallCoverage:
-        data = json_object(data, where)
-        contexts = json_object(required(data, "contexts", where), f"{where}.contexts")
-        for signature, count in contexts.items():
-            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-                raise SchemaError(f"{where}.contexts[{signature!r}]: expected a non-negative integer")
-        return cls(
-            string(data, "backend", where, nonempty=True),
-            string(data, "operation", where, nonempty=True),
-            _count(data, "seen", where),
-            _count(data, "judged", where),
-            _count(data, "failed", where),
-            dict(contexts),
-        )
+    backend: Name
+    operation: Name
+    seen: Count  # calls of the backend's quantized layers made while watched
+    judged: Count  # of those, the calls judged against the float64 reference
+    failed: Count  # judged calls outside their bound or their contract
+    contexts: dict[str, Count]  # context signature -> judged calls
 
 
 def merged(entries: Iterable[tuple[str, dict[str, Any]]]) -> tuple[CallCoverage, ...]:

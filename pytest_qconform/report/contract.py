@@ -11,10 +11,9 @@ matrix can say when it merges reports judged against different contracts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from pydantic.dataclasses import dataclass
 
-from pytest_qconform.report.schema import SchemaError, json_object, required, string, type_name
+from pytest_qconform.report.records import RECORD_CONFIG, Name, PositiveCount
 
 SUITE_NAME = "pytest-qconform"
 # Raise when the set of checks, a check's bound (reference/bounds.py, a multiple) or an axis a
@@ -22,26 +21,13 @@ SUITE_NAME = "pytest-qconform"
 CONTRACT_REVISION = 5
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=RECORD_CONFIG)
 class Suite:
-    """Which suite judged a report: its name, package version and contract revision."""
+    """What judged the run: the suite's name, package version and contract revision."""
 
-    name: str
-    version: str
-    contract_revision: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "version": self.version, "contract_revision": self.contract_revision}
-
-    @classmethod
-    def from_dict(cls, data: Any, where: str = "suite") -> Suite:
-        data = json_object(data, where)
-        revision = required(data, "contract_revision", where)
-        if isinstance(revision, bool) or not isinstance(revision, int) or revision < 1:
-            raise SchemaError(
-                f"{where}.contract_revision: expected an integer >= 1, got {type_name(revision)} {revision!r}"
-            )
-        return cls(string(data, "name", where, nonempty=True), string(data, "version", where, nonempty=True), revision)
+    name: Name
+    version: Name
+    contract_revision: PositiveCount
 
     @property
     def label(self) -> str:

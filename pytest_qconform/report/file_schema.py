@@ -19,11 +19,12 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pytest_qconform.report.calls import CallCoverage
+from pytest_qconform.report.contract import Suite
+from pytest_qconform.report.records import Count, Name, PositiveCount
+from pytest_qconform.report.stale_entries import StaleEntry
 from pytest_qconform.vocabulary import Verdict
 
-Name = Annotated[str, Field(min_length=1)]
-Count = Annotated[int, Field(ge=0)]
-PositiveCount = Annotated[int, Field(ge=1)]
 PositiveNumber = Annotated[float, Field(gt=0)]
 # Strict JSON has no NaN or Infinity: a non-finite multiple is the string "inf" or "nan".
 Multiple = float | Literal["inf", "nan"] | None
@@ -98,14 +99,6 @@ class CellFile(_Record):
     reason: str
 
 
-class SuiteFile(_Record):
-    """What judged the run: the suite's name and version and its contract revision."""
-
-    name: Name
-    version: Name
-    contract_revision: PositiveCount
-
-
 class CoverageFile(_Record):
     """What the checks with declared axes covered, for one backend and operation."""
 
@@ -116,26 +109,6 @@ class CoverageFile(_Record):
     claimed: dict[str, list[str]]
     unchecked: dict[str, list[str]]
     pairs: list[tuple[str, str, str, str]] = Field(description="[axis, value, axis, value] that met in an instance")
-
-
-class CallsFile(_Record):
-    """What the call-site oracle judged inside workloads, for one backend and operation."""
-
-    backend: Name
-    operation: Name
-    seen: Count
-    judged: Count
-    failed: Count
-    contexts: dict[str, Count] = Field(description="judged calls per context signature")
-
-
-class StaleEntryFile(_Record):
-    """A known-failures entry that could have matched the run and marked no collected test."""
-
-    source: Name = Field(description="file:line of the entry")
-    backend: Name
-    check: Name
-    reason: str
 
 
 class BenchmarkFile(_Record):
@@ -177,8 +150,8 @@ class _ReportFile(_Record):
     probe: ProbeFile
     cells: list[CellFile]
     coverage: list[CoverageFile] = Field(default_factory=list, description="absent when no check declared axes")
-    calls: list[CallsFile] = Field(default_factory=list, description="absent when nothing was watched")
-    stale_known_failures: list[StaleEntryFile] = Field(default_factory=list, description="absent when none")
+    calls: list[CallCoverage] = Field(default_factory=list, description="absent when nothing was watched")
+    stale_known_failures: list[StaleEntry] = Field(default_factory=list, description="absent when none")
 
 
 class ReportV1(_ReportFile):
@@ -199,7 +172,7 @@ class ReportV3(_ReportFile):
 
     schema_version: Literal[3]
     benchmarks: list[BenchmarkFile] = Field(default_factory=list, description="absent in runs that timed nothing")
-    suite: SuiteFile
+    suite: Suite
 
 
 ReportFile = Annotated[ReportV1 | ReportV2 | ReportV3, Field(discriminator="schema_version")]

@@ -24,6 +24,7 @@ from pytest_qconform.report.benchmarks import Benchmark
 from pytest_qconform.report.calls import CallCoverage
 from pytest_qconform.report.contract import Suite
 from pytest_qconform.report.coverage import Coverage
+from pytest_qconform.report.records import dump, load
 from pytest_qconform.report.schema import (
     SchemaError,
     json_object,
@@ -227,11 +228,11 @@ class RunReport:
         if self.coverage:
             data["coverage"] = [entry.to_dict() for entry in self.coverage]
         if self.calls:
-            data["calls"] = [entry.to_dict() for entry in self.calls]
+            data["calls"] = [dump(entry) for entry in self.calls]
         if self.stale_known_failures:
-            data["stale_known_failures"] = [entry.to_dict() for entry in self.stale_known_failures]
+            data["stale_known_failures"] = [dump(entry) for entry in self.stale_known_failures]
         if self.suite is not None:
-            data["suite"] = self.suite.to_dict()
+            data["suite"] = dump(self.suite)
         return data
 
     @property
@@ -283,8 +284,8 @@ class RunReport:
             benchmarks = tuple(Benchmark.from_dict(entry, f"benchmarks[{i}]") for i, entry in enumerate(raw))
         # Optional in every version: a reader that ignores them loses nothing else.
         coverage = _optional_array(data, "coverage", Coverage.from_dict)
-        calls = _optional_array(data, "calls", CallCoverage.from_dict)
-        stale = _optional_array(data, "stale_known_failures", StaleEntry.from_dict)
+        calls = _optional_array(data, "calls", lambda entry, where: load(CallCoverage, entry, where))
+        stale = _optional_array(data, "stale_known_failures", lambda entry, where: load(StaleEntry, entry, where))
         suite = None
         if "suite" in data:
             if version < SUITE_SINCE_VERSION:
@@ -293,7 +294,7 @@ class RunReport:
                     f"{SUITE_SINCE_VERSION}); a report with a suite says schema_version "
                     f"{SUITE_SINCE_VERSION}"
                 )
-            suite = Suite.from_dict(data["suite"], "report.suite")
+            suite = load(Suite, data["suite"], "report.suite")
         elif version >= SUITE_SINCE_VERSION:
             raise SchemaError(
                 f"report: missing field 'suite' (required since schema_version {SUITE_SINCE_VERSION}: "

@@ -9,33 +9,19 @@ lists them beside the known failures they were meant to be.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from pydantic.dataclasses import dataclass
 
-from pytest_qconform.report.schema import json_object, string
+from pytest_qconform.report.records import RECORD_CONFIG, Name, Text
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=RECORD_CONFIG)
 class StaleEntry:
-    """One known-failures entry that marked no collected test, and where it is written."""
+    """A known-failures entry that could have matched the run and marked no collected test."""
 
-    source: str  # "file:line" of the entry
-    backend: str
-    check: str
-    reason: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "backend": self.backend, "check": self.check, "reason": self.reason}
-
-    @classmethod
-    def from_dict(cls, data: Any, where: str = "stale_known_failures") -> StaleEntry:
-        data = json_object(data, where)
-        return cls(
-            string(data, "source", where, nonempty=True),
-            string(data, "backend", where, nonempty=True),
-            string(data, "check", where, nonempty=True),
-            string(data, "reason", where),
-        )
+    source: Name  # "file:line" of the entry
+    backend: Name
+    check: Name
+    reason: Text
 
     def line(self) -> str:
         """``pytest_qconform/session/known_failures.toml:173 (bitsandbytes checkpoint)``."""

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import pytest
 
+from pytest_qconform.report.records import dump, load
 from pytest_qconform.report.stale_entries import StaleEntry
 from pytest_qconform.session import state
 
@@ -92,14 +93,14 @@ def remember(config: pytest.Config, stale: tuple[StaleEntry, ...]) -> None:
     config.stash[STALE] = stale
     workeroutput = getattr(config, "workeroutput", None)
     if workeroutput is not None:
-        workeroutput[_WORKER_KEY] = [entry.to_dict() for entry in stale]
+        workeroutput[_WORKER_KEY] = [dump(entry) for entry in stale]
 
 
 def from_worker(config: pytest.Config, workeroutput: dict[str, Any]) -> None:
     """On the controller, which collects nothing: every worker collected the same tests."""
     found = workeroutput.get(_WORKER_KEY)
     if found is not None and STALE not in config.stash:
-        config.stash[STALE] = tuple(StaleEntry.from_dict(entry) for entry in found)
+        config.stash[STALE] = tuple(load(StaleEntry, entry, "stale_known_failures") for entry in found)
 
 
 def summary_line(stale: tuple[StaleEntry, ...]) -> str:
