@@ -10,8 +10,9 @@ import pytest
 
 from pytest_qconform.report import gate
 from pytest_qconform.report.calls import CallCoverage
+from pytest_qconform.report.coverage import Coverage
 from pytest_qconform.report.published_schema import SCHEMA_FILE, generate, violation
-from pytest_qconform.report.records import load
+from pytest_qconform.report.records import dump, load
 from pytest_qconform.report.run_report import read_report
 from pytest_qconform.report.schema import SchemaError
 from pytest_qconform.report.storage import ReportsFolder
@@ -34,7 +35,8 @@ def test_the_schema_names_every_record_and_version() -> None:
         "ReportV1",
         "ReportV2",
         "ReportV3",
-        "CellFile",
+        "Cell",
+        "FirstFailure",
         "BenchmarkFile",
         "Suite",
         "StaleEntry",
@@ -42,6 +44,9 @@ def test_the_schema_names_every_record_and_version() -> None:
     } <= set(schema["$defs"])
     assert schema["discriminator"]["propertyName"] == "schema_version"
     assert "pass" in schema["$defs"]["Verdict"]["enum"]
+    assert set(schema["$defs"]["Cell"]["required"]) == set(schema["$defs"]["Cell"]["properties"]), (
+        "every key is written"
+    )
 
 
 def test_a_report_a_run_writes_validates(fake_backend_project: pytest.Pytester) -> None:
@@ -139,7 +144,7 @@ def _unwritten_cell_key(data: dict) -> None:
         (_unknown_verdict, "cells[0].verdict: Input should be 'crashed', "),
         (_benchmarks_in_version_1, "benchmarks: Extra inputs are not permitted"),
         (_newer_version, "top level: Input tag '4' found using 'schema_version' does not match"),
-        (_unwritten_cell_key, "cells[0].note: Extra inputs are not permitted"),
+        (_unwritten_cell_key, "cells[0].note: Unexpected keyword argument"),
     ],
 )
 def test_a_malformed_report_is_named_with_its_first_violation(break_it, expected: str) -> None:
@@ -151,15 +156,15 @@ def test_a_malformed_report_is_named_with_its_first_violation(break_it, expected
 
 
 def test_check_refuses_a_report_that_breaks_the_schema(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    """A key the reader ignores but the writer never writes is a usage error of the gate (exit 2)."""
+    """A probe key the reader does not rely on, mistyped, is a usage error of the gate (exit 2)."""
     data = _committed()
-    data["cells"][2]["note"] = "hand-edited"
+    data["probe"]["bf16"] = "yes"
     path = tmp_path / "edited.json"
     path.write_text(json.dumps(data))
     assert gate.main([str(path)]) == 2
     assert (
         f"{path}: does not follow the published report schema (report.schema.json): "
-        "cells[2].note: Extra inputs are not permitted" in capsys.readouterr().err
+        "probe.bf16: Input should be a valid boolean, got 'yes'" in capsys.readouterr().err
     )
 
 
@@ -194,3 +199,22 @@ def test_a_record_read_by_pydantic_names_the_wrong_field(change: dict, expected:
         load(CallCoverage, without, "calls[0]")
     with pytest.raises(SchemaError, match=r"^calls\[0\]: expected a JSON object, got list$"):
         load(CallCoverage, [], "calls[0]")
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"pairs": [["a", "1", "b"]]}, "coverage[0].pairs[0]: too few items (no item 3)"),
+        ({"values": {"format": "nf4"}}, "coverage[0].values.format: expected a JSON array, got str"),
+        ({"claimed": {"format": [4]}}, "coverage[0].claimed.format[0]: Input should be a valid string, got int 4"),
+    ],
+)
+def test_coverage_read_by_pydantic_names_the_wrong_field_and_derives_unchecked(change: dict, expected: str) -> None:
+    """``unchecked`` is written for the file's readers and derived again on reading."""
+    coverage = Coverage("hqq", "matmul", 2, {"format": ("hqq4",)}, (("a", "1", "b", "2"),), {"format": ("hqq4", "x")})
+    written = dump(coverage)
+    assert written["unchecked"] == {"format": ["x"]}
+    assert load(Coverage, {**written, "unchecked": {}}, "coverage[0]") == coverage
+    with pytest.raises(SchemaError) as raised:
+        load(Coverage, {**written, **change}, "coverage[0]")
+    assert str(raised.value) == expected

@@ -10,27 +10,39 @@ the project's tests use it to prove that no claimed value goes unchecked.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
 
-from pytest_qconform.report.schema import SchemaError, json_object, required, string, type_name
+from pydantic import computed_field, model_validator
+from pydantic.dataclasses import dataclass
+
+from pytest_qconform.report.records import RECORD_CONFIG, Count, Name, Text
 from pytest_qconform.vocabulary import Verdict
 
 CHECKED_VERDICTS = (Verdict.PASS, Verdict.FAIL, Verdict.KNOWN_FAILURE)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=RECORD_CONFIG)
 class Coverage:
-    """The axis values and value pairs one backend's operation was checked at."""
+    """What the checks with declared axes covered, for one backend and operation: the axis
+    values and value pairs its checked instances ran on, and what the backend claims."""
 
-    backend: str
-    operation: str
-    instances: int
-    values: dict[str, tuple[str, ...]]
-    pairs: tuple[tuple[str, str, str, str], ...]  # (axis, value, other axis, other value), axis < other axis
-    claimed: dict[str, tuple[str, ...]]  # every value the backend claims on each axis, for these checks
+    backend: Name
+    operation: Name
+    instances: Count  # checked instances
+    values: dict[str, tuple[Text, ...]]
+    pairs: tuple[tuple[Text, Text, Text, Text], ...]  # (axis, value, other axis, other value), axis < other axis
+    claimed: dict[str, tuple[Text, ...]]  # every value the backend claims on each axis, for these checks
 
+    @model_validator(mode="before")
+    @classmethod
+    def _unchecked_is_derived(cls, data: Any) -> Any:
+        """``unchecked`` is written for readers of the file, and derived again on reading."""
+        if isinstance(data, dict) and "unchecked" in data:
+            return {key: value for key, value in data.items() if key != "unchecked"}
+        return data
+
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def unchecked(self) -> dict[str, tuple[str, ...]]:
         """Claimed values no instance with a verdict ran on, per axis (empty when none)."""
@@ -38,47 +50,6 @@ class Coverage:
             axis: tuple(v for v in found if v not in self.values.get(axis, ())) for axis, found in self.claimed.items()
         }
         return {axis: found for axis, found in missing.items() if found}
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "backend": self.backend,
-            "operation": self.operation,
-            "instances": self.instances,
-            "values": {axis: list(found) for axis, found in sorted(self.values.items())},
-            "claimed": {axis: list(found) for axis, found in sorted(self.claimed.items())},
-            "unchecked": {axis: list(found) for axis, found in sorted(self.unchecked.items())},
-            "pairs": [list(pair) for pair in self.pairs],
-        }
-
-    @classmethod
-    def from_dict(cls, data: Any, where: str = "coverage") -> Coverage:
-        data = json_object(data, where)
-        instances = required(data, "instances", where)
-        if isinstance(instances, bool) or not isinstance(instances, int) or instances < 0:
-            raise SchemaError(f"{where}.instances: expected a non-negative integer, got {type_name(instances)}")
-        values = _labels(data, "values", where)
-        claimed = _labels(data, "claimed", where)
-        pairs = required(data, "pairs", where)
-        if not isinstance(pairs, list) or not all(
-            isinstance(p, list) and len(p) == 4 and all(isinstance(v, str) for v in p) for p in pairs
-        ):
-            raise SchemaError(f"{where}.pairs: expected a JSON array of [axis, value, axis, value] arrays")
-        return cls(
-            string(data, "backend", where, nonempty=True),
-            string(data, "operation", where, nonempty=True),
-            instances,
-            values,
-            tuple(tuple(p) for p in pairs),
-            claimed,
-        )
-
-
-def _labels(data: Any, key: str, where: str) -> dict[str, tuple[str, ...]]:
-    found = json_object(required(data, key, where), f"{where}.{key}")
-    for axis, labels in found.items():
-        if not isinstance(labels, list) or not all(isinstance(v, str) for v in labels):
-            raise SchemaError(f"{where}.{key}.{axis}: expected a JSON array of strings")
-    return {axis: tuple(labels) for axis, labels in found.items()}
 
 
 def from_cases(cases: Iterable[Any]) -> tuple[Coverage, ...]:

@@ -21,13 +21,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pytest_qconform.report.calls import CallCoverage
 from pytest_qconform.report.contract import Suite
+from pytest_qconform.report.coverage import Coverage
 from pytest_qconform.report.records import Count, Name, PositiveCount
+from pytest_qconform.report.run_report import Cell
 from pytest_qconform.report.stale_entries import StaleEntry
-from pytest_qconform.vocabulary import Verdict
 
 PositiveNumber = Annotated[float, Field(gt=0)]
-# Strict JSON has no NaN or Infinity: a non-finite multiple is the string "inf" or "nan".
-Multiple = float | Literal["inf", "nan"] | None
 CREATED_PATTERN = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?Z$"
 
 
@@ -78,39 +77,6 @@ class ProbeFile(BaseModel):
     schema_version: int | None = None
 
 
-class FirstFailure(_Record):
-    """The first failing case of a cell: its message and a command that reruns it."""
-
-    message: str
-    repro: str
-
-
-class CellFile(_Record):
-    """One matrix cell of one run: every test case of a (backend, operation, format, dtype), folded."""
-
-    backend: Name
-    operation: Name
-    format: Name
-    dtype: Name = Field(description="bf16, fp16, fp32, or - where no dtype applies")
-    verdict: Verdict
-    cases: Count
-    worst_error_multiple: Multiple = Field(description="worst error as a multiple of its bound; null: not measured")
-    first_failure: FirstFailure | None
-    reason: str
-
-
-class CoverageFile(_Record):
-    """What the checks with declared axes covered, for one backend and operation."""
-
-    backend: Name
-    operation: Name
-    instances: Count
-    values: dict[str, list[str]]
-    claimed: dict[str, list[str]]
-    unchecked: dict[str, list[str]]
-    pairs: list[tuple[str, str, str, str]] = Field(description="[axis, value, axis, value] that met in an instance")
-
-
 class BenchmarkFile(_Record):
     """One timed case of a ``--benchmark-only`` run. The derived keys (bytes_moved,
     bandwidth_bytes_per_s, floor_s, percent_of_floor) must agree with the keys they derive
@@ -148,8 +114,8 @@ class _ReportFile(_Record):
     schema_: Literal["pytest-qconform/report"] = Field(alias="schema")
     created: str = Field(pattern=CREATED_PATTERN, description="UTC ISO 8601 with Z")
     probe: ProbeFile
-    cells: list[CellFile]
-    coverage: list[CoverageFile] = Field(default_factory=list, description="absent when no check declared axes")
+    cells: list[Cell]
+    coverage: list[Coverage] = Field(default_factory=list, description="absent when no check declared axes")
     calls: list[CallCoverage] = Field(default_factory=list, description="absent when nothing was watched")
     stale_known_failures: list[StaleEntry] = Field(default_factory=list, description="absent when none")
 

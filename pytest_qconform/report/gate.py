@@ -94,7 +94,7 @@ def _counts(cells: Sequence[Cell]) -> str:
 
 
 def _first_line(cell: Cell) -> str:
-    detail = cell.reason or (cell.first_failure or {}).get("message", "")
+    detail = cell.reason or (cell.first_failure["message"] if cell.first_failure else "")
     return detail.strip().splitlines()[0] if detail.strip() else ""
 
 

@@ -10,21 +10,59 @@ say which file and which field.
 
 from __future__ import annotations
 
+import dataclasses
 from functools import cache
 from typing import Annotated, Any, TypeVar
 
-from pydantic import ConfigDict, Field, Strict, TypeAdapter, ValidationError
+from pydantic import (
+    AllowInfNan,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    Strict,
+    TypeAdapter,
+    ValidationError,
+    WithJsonSchema,
+)
 
-from pytest_qconform.report.schema import SchemaError, type_name
+from pytest_qconform.report.schema import SchemaError, multiple_to_json, type_name
 
 T = TypeVar("T")
 
+
+def _every_key_written(schema: dict[str, Any], cls: type) -> None:
+    """The writer writes every field, also those with a default for building a record in
+    Python; only a record's ``OPTIONAL_KEYS`` (added after its first version) may be absent."""
+    optional = getattr(cls, "OPTIONAL_KEYS", ())
+    schema["required"] = [key for key in schema.get("properties", {}) if key not in optional]
+
+
 # A record holds exactly the keys its writer writes, and finite numbers only (strict JSON).
-RECORD_CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False)
+RECORD_CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False, json_schema_extra=_every_key_written)
 Name = Annotated[str, Strict(), Field(min_length=1)]
 Text = Annotated[str, Strict()]
 Count = Annotated[int, Strict(), Field(ge=0)]
 PositiveCount = Annotated[int, Strict(), Field(ge=1)]
+
+
+def _multiple_in(value: Any) -> Any:
+    return float(value) if isinstance(value, str) and value in ("inf", "nan") else value
+
+
+# An error as a multiple of its bound. Strict JSON has no NaN or Infinity: a non-finite
+# multiple is the string "inf" or "nan" in the file, a float in the record.
+Multiple = Annotated[
+    Annotated[float, Strict(), AllowInfNan()] | None,
+    BeforeValidator(_multiple_in),
+    PlainSerializer(multiple_to_json),
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "number"}, {"enum": ["inf", "nan"], "type": "string"}, {"type": "null"}],
+            "description": "worst error as a multiple of its bound (<= 1: within); null: nothing measured",
+        }
+    ),
+]
 
 
 @cache
@@ -46,12 +84,19 @@ def _path(where: str, loc: tuple[Any, ...]) -> str:
 
 def load(cls: type[T], data: Any, where: str) -> T:
     """``cls`` read from its JSON value; a SchemaError names the first wrong field."""
+    if isinstance(data, dict) and dataclasses.is_dataclass(cls):
+        optional = getattr(cls, "OPTIONAL_KEYS", ())
+        for declared in dataclasses.fields(cls):
+            if declared.name not in data and declared.name not in optional:
+                raise SchemaError(f"{where}: missing field {declared.name!r}")
     try:
         record: T = _adapter(_as_key(cls)).validate_python(data)
         return record
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         loc = tuple(first["loc"])
+        if first["type"] == "missing" and isinstance(loc[-1], int):
+            raise SchemaError(f"{_path(where, loc[:-1])}: too few items (no item {loc[-1]})") from None
         if first["type"] == "missing":
             raise SchemaError(f"{_path(where, loc[:-1])}: missing field {loc[-1]!r}") from None
         if first["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
@@ -59,6 +104,8 @@ def load(cls: type[T], data: Any, where: str) -> T:
         given = first.get("input")
         if first["type"] in ("dataclass_type", "dict_type", "model_type"):
             raise SchemaError(f"{_path(where, loc)}: expected a JSON object, got {type_name(given)}") from None
+        if first["type"] in ("tuple_type", "list_type"):
+            raise SchemaError(f"{_path(where, loc)}: expected a JSON array, got {type_name(given)}") from None
         got = "null" if given is None else f"{type_name(given)} {given!r}"
         raise SchemaError(f"{_path(where, loc)}: {first['msg']}, got {got}") from None
 

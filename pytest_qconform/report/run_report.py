@@ -19,26 +19,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from pydantic import with_config
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+from typing_extensions import TypedDict  # pydantic reads typing.TypedDict only from Python 3.12
+
 from pytest_qconform.report.atomic import write_text_atomically
 from pytest_qconform.report.benchmarks import Benchmark
 from pytest_qconform.report.calls import CallCoverage
 from pytest_qconform.report.contract import Suite
 from pytest_qconform.report.coverage import Coverage
-from pytest_qconform.report.records import dump, load
-from pytest_qconform.report.schema import (
-    SchemaError,
-    json_object,
-    multiple_from_json,
-    multiple_to_json,
-    parse_created,
-    required,
-    string,
-    type_name,
-    validate_probe,
-)
+from pytest_qconform.report.records import RECORD_CONFIG, Count, Multiple, Name, Text, dump, load
+from pytest_qconform.report.schema import SchemaError, parse_created, required, type_name, validate_probe
 from pytest_qconform.report.stale_entries import StaleEntry
 from pytest_qconform.report.storage import ReportsFolder
-from pytest_qconform.vocabulary import FAILING, VERDICT_ORDER
+from pytest_qconform.vocabulary import FAILING, VERDICT_ORDER, Verdict
 
 T = TypeVar("T")
 SCHEMA = "pytest-qconform/report"
@@ -74,67 +68,37 @@ class ReportError(ValueError):
 # ---------------------------------------------------------------- records
 
 
-@dataclass(frozen=True)
+@with_config(RECORD_CONFIG)
+class FirstFailure(TypedDict):
+    """The first failing case of a cell: its message and a command that reruns it."""
+
+    message: Text
+    repro: Text
+
+
+@pydantic_dataclass(frozen=True, config=RECORD_CONFIG)
 class Cell:
-    """One matrix cell of one run: every test case of a (backend, operation, format, dtype).
+    """One matrix cell of one run: every test case of a (backend, operation, format, dtype), folded.
 
     ``worst_error_multiple`` is the worst error as a multiple of its derived bound
-    (<= 1 is within bound); ``first_failure`` carries the message and a repro command of
-    the first failing case; ``reason`` explains skipped, unavailable and known-failure.
+    (<= 1 is within bound; null where nothing was measured); ``first_failure`` carries the
+    message and a repro command of the first failing case; ``reason`` explains skipped,
+    unavailable, not-claimed and known-failure.
     """
 
-    backend: str
-    operation: str
-    format: str
-    dtype: str
-    verdict: str
-    cases: int = 1
-    worst_error_multiple: float | None = None
-    first_failure: dict[str, str] | None = None
-    reason: str = ""
-
-    def __post_init__(self) -> None:
-        if self.verdict not in VERDICTS:
-            raise ValueError(f"unknown verdict {self.verdict!r}; expected one of {', '.join(VERDICTS)}")
-        if self.cases < 0:
-            raise ValueError(f"cases must be >= 0, got {self.cases}")
+    backend: Name
+    operation: Name
+    format: Name
+    dtype: Name  # bf16, fp16, fp32, or - where no dtype applies
+    verdict: Verdict
+    cases: Count = 1
+    worst_error_multiple: Multiple = None
+    first_failure: FirstFailure | None = None
+    reason: Text = ""
 
     @property
     def key(self) -> tuple[str, str, str, str]:
         return (self.backend, self.operation, self.format, self.dtype)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "backend": self.backend,
-            "operation": self.operation,
-            "format": self.format,
-            "dtype": self.dtype,
-            "verdict": self.verdict,
-            "cases": self.cases,
-            "worst_error_multiple": multiple_to_json(self.worst_error_multiple),
-            "first_failure": dict(self.first_failure) if self.first_failure is not None else None,
-            "reason": self.reason,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Any, where: str = "cell") -> Cell:
-        data = json_object(data, where)
-        names = {key: string(data, key, where, nonempty=True) for key in ("backend", "operation", "format", "dtype")}
-        verdict = string(data, "verdict", where)
-        if verdict not in VERDICTS:
-            raise SchemaError(f"{where}.verdict: unknown verdict {verdict!r}; expected one of {', '.join(VERDICTS)}")
-        cases = required(data, "cases", where)
-        if isinstance(cases, bool) or not isinstance(cases, int) or cases < 0:
-            raise SchemaError(f"{where}.cases: expected a non-negative integer, got {type_name(cases)} {cases!r}")
-        multiple = multiple_from_json(required(data, "worst_error_multiple", where), f"{where}.worst_error_multiple")
-        failure = required(data, "first_failure", where)
-        if failure is not None:
-            failure = json_object(failure, f"{where}.first_failure")
-            failure = {key: string(failure, key, f"{where}.first_failure") for key in ("message", "repro")}
-        reason = string(data, "reason", where)
-        return cls(
-            verdict=verdict, cases=cases, worst_error_multiple=multiple, first_failure=failure, reason=reason, **names
-        )
 
 
 def _worst(multiples: Iterable[float | None]) -> float | None:
@@ -221,12 +185,12 @@ class RunReport:
             "schema_version": self.schema_version,
             "created": self.created,
             "probe": dict(self.probe),
-            "cells": [cell.to_dict() for cell in self.cells],
+            "cells": [dump(cell) for cell in self.cells],
         }
         if self.benchmarks:
             data["benchmarks"] = [entry.to_dict() for entry in self.benchmarks]
         if self.coverage:
-            data["coverage"] = [entry.to_dict() for entry in self.coverage]
+            data["coverage"] = [dump(entry) for entry in self.coverage]
         if self.calls:
             data["calls"] = [dump(entry) for entry in self.calls]
         if self.stale_known_failures:
@@ -269,7 +233,7 @@ class RunReport:
         raw_cells = required(data, "cells", "report")
         if not isinstance(raw_cells, list):
             raise SchemaError(f"report.cells: expected a JSON array, got {type_name(raw_cells)}")
-        cells = tuple(Cell.from_dict(cell, f"cells[{i}]") for i, cell in enumerate(raw_cells))
+        cells = tuple(load(Cell, cell, f"cells[{i}]") for i, cell in enumerate(raw_cells))
         benchmarks: tuple[Benchmark, ...] = ()
         if "benchmarks" in data:
             if version < BENCHMARKS_SINCE_VERSION:
@@ -283,7 +247,7 @@ class RunReport:
                 raise SchemaError(f"report.benchmarks: expected a JSON array, got {type_name(raw)}")
             benchmarks = tuple(Benchmark.from_dict(entry, f"benchmarks[{i}]") for i, entry in enumerate(raw))
         # Optional in every version: a reader that ignores them loses nothing else.
-        coverage = _optional_array(data, "coverage", Coverage.from_dict)
+        coverage = _optional_array(data, "coverage", lambda entry, where: load(Coverage, entry, where))
         calls = _optional_array(data, "calls", lambda entry, where: load(CallCoverage, entry, where))
         stale = _optional_array(data, "stale_known_failures", lambda entry, where: load(StaleEntry, entry, where))
         suite = None

@@ -99,7 +99,7 @@ class RunRecorder:
             self.calls[report.nodeid] = (str(key.get("operation")), cast(dict, summary))
 
     def cells(self) -> list:
-        from pytest_qconform.report.run_report import Cell, fold_cell
+        from pytest_qconform.report.run_report import Cell, FirstFailure, fold_cell
 
         grouped: dict[tuple[str, str, str, str], list] = {}
         # In test-id order, not in the order the results arrived: a cell's reason and first
@@ -112,10 +112,10 @@ class RunRecorder:
                 operation=case.operation,
                 format=case.format,
                 dtype=case.dtype,
-                verdict=case.verdict,
+                verdict=Verdict(case.verdict),
                 cases=1,
                 worst_error_multiple=case.worst_error_multiple,
-                first_failure={"message": case.message, "repro": case.repro} if failed else None,
+                first_failure=FirstFailure(message=case.message, repro=case.repro) if failed else None,
                 reason=case.message if not failed else "",
             )
             grouped.setdefault(case.cell_key, []).append(cell)
