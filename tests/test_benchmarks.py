@@ -14,7 +14,8 @@ import pytest
 from pytest_qconform.benchmark import harness as bench
 from pytest_qconform.benchmark import plot as benchplot
 from pytest_qconform.matrix.cli import merge
-from pytest_qconform.report.benchmarks import Benchmark, with_bitsandbytes_ratios
+from pytest_qconform.report.benchmarks import Benchmark, read, with_bitsandbytes_ratios
+from pytest_qconform.report.records import dump
 from pytest_qconform.report.run_report import Cell, ReportError, RunReport, read_report, write_report
 from pytest_qconform.session.plugin import suites_dir
 
@@ -193,9 +194,9 @@ def test_eager_time_round_trips_and_older_entries_read_without_it(tmp_path: Path
     report = bench_report(entry(eager_median_s=41e-6), entry(backend="torch-int4-tinygemm", format="int4-g64"))
     back = read_report(write_report(report, tmp_path))
     assert back == report and back.benchmarks[0].eager_median_s == 41e-6
-    older = entry().to_dict()
+    older = dump(entry())
     del older["eager_median_s"]  # reports written before issue 27
-    assert Benchmark.from_dict(older).eager_median_s is None
+    assert read(older).eager_median_s is None
 
 
 def test_copies_exceed_the_cache() -> None:
@@ -204,20 +205,32 @@ def test_copies_exceed_the_cache() -> None:
 
 
 def good_entry_dict() -> dict:
-    return entry().to_dict()
+    return dump(entry())
 
 
 @pytest.mark.parametrize(
     "break_it, message",
     [
         (lambda d: d.pop("median_s"), r"benchmarks\[0\]: missing field 'median_s'"),
-        (lambda d: d.update(median_s=-1.0), r"benchmarks\[0\]\.median_s: expected a positive number, got float -1\.0"),
-        (lambda d: d.update(median_s="fast"), r"benchmarks\[0\]\.median_s: expected a positive number, got str"),
-        (lambda d: d.update(operation="gemm"), r"benchmarks\[0\]\.operation: unknown operation 'gemm'"),
-        (lambda d: d.update(shape=[8192]), r"benchmarks\[0\]\.shape: expected \[N, K\]"),
+        (
+            lambda d: d.update(median_s=-1.0),
+            r"benchmarks\[0\]\.median_s: Input should be greater than 0, got float -1\.0",
+        ),
+        (
+            lambda d: d.update(median_s="fast"),
+            r"benchmarks\[0\]\.median_s: Input should be a valid number, got str 'fast'",
+        ),
+        (
+            lambda d: d.update(operation="gemm"),
+            r"benchmarks\[0\]\.operation: Input should be 'dequantize', 'matmul' or 'quantize', got str 'gemm'",
+        ),
+        (lambda d: d.update(shape=[8192]), r"benchmarks\[0\]\.shape: too few items \(no item 1\)"),
         (lambda d: d.update(batch=None), r"benchmarks\[0\]\.batch: matmul needs the activation rows"),
         (lambda d: d.update(percent_of_floor=99.0), r"benchmarks\[0\]\.percent_of_floor: 99\.0 disagrees"),
-        (lambda d: d.update(launch_hidden="yes"), r"benchmarks\[0\]\.launch_hidden: expected true, false or null"),
+        (
+            lambda d: d.update(launch_hidden="yes"),
+            r"benchmarks\[0\]\.launch_hidden: Input should be a valid boolean, got str 'yes'",
+        ),
     ],
 )
 def test_malformed_benchmark_entry_is_a_clear_error(tmp_path: Path, break_it, message: str) -> None:

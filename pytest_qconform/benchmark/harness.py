@@ -49,7 +49,8 @@ import torch
 from pytest_qconform.backends.base import Backend, Quantized, QuantSpec
 from pytest_qconform.hardware.targets import Target
 from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
-from pytest_qconform.report.benchmarks import RATIO_BASELINE, Benchmark
+from pytest_qconform.report.benchmarks import RATIO_BASELINE, Benchmark, BenchOperation, Timing
+from pytest_qconform.report.records import dump
 from pytest_qconform.vocabulary import DtypeLabel
 
 FULL_SHAPES: tuple[tuple[int, int], ...] = ((4096, 4096), (8192, 8192), (14336, 4096))  # (N, K)
@@ -426,7 +427,7 @@ class Harness:
         self,
         benchmark: Any,
         backend: Backend,
-        operation: str,
+        operation: BenchOperation,
         spec: QuantSpec,
         shape: tuple[int, int],
         batch: int | None,
@@ -439,6 +440,7 @@ class Harness:
         output_bytes: int,
     ) -> Benchmark:
         rotation = itertools.count()
+        timing: Timing
 
         def next_args() -> tuple[tuple[int], dict[str, Any]]:
             return (next(rotation) % count,), {}
@@ -493,7 +495,7 @@ class Harness:
             baselines[entry.case_key] = entry.median_s
         if entry.case_key in baselines:
             entry = replace(entry, time_ratio_to_bitsandbytes=entry.median_s / baselines[entry.case_key])
-        data = entry.to_dict()
+        data = dump(entry)
         benchmark.extra_info.update({k: v for k, v in data.items() if k != "nodeid"})
         self.item.user_properties.append((PROPERTY, data))
         return entry

@@ -20,6 +20,7 @@ import torch
 
 from pytest_qconform.benchmark import harness as bench
 from pytest_qconform.report.benchmarks import Benchmark
+from pytest_qconform.report.records import dump
 
 PEER = "torch-int4-tinygemm"
 PEER_FORMAT = "int4-g64"
@@ -94,4 +95,4 @@ def time_peer_once(
         nodeid=f"{harness.item.nodeid}::{PEER}",
         eager_median_s=eager,
     )
-    harness.item.user_properties.append((bench.PROPERTY, entry.to_dict()))
+    harness.item.user_properties.append((bench.PROPERTY, dump(entry)))

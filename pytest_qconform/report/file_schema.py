@@ -19,14 +19,14 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pytest_qconform.report.benchmarks import Benchmark
 from pytest_qconform.report.calls import CallCoverage
 from pytest_qconform.report.contract import Suite
 from pytest_qconform.report.coverage import Coverage
-from pytest_qconform.report.records import Count, Name, PositiveCount
+from pytest_qconform.report.records import Count, Name
 from pytest_qconform.report.run_report import Cell
 from pytest_qconform.report.stale_entries import StaleEntry
 
-PositiveNumber = Annotated[float, Field(gt=0)]
 CREATED_PATTERN = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?Z$"
 
 
@@ -77,39 +77,6 @@ class ProbeFile(BaseModel):
     schema_version: int | None = None
 
 
-class BenchmarkFile(_Record):
-    """One timed case of a ``--benchmark-only`` run. The derived keys (bytes_moved,
-    bandwidth_bytes_per_s, floor_s, percent_of_floor) must agree with the keys they derive
-    from, and a matmul has a batch where the other operations have null: the reader checks
-    both, JSON Schema cannot."""
-
-    backend: Name
-    operation: Literal["dequantize", "matmul", "quantize"]
-    format: Name
-    dtype: Name
-    target: Name
-    shape: tuple[PositiveCount, PositiveCount] = Field(description="[N, K]: out x in features")
-    batch: PositiveCount | None
-    median_s: PositiveNumber
-    timing: Literal["cuda-events", "host-timer"]
-    samples: PositiveCount
-    copies: PositiveCount
-    rotated_bytes: Count
-    weight_bytes: PositiveCount
-    activation_bytes: Count
-    output_bytes: PositiveCount
-    bytes_moved: PositiveCount
-    bandwidth_bytes_per_s: PositiveNumber
-    copy_bandwidth_bytes_per_s: PositiveNumber
-    floor_s: PositiveNumber
-    percent_of_floor: PositiveNumber
-    host_median_s: PositiveNumber | None
-    launch_hidden: bool | None
-    time_ratio_to_bitsandbytes: PositiveNumber | None
-    nodeid: str
-    eager_median_s: PositiveNumber | None = Field(default=None, description="absent in reports before it")
-
-
 class _ReportFile(_Record):
     schema_: Literal["pytest-qconform/report"] = Field(alias="schema")
     created: str = Field(pattern=CREATED_PATTERN, description="UTC ISO 8601 with Z")
@@ -130,14 +97,14 @@ class ReportV2(_ReportFile):
     """A run report of schema version 2: version 1 and the optional benchmarks."""
 
     schema_version: Literal[2]
-    benchmarks: list[BenchmarkFile] = Field(default_factory=list, description="absent in runs that timed nothing")
+    benchmarks: list[Benchmark] = Field(default_factory=list, description="absent in runs that timed nothing")
 
 
 class ReportV3(_ReportFile):
     """A run report of schema version 3, the one written now: version 2 and the suite, required."""
 
     schema_version: Literal[3]
-    benchmarks: list[BenchmarkFile] = Field(default_factory=list, description="absent in runs that timed nothing")
+    benchmarks: list[Benchmark] = Field(default_factory=list, description="absent in runs that timed nothing")
     suite: Suite
 
 

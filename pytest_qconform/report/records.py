@@ -44,6 +44,7 @@ Name = Annotated[str, Strict(), Field(min_length=1)]
 Text = Annotated[str, Strict()]
 Count = Annotated[int, Strict(), Field(ge=0)]
 PositiveCount = Annotated[int, Strict(), Field(ge=1)]
+Flag = Annotated[bool, Strict()]
 
 
 def _multiple_in(value: Any) -> Any:
@@ -101,6 +102,9 @@ def load(cls: type[T], data: Any, where: str) -> T:
             raise SchemaError(f"{_path(where, loc[:-1])}: missing field {loc[-1]!r}") from None
         if first["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
             raise SchemaError(f"{_path(where, loc)}: not a field of this record") from None
+        if first["type"] == "value_error" and not loc:
+            # A check across fields names its field first ("batch: matmul needs ...").
+            raise SchemaError(f"{where}.{first['ctx']['error']}") from None
         given = first.get("input")
         if first["type"] in ("dataclass_type", "dict_type", "model_type"):
             raise SchemaError(f"{_path(where, loc)}: expected a JSON object, got {type_name(given)}") from None

@@ -23,6 +23,7 @@ from pydantic import with_config
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 from typing_extensions import TypedDict  # pydantic reads typing.TypedDict only from Python 3.12
 
+from pytest_qconform.report import benchmarks as benchmarks_record
 from pytest_qconform.report.atomic import write_text_atomically
 from pytest_qconform.report.benchmarks import Benchmark
 from pytest_qconform.report.calls import CallCoverage
@@ -188,7 +189,7 @@ class RunReport:
             "cells": [dump(cell) for cell in self.cells],
         }
         if self.benchmarks:
-            data["benchmarks"] = [entry.to_dict() for entry in self.benchmarks]
+            data["benchmarks"] = [dump(entry) for entry in self.benchmarks]
         if self.coverage:
             data["coverage"] = [dump(entry) for entry in self.coverage]
         if self.calls:
@@ -245,7 +246,7 @@ class RunReport:
             raw = data["benchmarks"]
             if not isinstance(raw, list):
                 raise SchemaError(f"report.benchmarks: expected a JSON array, got {type_name(raw)}")
-            benchmarks = tuple(Benchmark.from_dict(entry, f"benchmarks[{i}]") for i, entry in enumerate(raw))
+            benchmarks = tuple(benchmarks_record.read(entry, f"benchmarks[{i}]") for i, entry in enumerate(raw))
         # Optional in every version: a reader that ignores them loses nothing else.
         coverage = _optional_array(data, "coverage", lambda entry, where: load(Coverage, entry, where))
         calls = _optional_array(data, "calls", lambda entry, where: load(CallCoverage, entry, where))

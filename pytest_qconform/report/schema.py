@@ -1,7 +1,8 @@
 """Field checks of the run report schema: each names the field that is wrong and how.
 
-Shared by the records of ``report`` (cells, probe) and ``bench_record`` (benchmarks), so
-every message has the same shape: ``where.key: expected ..., got <type> <value>``.
+Used by the reader of the report's top level and its probe, and by a benchmark's check of
+its derived keys; the records themselves are read by pydantic (``records.py``). Every
+message has the same shape: ``where.key: expected ..., got <type> <value>``.
 """
 
 from __future__ import annotations
@@ -66,17 +67,6 @@ def json_object(value: Any, where: str) -> Mapping[str, Any]:
     return value
 
 
-def multiple_from_json(value: Any, where: str) -> float | None:
-    # Strict JSON has no NaN/Infinity, so non-finite multiples travel as strings.
-    if value is None:
-        return None
-    if isinstance(value, str) and value in ("inf", "nan"):
-        return float(value)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise SchemaError(f"{where}: expected a number, null, 'inf' or 'nan', got {type_name(value)} {value!r}")
-    return float(value)
-
-
 def multiple_to_json(value: float | None) -> float | str | None:
     if value is None or math.isfinite(value):
         return value
@@ -114,13 +104,3 @@ def positive(data: Mapping[str, Any], key: str, where: str, *, nullable: bool = 
         expected = "a positive number or null" if nullable else "a positive number"
         raise SchemaError(f"{where}.{key}: expected {expected}, got {type_name(value)} {value!r}")
     return float(value)
-
-
-def count(data: Mapping[str, Any], key: str, where: str, *, minimum: int = 0, nullable: bool = False) -> Any:
-    value = required(data, key, where)
-    if value is None and nullable:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        expected = f"an integer >= {minimum}" + (" or null" if nullable else "")
-        raise SchemaError(f"{where}.{key}: expected {expected}, got {type_name(value)} {value!r}")
-    return value

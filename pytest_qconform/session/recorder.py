@@ -192,7 +192,7 @@ class RunRecorder:
             worker or self.config.getoption("qconform_no_report") or self.config.getoption("collectonly")
         ):  # nothing ran: nothing to report
             return
-        from pytest_qconform.report.benchmarks import Benchmark, with_bitsandbytes_ratios
+        from pytest_qconform.report.benchmarks import read, with_bitsandbytes_ratios
         from pytest_qconform.report.run_report import RunReport, write_report
         from pytest_qconform.report.storage import ReportsFolder
 
@@ -202,7 +202,7 @@ class RunRecorder:
         ).root
         created = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         benchmarks = with_bitsandbytes_ratios(
-            Benchmark.from_dict(data, f"benchmark of {data.get('nodeid')}") for data in self.benchmarks
+            read(data, f"benchmark of {data.get('nodeid')}") for data in self.benchmarks
         )
         from pytest_qconform.report.calls import merged
         from pytest_qconform.report.contract import current_suite
