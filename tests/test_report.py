@@ -137,11 +137,13 @@ def test_a_cells_reason_and_first_failure_do_not_depend_on_the_order_results_arr
     import types
 
     from pytest_qconform.session import state
-    from pytest_qconform.session.outcomes import Case
+    from pytest_qconform.session.outcomes import Case, one_case_cell
     from pytest_qconform.session.recorder import RunRecorder
+    from pytest_qconform.vocabulary import Verdict
 
     def case(nodeid: str, verdict: str, message: str) -> Case:
-        return Case(nodeid, "hqq", "dequantize", "hqq4-g64", "fp16", "-", verdict, None, message, f"pytest {nodeid}")
+        key = {"backend": "hqq", "operation": "dequantize", "format": "hqq4-g64", "dtype": "fp16"}
+        return Case(nodeid, "-", one_case_cell(key, Verdict(verdict), None, message, f"pytest {nodeid}"))
 
     cases = [
         case("suites/test_b.py::test_x", "known-failure", "listed: bias cast in place"),

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, NoReturn, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import pytest
 
 from pytest_qconform.vocabulary import (
+    FAILING,
     NOT_CLAIMED_PREFIX,
     NOTHING_CLAIMED_PREFIX,
     OTHER_DEVICE_PREFIX,
@@ -28,6 +29,9 @@ from pytest_qconform.vocabulary import (
     Verdict,
 )
 from pytest_qconform.vocabulary import OOM_PREFIX as OOM_PREFIX  # public API here too, as the others (__init__.py)
+
+if TYPE_CHECKING:  # the report's records import pydantic: only a --qconform run builds them
+    from pytest_qconform.report.run_report import Cell
 
 KEY_PROPERTY = "qconform_key"
 MULTIPLE_PROPERTY = "qconform_multiple"
@@ -46,24 +50,51 @@ _SHORT_CIRCUIT = re.compile(r"\b(crashed|timeout) after an earlier (?:crash|time
 
 @dataclass(frozen=True)
 class Case:
-    """The outcome of one test item, keyed by its matrix cell."""
+    """The outcome of one test item: where it ran, the report's cell of this one case (which
+    the recorder folds with the other cases of its key, unchanged), and the axis values it
+    covered. One record from the test to the report: the cell is not copied field by field."""
 
     nodeid: str
-    backend: str
-    operation: str
-    format: str
-    dtype: str
     target: str
-    verdict: str
-    worst_error_multiple: float | None
-    message: str
-    repro: str
+    cell: Cell
     axes: tuple[tuple[str, str], ...] = ()  # (axis, value label) of a check with declared axes
     claimed: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (axis, the labels claimed on it)
 
     @property
-    def cell_key(self) -> tuple[str, str, str, str]:
-        return (self.backend, self.operation, self.format, self.dtype)
+    def backend(self) -> str:
+        return self.cell.backend
+
+    @property
+    def operation(self) -> str:
+        return self.cell.operation
+
+    @property
+    def verdict(self) -> Verdict:
+        return self.cell.verdict
+
+    @property
+    def message(self) -> str:
+        """Why: the failure's message, or the reason of any other verdict."""
+        return self.cell.first_failure["message"] if self.cell.first_failure else self.cell.reason
+
+
+def one_case_cell(key: dict[str, str], verdict: Verdict, multiple: float | None, message: str, repro: str) -> Cell:
+    """The cell of one test case: a failing verdict carries its message and repro as the
+    first failure, any other its message as the reason."""
+    from pytest_qconform.report.run_report import Cell, FirstFailure
+
+    failed = verdict in FAILING
+    return Cell(
+        key["backend"],
+        key["operation"],
+        key["format"],
+        key["dtype"],
+        verdict,
+        cases=1,
+        worst_error_multiple=multiple,
+        first_failure=FirstFailure(message=message, repro=repro) if failed else None,
+        reason="" if failed else message,
+    )
 
 
 def cell_key_of(item: pytest.Item) -> dict[str, str] | None:
@@ -206,15 +237,8 @@ def case_from_report(report: pytest.TestReport) -> Case | None:
     verdict, message = found
     return Case(
         report.nodeid,
-        key["backend"],
-        key["operation"],
-        key["format"],
-        key["dtype"],
         key["target"],
-        verdict,
-        props.get(MULTIPLE_PROPERTY),
-        message,
-        str(props.get(REPRO_PROPERTY, "")),
+        one_case_cell(key, verdict, props.get(MULTIPLE_PROPERTY), message, str(props.get(REPRO_PROPERTY, ""))),
         tuple(sorted(dict(props.get(AXES_PROPERTY) or {}).items())),
         tuple(sorted((axis, tuple(found)) for axis, found in dict(props.get(CLAIMED_AXES_PROPERTY) or {}).items())),
     )
@@ -251,18 +275,7 @@ def crash_case(
         message = (
             f"the test process died{ran} (segfault, abort or device exception) while running {where}; {report.longrepr}"
         )
-    return Case(
-        report.nodeid,
-        key["backend"],
-        key["operation"],
-        key["format"],
-        key["dtype"],
-        key["target"],
-        verdict,
-        None,
-        message,
-        repro,
-    )
+    return Case(report.nodeid, key["target"], one_case_cell(key, verdict, None, message, repro))
 
 
 def worse(a: Case | None, b: Case) -> Case:

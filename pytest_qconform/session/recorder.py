@@ -12,7 +12,7 @@ import pytest
 
 from pytest_qconform.session import outcomes, stale_known_failures, state
 from pytest_qconform.session.applicability import NOT_HERE, from_worker
-from pytest_qconform.vocabulary import FAILING, Verdict
+from pytest_qconform.vocabulary import Verdict
 
 # pytest-benchmark's skip of every non-benchmark test under --benchmark-only: it says
 # nothing about conformance, so a benchmark run's report holds no cells.
@@ -99,26 +99,14 @@ class RunRecorder:
             self.calls[report.nodeid] = (str(key.get("operation")), cast(dict, summary))
 
     def cells(self) -> list:
-        from pytest_qconform.report.run_report import Cell, FirstFailure, fold_cell
+        from pytest_qconform.report.run_report import Cell, fold_cell
 
-        grouped: dict[tuple[str, str, str, str], list] = {}
+        grouped: dict[tuple[str, str, str, str], list[Cell]] = {}
         # In test-id order, not in the order the results arrived: a cell's reason and first
         # failure are those of its first test by id, the same in a serial run and under
         # pytest-xdist, whose workers finish in a different order every run.
         for _, case in sorted(self.config.stash[state.CASES].items()):
-            failed = case.verdict in FAILING
-            cell = Cell(
-                backend=case.backend,
-                operation=case.operation,
-                format=case.format,
-                dtype=case.dtype,
-                verdict=Verdict(case.verdict),
-                cases=1,
-                worst_error_multiple=case.worst_error_multiple,
-                first_failure=FirstFailure(message=case.message, repro=case.repro) if failed else None,
-                reason=case.message if not failed else "",
-            )
-            grouped.setdefault(case.cell_key, []).append(cell)
+            grouped.setdefault(case.cell.key, []).append(case.cell)
         return [fold_cell(group) for _, group in sorted(grouped.items())]
 
     def _computed_cases(self) -> list:
