@@ -29,12 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_qconform.report.run_report import VERDICTS, RunReport
+from pytest_qconform.report.run_report import VERDICTS, CellKey, RunReport
 from pytest_qconform.report.storage import ReportsFolder
 from pytest_qconform.report.versions import backend_version, version_key
 from pytest_qconform.vocabulary import Verdict
-
-RowKey = tuple[str, str, str, str]
 
 
 class MatrixError(ValueError):
@@ -78,9 +76,9 @@ class Supersession:
 class Matrix:
     """The merged result. ``entries`` maps (row, arch) to an Entry; missing means no run covered it."""
 
-    rows: tuple[RowKey, ...]
+    rows: tuple[CellKey, ...]
     columns: tuple[str, ...]
-    entries: dict[tuple[RowKey, str], Entry]
+    entries: dict[tuple[CellKey, str], Entry]
     runs: tuple[RunReport, ...]
     superseded: tuple[Supersession, ...]
     simulated: tuple[RunReport, ...]
@@ -88,7 +86,7 @@ class Matrix:
     stale: tuple[RunReport, ...] = ()  # counted reports older than max_age_days
     max_age_days: float | None = None
 
-    def entry(self, row: RowKey, arch: str) -> Entry | None:
+    def entry(self, row: CellKey, arch: str) -> Entry | None:
         return self.entries.get((row, arch))
 
 
@@ -153,7 +151,7 @@ def merge(
     superseded.sort(key=lambda s: (_run_order(s.old), s.new.label))
     simulated.sort(key=_run_order)
 
-    per_cell: dict[tuple[RowKey, str], list[tuple[str, Any, str, str, str | None]]] = {}
+    per_cell: dict[tuple[CellKey, str], list[tuple[str, Any, str, str, str | None]]] = {}
     for report in counted:
         for cell in report.cells:
             per_cell.setdefault((cell.key, report.arch), []).append(
@@ -165,7 +163,7 @@ def merge(
                     backend_version(report, cell.backend),
                 )
             )
-    entries: dict[tuple[RowKey, str], Entry] = {}
+    entries: dict[tuple[CellKey, str], Entry] = {}
     for key, found in per_cell.items():
         history = tuple(
             sorted(((f[4], f[0], f[2]) for f in found), key=lambda h: (version_key(h[0]), VERDICTS.index(h[1]), h[2]))

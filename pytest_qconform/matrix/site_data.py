@@ -34,11 +34,11 @@ from pytest_qconform.hardware.targets import hardware_marker_names
 from pytest_qconform.matrix.heatmap import HEAT_COLORS, OTHER_COLOR, WORDS, versions_label
 from pytest_qconform.matrix.known_repros import NOT_RUN_PREFIX, registry_repros, repro_for
 from pytest_qconform.matrix.markdown import LEGEND_WORDS, accel_version, known_failure_text
-from pytest_qconform.matrix.model import Entry, Matrix, RowKey, known_archs, natural_key
+from pytest_qconform.matrix.model import Entry, Matrix, known_archs, natural_key
 from pytest_qconform.matrix.summary import DISAGREE, summarize
 from pytest_qconform.matrix.trend import trends, verdicts_by_version
 from pytest_qconform.matrix.versions import contract_revisions, other_differences, ranges
-from pytest_qconform.report.run_report import VERDICTS, RunReport
+from pytest_qconform.report.run_report import VERDICTS, CellKey, RunReport
 from pytest_qconform.report.schema import multiple_to_json
 from pytest_qconform.report.sections import Section
 from pytest_qconform.report.tables import format_multiple
@@ -62,7 +62,7 @@ def state_of(verdicts: tuple[str, ...] | list[str]) -> str:
     return verdicts[0] if len(set(verdicts)) == 1 else DISAGREE
 
 
-def rerun_command(row: RowKey, arch: str) -> str:
+def rerun_command(row: CellKey, arch: str) -> str:
     """The narrowest ``pytest --qconform`` the options allow for a cell's checks: its arch's
     marker, its backend, its format family and its dtype (the operation has no option: the
     command runs the other operations of that backend, family and dtype too)."""
@@ -93,7 +93,7 @@ def _known(reason: str) -> dict[str, Any]:
     }
 
 
-def _repros(row: RowKey, arch: str, entry: Entry, cells: dict[str, Any], repros: dict[str, str]) -> list[dict]:
+def _repros(row: CellKey, arch: str, entry: Entry, cells: dict[str, Any], repros: dict[str, str]) -> list[dict]:
     """The commands a reader can run for this cell, the most precise first: the first
     failing case's (stored in the report), the known failure's (the registry), then the
     cell's checks re-run (``rerun_command``)."""
@@ -221,7 +221,7 @@ def _entries(matrix: Matrix, repros: dict[str, str]) -> list[dict[str, Any]]:
     return out
 
 
-def _versions(matrix: Matrix, row_index: dict[RowKey, int]) -> list[dict[str, Any]]:
+def _versions(matrix: Matrix, row_index: dict[CellKey, int]) -> list[dict[str, Any]]:
     """MATRIX.md's Versions table (``versions.ranges``), with the regressed cells themselves."""
     return [
         {
@@ -241,7 +241,7 @@ def _versions(matrix: Matrix, row_index: dict[RowKey, int]) -> list[dict[str, An
     ]
 
 
-def _trend(matrix: Matrix, row_index: dict[RowKey, int]) -> list[dict[str, Any]]:
+def _trend(matrix: Matrix, row_index: dict[CellKey, int]) -> list[dict[str, Any]]:
     """``trend.trends``: per version the counts; per kind of change (fail -> pass) its cells."""
     return [
         {

@@ -18,8 +18,8 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from pytest_qconform.matrix.model import Entry, Matrix, RowKey, natural_key
-from pytest_qconform.report.run_report import VERDICTS
+from pytest_qconform.matrix.model import Entry, Matrix, natural_key
+from pytest_qconform.report.run_report import VERDICTS, CellKey
 from pytest_qconform.vocabulary import Verdict
 
 DISAGREE = "disagree"  # runs on the same arch gave different verdicts for one cell
@@ -80,7 +80,7 @@ def _worst_multiple(values: Iterable[float]) -> float | None:
 
 
 def summarize(matrix: Matrix) -> Summary:
-    grouped: dict[tuple[SummaryKey, str], list[tuple[RowKey, Entry]]] = {}
+    grouped: dict[tuple[SummaryKey, str], list[tuple[CellKey, Entry]]] = {}
     for (row, arch), entry in matrix.entries.items():
         grouped.setdefault(((row[0], row[1]), arch), []).append((row, entry))
     entries: dict[tuple[SummaryKey, str], SummaryEntry] = {}

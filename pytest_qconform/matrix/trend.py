@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from pytest_qconform.matrix.model import Entry, Matrix, RowKey, natural_key
-from pytest_qconform.report.run_report import VERDICTS
+from pytest_qconform.matrix.model import Entry, Matrix, natural_key
+from pytest_qconform.report.run_report import VERDICTS, CellKey
 from pytest_qconform.report.versions import version_key
 
 
@@ -24,7 +24,7 @@ from pytest_qconform.report.versions import version_key
 class CellChange:
     """One cell whose verdict differs between the versions that covered it."""
 
-    row: RowKey
+    row: CellKey
     said: tuple[tuple[str | None, str], ...]  # (version, verdict), oldest version first
 
     @property
@@ -64,7 +64,7 @@ def verdicts_by_version(entry: Entry) -> tuple[tuple[str | None, str], ...]:
 
 def trends(matrix: Matrix) -> tuple[Trend, ...]:
     """One Trend per (arch, backend) tested with more than one version, by arch then backend."""
-    grouped: dict[tuple[str, str], list[tuple[RowKey, Entry]]] = {}
+    grouped: dict[tuple[str, str], list[tuple[CellKey, Entry]]] = {}
     for (row, arch), entry in matrix.entries.items():
         grouped.setdefault((arch, row[0]), []).append((row, entry))
     out = []

@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from pytest_qconform.matrix.model import Entry, Matrix, RowKey, natural_key
-from pytest_qconform.report.run_report import FAILING_VERDICTS, RunReport
+from pytest_qconform.matrix.model import Entry, Matrix, natural_key
+from pytest_qconform.report.run_report import FAILING_VERDICTS, CellKey, RunReport
 from pytest_qconform.report.versions import PROBE_KEYS, backend_version, version_key
 from pytest_qconform.vocabulary import Verdict
 
@@ -36,7 +36,7 @@ FAILS: frozenset[str] = FAILING_VERDICTS | {Verdict.KNOWN_FAILURE}
 class Regression:
     """One cell that worked in ``good`` and fails in the later ``bad``."""
 
-    row: RowKey
+    row: CellKey
     good: str | None
     bad: str | None
     verdict: str  # what it says in ``bad``
@@ -104,7 +104,7 @@ def _by_version(entry: Entry) -> list[tuple[str | None, str]]:
 
 
 def version_range(
-    arch: str, backend: str, operation: str | None, entries: Iterable[tuple[RowKey, Entry]]
+    arch: str, backend: str, operation: str | None, entries: Iterable[tuple[CellKey, Entry]]
 ) -> VersionRange:
     """The floor and regressions of the given cells (one arch, one backend)."""
     entries = list(entries)
@@ -150,7 +150,7 @@ def _verdict_in(entry: Entry, version: str | None) -> str:
 
 def ranges(matrix: Matrix, by_operation: bool = False) -> tuple[VersionRange, ...]:
     """One VersionRange per (arch, backend), or per (arch, backend, operation)."""
-    grouped: dict[tuple[str, str, str | None], list[tuple[RowKey, Entry]]] = {}
+    grouped: dict[tuple[str, str, str | None], list[tuple[CellKey, Entry]]] = {}
     for (row, arch), entry in matrix.entries.items():
         grouped.setdefault((arch, row[0], row[1] if by_operation else None), []).append((row, entry))
     found = [

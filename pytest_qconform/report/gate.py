@@ -48,7 +48,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_qconform.report.published_schema import violation
-from pytest_qconform.report.run_report import FAILING_VERDICTS, VERDICTS, Cell, ReportError, RunReport, read_report
+from pytest_qconform.report.run_report import (
+    FAILING_VERDICTS,
+    VERDICTS,
+    Cell,
+    CellKey,
+    ReportError,
+    RunReport,
+    read_report,
+)
 from pytest_qconform.report.storage import NotOneReport, ReportsFolder
 from pytest_qconform.report.versions import MinVersion
 from pytest_qconform.vocabulary import Verdict
@@ -146,7 +154,7 @@ def problems(
                     else "(the report has no cell for it: was it registered and selected with --qconform-backend?)"
                 )
             )
-    expected: set[tuple[str, str, str, str]] = set()
+    expected: set[CellKey] = set()
     for pattern in expect_fail:
         matched = [c for c in cells if pattern.matches(c)]
         if not matched:

@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from pydantic import with_config
 from pydantic.dataclasses import dataclass as pydantic_dataclass
@@ -69,6 +69,15 @@ class ReportError(ValueError):
 # ---------------------------------------------------------------- records
 
 
+class CellKey(NamedTuple):
+    """What names a cell, from a test's case to the matrix's row: one key, one spelling."""
+
+    backend: str
+    operation: str
+    format: str
+    dtype: str
+
+
 @with_config(RECORD_CONFIG)
 class FirstFailure(TypedDict):
     """The first failing case of a cell: its message and a command that reruns it."""
@@ -98,8 +107,8 @@ class Cell:
     reason: Text = ""
 
     @property
-    def key(self) -> tuple[str, str, str, str]:
-        return (self.backend, self.operation, self.format, self.dtype)
+    def key(self) -> CellKey:
+        return CellKey(self.backend, self.operation, self.format, self.dtype)
 
 
 def _worst(multiples: Iterable[float | None]) -> float | None:

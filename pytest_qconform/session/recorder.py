@@ -99,9 +99,9 @@ class RunRecorder:
             self.calls[report.nodeid] = (str(key.get("operation")), cast(dict, summary))
 
     def cells(self) -> list:
-        from pytest_qconform.report.run_report import Cell, fold_cell
+        from pytest_qconform.report.run_report import Cell, CellKey, fold_cell
 
-        grouped: dict[tuple[str, str, str, str], list[Cell]] = {}
+        grouped: dict[CellKey, list[Cell]] = {}
         # In test-id order, not in the order the results arrived: a cell's reason and first
         # failure are those of its first test by id, the same in a serial run and under
         # pytest-xdist, whose workers finish in a different order every run.
