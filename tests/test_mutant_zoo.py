@@ -159,13 +159,16 @@ def zoo_report(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
         (roots[-1] / "conftest.py").write_text(CONFTEST)
     # The runs are independent processes: side by side, one per core (they were the longest
     # setup of the project's tests, one after another); merged in the runs' order as before.
-    with ThreadPoolExecutor(max_workers=min(len(runs), os.cpu_count() or 1) or 1) as pool:
-        reports = list(
-            pool.map(
-                lambda run: _run_zoo(run[0], [*CORRECT, *run[1][1]], _keyword(run[1][0]), *_markers(run[1][0])),
-                zip(roots, runs),
-            )
-        )
+    # The original suites' run is most of the work: on two cores or more it spreads its tests
+    # over two pytest-xdist workers (the report is the serial run's, tests/test_xdist.py).
+    cores = os.cpu_count() or 1
+
+    def run(root, label: str, names: list[str]) -> dict:
+        spread = ("-n", "2") if label == "original" and cores >= 2 else ()
+        return _run_zoo(root, [*CORRECT, *names], _keyword(label), *_markers(label), *spread)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(runs), cores))) as pool:
+        reports = list(pool.map(lambda found: run(found[0], *found[1]), zip(roots, runs)))
     cells, coverage = [], []
     for report in reports:
         cells += report["cells"]
