@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from qconform_example_nf4.backend import TorchNF4Backend
-from zoo import _InferenceModeDropsBiasLinear
+from zoo import _CompiledDropsBiasLinear, _InferenceModeDropsBiasLinear
 
 from pytest_qconform.backends.functional_layer import FunctionalLayers
 from pytest_qconform.backends.spec import QuantSpec
@@ -76,6 +76,24 @@ def test_a_compiled_call_is_judged_as_compiled() -> None:
         "forward no-grad compiled cpu 2-D contiguous fp32": 2,
         "forward no-grad cpu 2-D contiguous fp32": 2,
     }
+
+
+def test_a_bug_only_in_the_compiled_path_fails_as_a_compiled_call() -> None:
+    """The compiled queue can fail: a layer wrong only while dynamo traces it (its bias
+    dropped) passes every eager call and fails the compiled one, named as compiled."""
+    model, facets = _model(_CompiledDropsBiasLinear)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="eager", dynamic=False)
+    try:
+        with pytest.raises(
+            WatchFailure,
+            match=r"2 of 4 judged calls failed:\n  0 \[torch-nf4\] forward call 2 \(3 rows; forward no-grad compiled cpu",
+        ):
+            with watch(model, facets), torch.no_grad():
+                model(torch.randn(3, 64))  # eager: right
+                compiled(torch.randn(3, 64))
+    finally:
+        torch._dynamo.reset()
 
 
 def test_a_captured_call_is_judged_when_the_watch_settles(monkeypatch: pytest.MonkeyPatch) -> None:

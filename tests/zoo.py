@@ -1000,6 +1000,17 @@ class Tf32WhenEvaluating(_LayerMutant):
 MUTANTS = MUTANTS + (Tf32WhenEvaluating,)
 
 
+class _CompiledDropsBiasLinear(FunctionalLinear):
+    """A layer whose traced path (libraries branch on ``torch.compiler.is_compiling()``)
+    forgets the bias: every eager call is right. The oracle's compiled queue must catch it
+    (tests/test_watch.py, on the CPU through dynamo's tracing)."""
+
+    def forward(self, x):
+        if torch.compiler.is_compiling():
+            return self.backend.matmul(x, self.quantized, None, self.compute_dtype)
+        return super().forward(x)
+
+
 class _CapturedDropsBiasLinear(FunctionalLinear):
     def forward(self, x):
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
