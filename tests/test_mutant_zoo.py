@@ -388,6 +388,8 @@ def test_library_mutant_is_caught_by_its_workload(tmp_path, mutant) -> None:
     import re
 
     pytest.importorskip("peft")
+    if getattr(mutant, "needs_gpu", False) and not GPU:
+        pytest.skip(f"{mutant.name} plants its bug into a GPU-only library: needs a GPU")
     (tmp_path / "conftest.py").write_text(LIBRARY_CONFTEST.format(name=mutant.name))
     report = _run_zoo(tmp_path, [mutant.name], mutant.selection, f"--qconform-profile={mutant.profile}")
     cells = [c for c in report["cells"] if c["backend"] == mutant.name and c["operation"] == mutant.catches]

@@ -1140,10 +1140,43 @@ class PeftMergeDropsBias(LibraryMutant):
         Linear4bit.merge = merge
 
 
+def _hqq_gemlite_backend():
+    from pytest_qconform.backends.hqq_gemlite import HqqGemliteBackend
+
+    return HqqGemliteBackend
+
+
+class GemliteGemvDropsBias(LibraryMutant):
+    """A route only decoding takes, wrong: gemlite's gemv (1 to 4 activation rows, a
+    generated token per sequence) planted to add no bias, its GEMM routes (the prompt's
+    prefill) right. Reached only where the oracle watches the converted layer
+    (``GemLiteLinearTriton``) inside generate; Qwen2's q/k/v carry biases. Needs a GPU."""
+
+    name = "mutant-lib-gemlite-gemv-drops-bias"
+    catches = "workload:generate"
+    selection = "test_generate and qwen2"
+    expect = r"forward: error is"
+    base = staticmethod(_hqq_gemlite_backend)
+    needs_gpu = True
+
+    @staticmethod
+    def plant() -> None:
+        import gemlite.core
+
+        original = gemlite.core.forward_functional
+
+        def forward_functional(x, bias, tensor_args, meta_args, matmul_type=-1):
+            rows = x.numel() // x.shape[-1]
+            return original(x, None if rows <= 4 else bias, tensor_args, meta_args, matmul_type)
+
+        gemlite.core.forward_functional = forward_functional
+
+
 LIBRARY_MUTANTS: tuple[type[LibraryMutant], ...] = (
     ReentrantCheckpointWithoutInputGrads,
     HqqConstantGroupsNaN,
     PeftMergeDropsBias,
+    GemliteGemvDropsBias,
 )
 
 

@@ -81,8 +81,7 @@ class HqqGemliteBackend(Backend):
         from hqq.core.quantize import BaseQuantizeConfig
 
         where = f"{self.name}.quantize"
-        if spec.format != "hqq4" or spec.double_quant or spec.axis != 1:
-            raise ValueError(f"{where}: gemlite converts HQQ 4-bit layers of axis 1 only, got {spec}")
+        self._check(spec, where)
         if weight.dim() != 2 or weight.device.type != "cuda":
             raise ValueError(
                 f"{where}: needs a 2-D weight on a CUDA device, got {tuple(weight.shape)} on {weight.device}"
@@ -97,6 +96,39 @@ class HqqGemliteBackend(Backend):
         state = {k: v.detach().clone() for k, v in layer.state_dict().items() if isinstance(v, torch.Tensor)}
         handle = GemliteHandle(self._convert(layer), state, weight.dtype)
         return Quantized(self.name, spec, tuple(weight.shape), weight.device, handle)
+
+    @staticmethod
+    def _check(spec: QuantSpec, where: str) -> None:
+        if spec.format != "hqq4" or spec.double_quant or spec.axis != 1:
+            raise ValueError(f"{where}: gemlite converts HQQ 4-bit layers of axis 1 only, got {spec}")
+
+    def convert_linear(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        spec: QuantSpec,
+        compute_dtype: torch.dtype,
+        device: torch.device,
+    ) -> Any:
+        """The layer facet's build: an ``HQQLinear`` quantized on ``device`` from an
+        ``nn.Linear`` holding ``weight`` and ``bias`` (as transformers or HQQ's own loader
+        builds it), then converted as ``prepare_for_inference(backend="gemlite")`` converts
+        it, bias included."""
+        from hqq.core.quantize import BaseQuantizeConfig
+
+        self._check(spec, "hqq-gemlite layer")
+        if device.type != "cuda":
+            raise ValueError(f"hqq-gemlite layer: gemlite computes on CUDA only, got {device}")
+        gemlite_configs.load_recorded(device)
+        out_features, in_features = weight.shape
+        linear = torch.nn.Linear(in_features, out_features, bias=bias is not None, device="meta")
+        linear.weight = torch.nn.Parameter(weight.detach().cpu().clone(), requires_grad=False)
+        if bias is not None:
+            linear.bias = torch.nn.Parameter(bias.detach().cpu().clone(), requires_grad=False)
+        config = BaseQuantizeConfig(nbits=4, group_size=spec.blocksize, axis=1)
+        with _pytorch_backend() as hqq_linear:
+            layer = hqq_linear(linear, config, compute_dtype=compute_dtype, device=str(device))
+        return self._convert(layer)
 
     @staticmethod
     def _convert(layer: Any) -> Any:
@@ -134,9 +166,12 @@ class HqqGemliteBackend(Backend):
             layer.bias = previous
 
     def export_packed(self, q: Quantized) -> PackedGemlite4:
+        return self.packed_of(q.handle.layer)
+
+    @staticmethod
+    def packed_of(layer: Any) -> PackedGemlite4:
         """gemlite's ``W_q`` words, ``scales`` and ``zeros`` as the converted layer stores
         them, and the dequantization mode it runs with (bf16 widened to fp32 exactly)."""
-        layer = q.handle.layer
         return PackedGemlite4(
             shape=(int(layer.out_features), int(layer.in_features)),
             group_size=int(layer.group_size),
@@ -152,3 +187,10 @@ class HqqGemliteBackend(Backend):
                 "zero_dtype": dtype_name(layer.zeros.dtype),
             },
         )
+
+    def layers(self) -> Any:
+        """``GemLiteLinearTriton`` (``gemlite_layer.GemliteLayers``): the layer a converted
+        model holds, so the layer suites and the call-site oracle reach it."""
+        from pytest_qconform.backends.gemlite_layer import GemliteLayers
+
+        return GemliteLayers(self)
