@@ -7,7 +7,9 @@ loop closed by one synchronize (eager us per call). Layers, from the top:
 
 - ``matmul``: ``Backend.matmul`` as a user calls it; ``layer``: ``FunctionalLinear.forward``;
 - ``linear``: the adapter's ``linear`` (plan key, plan lookup);
-- ``plan``: the plan itself (output allocation, the launch);
+- ``plan``: the plan itself (output allocation, the launch) through Triton's C launch;
+- ``native-launch``: the plan's native launch (``kernels.native_launch``: layout check,
+  allocation and launch in one C++ call), what ``matmul`` and ``linear`` call first;
 - ``bound-launch``: the plan's ``BoundLaunch`` with the output allocated;
 - ``runner``: Triton's ``CompiledKernel[grid]`` runner (what a bound launch called before
   issue 38), ``launcher``: its ``CudaLauncher``, ``c-launch``: the generated C ``launch``
@@ -138,6 +140,13 @@ def measure(shape: tuple[int, int], rows: int, label: str) -> list[dict]:
         for _ in range(3):  # the plan, then its launches bound
             calls["matmul"]()
         calls.update(_launch_levels(backend, q, x))
+        native = q.handle.fast[0]
+        if native is not None:
+            calls["native-launch"] = lambda: native(x, None)
+        else:
+            from qconform_triton_nf4.kernels import native_launch
+
+            print(f"no native launch: {native_launch.unavailable_reason()}", file=sys.stderr)
         calls["torch.empty"] = lambda: torch.empty((rows, n), dtype=dtype, device=device)
         calls["new_empty"] = lambda: x.new_empty((rows, n))
         try:
@@ -170,7 +179,7 @@ def measure(shape: tuple[int, int], rows: int, label: str) -> list[dict]:
                 "host_us": round(host_us(call, sync=False), 2),
                 "eager_us": round(host_us(call, sync=True), 2),
             }
-            if name in ("matmul", "layer", "linear", "plan", "custom-op"):
+            if name in ("matmul", "layer", "linear", "plan", "custom-op", "native-launch"):
                 row["equal_to_first_call"] = bool(torch.equal(call(), reference))
             print(json.dumps(row), flush=True)
             out.append(row)

@@ -99,6 +99,10 @@ class Nf4State:
     offset: float | None = None
     # Eager-call plans by activation layout (triton_nf4_plans): filled by the adapter.
     plans: dict[Any, Any] = field(init=False, default_factory=dict, compare=False, repr=False)
+    # Their native launches (kernels.native_launch) by the same keys, None where a plan has
+    # none; ``fast[0]``: the one of the layout called last, tried before any key is built.
+    natives: dict[Any, Any] = field(init=False, default_factory=dict, compare=False, repr=False)
+    fast: list[Any] = field(init=False, default_factory=lambda: [None], compare=False, repr=False)
 
     def __post_init__(self) -> None:
         """The state's tensors are static addresses to a compiled graph, as a module's
@@ -328,6 +332,9 @@ class TritonNf4Backend(Backend):
         if torch.compiler.is_compiling():
             self._check_2d(state)
             return triton_nf4_ops.linear(x, state, bias, FUSED_MAX_ROWS)
+        fast = state.fast[0]
+        if fast is not None and (y := fast(x, bias)) is not None:
+            return y
         key = triton_nf4_plans.plan_key(x, bias)
         plan = state.plans.get(key)
         if plan is None:
@@ -342,6 +349,14 @@ class TritonNf4Backend(Backend):
                 lambda dtype: self.buffered_weight(state, dtype),
             )
             state.plans[key] = plan
+            y = plan(x, bias)  # the first call binds the launches a native launch is made from
+            state.natives[key] = state.fast[0] = triton_nf4_plans.native_launch(plan, x, bias)
+            return y
+        native = state.natives.get(key)
+        if native is not None:
+            state.fast[0] = native
+            if (y := native(x, bias)) is not None:
+                return y
         return plan(x, bias)
 
     def _check_2d(self, state: Nf4State) -> None:
@@ -352,6 +367,10 @@ class TritonNf4Backend(Backend):
         self, x: torch.Tensor, q: Quantized, bias: torch.Tensor | None, compute_dtype: torch.dtype
     ) -> torch.Tensor:
         """x and bias cast to ``compute_dtype``; the result cast back to x's dtype."""
+        if x.dtype is compute_dtype and not torch.compiler.is_compiling():
+            fast = q.handle.fast[0]  # the native launch of the last layout: it checks x and bias itself
+            if fast is not None and (y := fast(x, bias)) is not None:
+                return y
         inp_dtype = x.dtype
         if inp_dtype != compute_dtype:  # a no-op .to() still costs host time per call
             x = x.to(compute_dtype)

@@ -79,3 +79,13 @@ def linear_plan(
         return y + bias if bias is not None else y
 
     return dequantized_route
+
+
+def native_launch(plan: Plan, x: torch.Tensor, bias: torch.Tensor | None) -> Any:
+    """``plan`` as one native call for calls laid out as ``x`` and ``bias``
+    (``kernels.native_launch``: ``launch(x, bias) -> out``, or None where x or bias is laid
+    out otherwise or autograd would record the call), or None where the plan has none (the
+    dequantize route, a K split, no native launch here). Made after the plan's first call,
+    which binds its launches."""
+    make = getattr(plan, "native", None)
+    return make(x, bias) if make is not None else None

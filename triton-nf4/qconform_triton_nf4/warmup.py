@@ -9,8 +9,9 @@ compiles go to processes: at configure time, before collection, the session star
 ``kernel_calls``) on zeros, which puts the same variants into Triton's on-disk cache
 (``TRITON_CACHE_DIR`` is inherited). The session does not wait for them: a kernel it needs
 first compiles in the session as before, and results never depend on it (Triton keys
-cache entries by source, arguments and options). Workers still running at the end of the
-session are stopped.
+cache entries by source, arguments and options). The first worker also builds the
+adapter's native launch (``kernels/native_launch``, cached by torch once built). Workers
+still running at the end of the session are stopped.
 
 A warm-up whose workers all replay their calls without an error leaves a marker file in
 Triton's cache folder, named by a hash of what decides the compiled variants (the call

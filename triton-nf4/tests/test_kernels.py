@@ -28,7 +28,11 @@ if not torch.cuda.is_available():
 bnb_functional = pytest.importorskip("bitsandbytes.functional")
 pytest.importorskip("triton")
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
 from qconform_triton_nf4 import kernels  # noqa: E402  (after TRITON_INTERPRET)
+from qconform_triton_nf4.kernels.nf4_mma import _sum_tile_splits  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -389,7 +393,6 @@ def test_gemv_tensor_core_kernel_configurations(monkeypatch, config):
             {1: config, 2: config, 3: (1, *config[1:]), 4: (1, *config[1:])},
         )
     launched = spy_on(monkeypatch, nf4_mma, "_gemm_4bit_mma_kernel")
-    sums = spy_on(monkeypatch, nf4_mma, "_sum_splits_kernel")
     gen = torch.Generator().manual_seed(16)
     cases = 0
     for blocksize, double_quant, x_dtype, most_rows in (
@@ -405,7 +408,70 @@ def test_gemv_tensor_core_kernel_configurations(monkeypatch, config):
     assert len(launched) == cases, "every case must take the tensor-core kernel"
     if config is not None:
         split = [grid for grid in launched if grid[1] == 2]
-        assert split and len(sums) == len(split), "two splits, added by the second kernel"
+        assert split, "two splits, added by the last program of each tile"
+
+
+@pytest.mark.parametrize("x_dtype, rows, with_bias", [(torch.bfloat16, 5, True), (torch.float16, 19, False)])
+def test_tensor_core_split_sums_are_added_in_split_order_by_the_last_program(monkeypatch, x_dtype, rows, with_bias):
+    """With K split over programs, the last program of each tile to draw its ticket writes
+    ``((0 + split 0) + split 1) + ... + bias`` of the splits' fp32 sums, rounded once, bit
+    for bit (the order of the separate sum kernel this replaced), and leaves every ticket
+    zero for the next launch."""
+    from qconform_triton_nf4.kernels import nf4_gemv, nf4_mma
+
+    monkeypatch.setattr(nf4_gemv, "INTERPRETED_MMA_ROWS", (4, nf4_mma.MAX_ROWS))
+    config = (1, 2, 64)  # 2 warps, as many splits as the 8 chunks allow: 4
+    monkeypatch.setattr(
+        nf4_mma, "_GPU_CONFIG" if DEVICE.type == "cuda" else "_INTERPRETER_CONFIG", dict.fromkeys(range(1, 5), config)
+    )
+    monkeypatch.setattr(nf4_mma, "_GPU_CONFIG_NARROW", {})
+    launches = []
+    kernel = nf4_mma._gemm_4bit_mma_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **meta):
+                launches.append((grid, args))
+                return kernel[grid](*args, **meta)
+
+            return launch
+
+    monkeypatch.setattr(nf4_mma, "_gemm_4bit_mma_kernel", Spy())
+    N, K = 40, 512
+    packed, state, kw = quantize((N, K), "nf4", 64, False, seed=3)
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, K, generator=gen).to(x_dtype).to(DEVICE)
+    bias = torch.randn(N, generator=gen).to(x_dtype).to(DEVICE) if with_bias else None
+    got = kernels.gemv_4bit(x, packed.to(DEVICE), state.absmax.to(DEVICE), shape=(N, K), bias=bias, **kw)
+    ((grid, args),) = launches
+    work, tickets = args[6], args[7]
+    assert grid[1] == 4 and tuple(work.shape) == (4, rows, N) and work.dtype == torch.float32
+    expected = torch.zeros(rows, N, dtype=torch.float32, device=DEVICE)
+    for split in work:
+        expected = expected + split
+    if bias is not None:
+        expected = expected + bias.float()
+    assert torch.equal(got, expected.to(x_dtype))
+    assert not bool(tickets.any()), "the last program zeroes its tile's ticket"
+
+
+@triton.jit
+def _sum_tile_splits_probe(work_ptr, bias_ptr, out_ptr, M, N, splits, ROWS: tl.constexpr):
+    _sum_tile_splits(work_ptr, bias_ptr, out_ptr, tl.program_id(0) * ROWS, M, N, splits, ROWS, True, False)
+
+
+def test_split_sums_are_added_from_zero_in_split_order() -> None:
+    """Splits 2^24, 1, -2^24: in split order the 1 is lost to fp32 rounding (0 + bias),
+    in any order that adds 1 to -2^24 first it is kept (1 + bias). So the sum's bits, and a
+    result bit-equal run after run, follow from the order alone."""
+    M, N, rows = 2, 20, 16
+    work = torch.empty(3, M, N, dtype=torch.float32)
+    work[0], work[1], work[2] = 2.0**24, 1.0, -(2.0**24)
+    bias = torch.arange(N, dtype=torch.float16)
+    out = torch.full((M, N), -7.0, dtype=torch.float16)
+    work, bias, out = work.to(DEVICE), bias.to(DEVICE), out.to(DEVICE)
+    _sum_tile_splits_probe[(triton.cdiv(N, rows),)](work, bias, out, M, N, 3, ROWS=rows)
+    assert torch.equal(out.cpu(), bias.cpu().float().expand(M, N).half())
 
 
 @pytest.mark.parametrize(

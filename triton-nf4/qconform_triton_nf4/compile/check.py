@@ -123,7 +123,7 @@ def launch_sites() -> set[str]:
 def extra_calls() -> list[dict]:
     """Entry-point calls beyond a default run's log: ``quantize_calls()``, and ``gemv_4bit`` with ``MAX_ROWS`` rows, one
     call per x dtype, on a weight deep enough (8 chunks of 64 columns) that the
-    tensor-core kernel splits K, so ``_sum_splits_kernel`` is compiled too (a default
+    tensor-core kernel splits K, so its split-sum variant is compiled too (a default
     run's weights are at most 256 deep there)."""
     import torch
 

@@ -333,7 +333,7 @@ def doc_markdown(check: CompileCheck) -> str:
         "occupancy is resident warps per SM / the SM's maximum, from the registers and the warp and block "
         "limits (triton-nf4/qconform_triton_nf4/compile/resources.py; shared memory not applied). –: no replayed call "
         "launches the kernel on that arch (the entry points route elsewhere there: the tensor-core kernel, "
-        "`_gemm_4bit_mma_kernel` with its `_sum_splits_kernel`, runs on NVIDIA from sm_80 only).",
+        "`_gemm_4bit_mma_kernel`, runs on NVIDIA from sm_80 only).",
         "",
         *_table(["arch", "family", "wave", "all compile", *(f"`{short[k]}`" for k in kernels)], rows),
     ]

@@ -41,11 +41,13 @@ class BoundLaunch:
     """``launch(*runtime_args)`` == ``kernel[grid](*runtime_args, **meta)`` for arguments of
     the same dtypes, alignments and integer classes as the first call's."""
 
-    __slots__ = ("_grid", "_kernel", "_meta", "_runner")
+    __slots__ = ("_compiled", "_grid", "_kernel", "_meta", "_runner", "_tail")
 
     def __init__(self, kernel: Any, grid: tuple[int, ...], meta: dict[str, Any]) -> None:
         self._kernel, self._grid, self._meta = kernel, tuple(grid), meta
         self._runner: Callable[..., Any] | None = None
+        self._compiled: Any = None
+        self._tail: tuple[Any, ...] = ()
 
     def __call__(self, *args: Any) -> None:
         runner = self._runner
@@ -64,6 +66,29 @@ class BoundLaunch:
         grid = self._grid + (1,) * (3 - len(self._grid))
         runner = compiled[grid]
         self._runner = direct_launcher(compiled, grid, tail, runner) or (lambda *args: runner(*args, *tail))
+        self._compiled, self._tail = compiled, tail
+
+    def native(
+        self,
+        args: tuple[Any, ...],
+        roles: dict[str, int],
+        x: torch.Tensor,
+        bias: torch.Tensor | None,
+        out_shape: tuple[int, ...],
+        **workspace: int,
+    ) -> Any:
+        """This launch as one native call that also allocates its output
+        (``native_launch.make_launch``: ``launch(x, bias) -> out | None``), once bound; None
+        before, or where this process has no native launch. ``args``: one call's runtime
+        arguments, the per-call tensors' places (``roles``) holding anything."""
+        if self._compiled is None:
+            return None
+        from qconform_triton_nf4.kernels import native_launch
+
+        grid = self._grid + (1,) * (3 - len(self._grid))
+        return native_launch.make_launch(
+            self._compiled, grid, (*args, *self._tail), roles, x, bias, out_shape, **workspace
+        )
 
     @property
     def bound(self) -> bool:

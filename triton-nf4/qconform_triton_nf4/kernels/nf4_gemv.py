@@ -877,7 +877,21 @@ def gemv_4bit_plan(
         run(x if flat else x.reshape(-1, K), out, bias)
         return out
 
+    def native(x: torch.Tensor, bias: torch.Tensor | None) -> Any:
+        """The plan as one native call (``native_launch``), made after a first call with
+        ``x`` and ``bias``; None where x's rows are not a view of x or bias is not flat (the
+        plan copies them), or no native launch is had here."""
+        run_native = getattr(run, "native", None)
+        if run_native is None or (bias is not None and not bias_flat) or x.reshape(-1, K).data_ptr() != x.data_ptr():
+            return None
+        return run_native(x, bias, out_shape)
+
+    planned.native = native  # type: ignore[attr-defined]
     return planned
+
+
+# Argument positions of the per-call tensors in every gemv launch (x, bias, out).
+NATIVE_ROLES = {"x": 0, "bias": 4, "out": 5}
 
 
 def plan_gemv(
@@ -1015,4 +1029,11 @@ def plan_gemv(
             *tail,
         )
 
+    def native(x: torch.Tensor, bias: torch.Tensor | None, out_shape: tuple[int, ...]) -> Any:
+        if bf16_bits:
+            return None
+        w, a, c = fixed_pointers
+        return launch.native((None, w, a, c, a, None, *tail_pointers), NATIVE_ROLES, x, bias, out_shape)
+
+    run.native = native  # type: ignore[attr-defined]
     return run

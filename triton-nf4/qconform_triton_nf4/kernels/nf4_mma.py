@@ -23,7 +23,8 @@ and product q (0-3) takes its columns ``16 t + 4 q .. + 3``: A's registers a0/a2
 g's columns +0, +1 / +2, +3 (a1/a3 the same of row g + 8), B's b0/b1 the same columns of
 row g of x, one 8-byte load of x. Programs are 16 * ROW_TILES weight rows; their warps,
 and SPLIT programs along the grid's second axis, take turns over the chunks; the warps'
-sums are added in the program, the splits' by ``_sum_splits_kernel``, in a fixed order.
+sums are added in the program, the splits' by the last program of each tile to arrive
+(``_sum_tile_splits``), in split order.
 
 NVIDIA only: the products (``mma.sync``), the code lookups (a warp shuffle, as in
 ``nf4_gemv``) and the bf16/fp16 packing (``cvt.rn``) are inline PTX. With ``PTX`` off (the
@@ -409,6 +410,8 @@ def _gemm_4bit_mma_kernel(
     code_ptr,
     bias_ptr,
     out_ptr,
+    work_ptr,
+    ticket_ptr,
     nested_absmax_ptr,
     nested_code_ptr,
     offset,
@@ -432,7 +435,9 @@ def _gemm_4bit_mma_kernel(
     """Weight rows ``16 * ROW_TILES * pid0 ..`` against every row of x (at most 8 *
     X_GROUPS; two row tiles take at most two groups), over the chunks of split pid1 (chunks
     pid1 * NUM_WARPS + warp, then every NUM_WARPS * splits). One split: bias and rounding here; several: fp32 sums into
-    ``out_ptr`` [splits, M, N] for ``_sum_splits_kernel``."""
+    ``work_ptr`` [splits, M, N], and the last split of a tile to arrive (a ticket from
+    ``ticket_ptr``, one int32 per tile, zero before the launch and left zero) adds the
+    tile's splits in split order, the bias, and rounds (``_sum_tile_splits``)."""
     tl.static_assert(ROW_TILES == 1 or X_GROUPS <= 2, "two row tiles hold accumulators for two groups of x")
     lane = tl.arange(0, 32 * NUM_WARPS) * one
     warp = lane // 32
@@ -571,7 +576,10 @@ def _gemm_4bit_mma_kernel(
                 X_FP16,
                 PTX,
             )
-    out = out_ptr + split.to(tl.int64) * M * N
+    if SPLIT_SUMS:
+        out = work_ptr + split.to(tl.int64) * M * N
+    else:
+        out = out_ptr
     _store_tile(out, bias_ptr, d0, d1, d2, d3, first_row, 0, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS)
     if X_GROUPS >= 2:
         _store_tile(out, bias_ptr, e0, e1, e2, e3, first_row, 8, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS)
@@ -585,29 +593,46 @@ def _gemm_4bit_mma_kernel(
             _store_tile(
                 out, bias_ptr, h0, h1, h2, h3, first_row + 16, 8, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS
             )
+    if SPLIT_SUMS:
+        # Every warp's partial sums stored before one thread takes the tile's ticket (release,
+        # GPU scope); the program that draws the last one reads the others' after its acquire.
+        tl.debug_barrier()
+        ticket = tl.atomic_add(ticket_ptr + tl.program_id(0), 1, sem="acq_rel")
+        if ticket == splits - 1:
+            _sum_tile_splits(work_ptr, bias_ptr, out_ptr, first_row, M, N, splits, 16 * ROW_TILES, HAS_BIAS, BF16_BITS)
+            tl.store(ticket_ptr + tl.program_id(0), 0)  # zero again for the next launch on this stream
 
 
-@triton.jit(do_not_specialize=["numel", "N"])
-def _sum_splits_kernel(
-    partial_ptr,
+@triton.jit
+def _sum_tile_splits(
+    work_ptr,
     bias_ptr,
     out_ptr,
-    numel,
+    first_row,
+    M,
     N,
-    SPLITS: tl.constexpr,
+    splits,
+    ROWS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BF16_BITS: tl.constexpr,
-    BLOCK: tl.constexpr,
 ):
-    """``out = sum over splits of partial[split] (+ bias)``, in split order, rounded once."""
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = i < numel
-    y = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in tl.static_range(SPLITS):
-        y += tl.load(partial_ptr + s * numel + i, mask=ok, other=0.0)
+    """``out = sum over splits of work[split] (+ bias)`` for weight rows ``first_row ..
+    + ROWS`` and every row of x (at most 32), in split order from zero, rounded once: the
+    order, and so the bits, of the separate sum kernel this replaced (bench/notes.md,
+    "Issue 38"). The loads bypass L1 (``.cg``): the other programs' sums were written
+    from other multiprocessors."""
+    n = first_row + tl.arange(0, ROWS)[:, None]
+    m = tl.arange(0, 32)[None, :]
+    ok = (n < N) & (m < M)
+    at = m.to(tl.int64) * N + n
+    y = tl.zeros((ROWS, 32), dtype=tl.float32)
+    partial = work_ptr + at
+    for _ in range(0, splits):
+        y += tl.load(partial, mask=ok, other=0.0, cache_modifier=".cg")
+        partial += M * N
     if HAS_BIAS:
-        y += tl.load(bias_ptr + i % N, mask=ok, other=0.0).to(tl.float32)
-    store_as(out_ptr + i, y, ok, BF16_BITS)
+        y += tl.load(bias_ptr + tl.minimum(n, N - 1)).to(tl.float32)
+    store_as(out_ptr + at, y, ok, BF16_BITS)
 
 
 MMA_CAPABILITY = (8, 0)  # mma.sync m16n8k16 with bf16/fp16 operands: sm_80 and newer
@@ -733,15 +758,11 @@ def plan_gemm_4bit_mma(
             num_warps=num_warps,
         ),
     )
-    block = 1024
-    sums = BoundLaunch(
-        _sum_splits_kernel,
-        (math.ceil(M * N / block),),
-        dict(SPLITS=splits, HAS_BIAS=has_bias, BF16_BITS=bf16_bits, BLOCK=block, num_warps=4),
-    )
-
     fixed, nested = (pairs, absmax, code), (nested_absmax, nested_code)
     fixed_pointers, nested_pointers = pointers(fixed), pointers(nested)  # for the bound launches
+    tickets: dict[int, torch.Tensor] = {}  # per stream: one int32 per tile, zero between launches
+    stream_of: Callable[[int], int] | None = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    device_index = device.index if device.index is not None else 0
 
     def run(x2: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None) -> None:
         bound = gemm.bound
@@ -749,10 +770,58 @@ def plan_gemm_4bit_mma(
         nested_args = nested_pointers if bound else nested
         out_arg = out.view(torch.int16) if bf16_bits else out
         if splits == 1:
-            gemm(x2, p, a, c, bias if bias is not None else a, out_arg, *nested_args, offset, M, N, K, stride_xm, 1)
-            return
-        partial = torch.empty((splits, M, N), dtype=torch.float32, device=device)
-        gemm(x2, p, a, c, bias if bias is not None else a, partial, *nested_args, offset, M, N, K, stride_xm, 1)
-        sums(partial, bias if bias is not None else fixed_pointers[1] if sums.bound else absmax, out_arg, M * N, N)
+            work: torch.Tensor = out_arg
+            ticket = a
+        else:
+            work = torch.empty((splits, M, N), dtype=torch.float32, device=device)
+            stream = stream_of(device_index) if device.type == "cuda" and stream_of is not None else 0
+            ticket = tickets.get(stream)
+            if ticket is None:
+                ticket = tickets[stream] = torch.zeros(tiles, dtype=torch.int32, device=device)
+        gemm(
+            x2,
+            p,
+            a,
+            c,
+            bias if bias is not None else a,
+            out_arg,
+            work,
+            ticket,
+            *nested_args,
+            offset,
+            M,
+            N,
+            K,
+            stride_xm,
+            1,
+        )
 
+    def native(x: torch.Tensor, bias: torch.Tensor | None, out_shape: tuple[int, ...]) -> object:
+        if bf16_bits:
+            return None
+        p, a, c = fixed_pointers
+        args = (
+            None,
+            p,
+            a,
+            c,
+            a,
+            None,
+            None,
+            None if splits > 1 else a,
+            *nested_pointers,
+            offset,
+            M,
+            N,
+            K,
+            stride_xm,
+            1,
+        )
+        roles = {"x": 0, "bias": 4, "out": 5}
+        if splits == 1:
+            return gemm.native(args, roles, x, bias, out_shape)
+        roles.update(work=6, counters=7)
+        return gemm.native(args, roles, x, bias, out_shape, work_numel=splits * M * N, counter_numel=tiles)
+
+    run.native = native  # type: ignore[attr-defined]
     return run
