@@ -270,3 +270,72 @@ def test_c(qtarget, qbackend):
     )
     names = [line.split("::")[1].split("[")[0] for line in result.outlines if "::" in line]
     assert names == ["test_b_compiles", "test_b_compiles", "test_a", "test_a", "test_c", "test_c"], names
+
+
+HEAVY_SUITE = """
+import os
+import pytest
+
+def _note(pytester_dir, name):
+    with open(os.path.join(pytester_dir, "workers.txt"), "a") as f:
+        f.write(f"{name} {os.environ.get('PYTEST_XDIST_WORKER', 'main')}\\n")
+
+@pytest.mark.qconform_operation("dequantize")
+@pytest.mark.parametrize("case", range(12))
+def test_light(qtarget, qbackend, case):
+    pass
+
+@pytest.mark.qconform_heavy
+@pytest.mark.qconform_operation("matmul")
+@pytest.mark.parametrize("case", range(2))
+def test_heavy(qtarget, qbackend, case):
+    _note(os.environ["HEAVY_NOTES"], f"heavy{case}")
+"""
+
+
+def test_heavy_checks_lead_each_workers_share(fake_backend_project: pytest.Pytester, monkeypatch) -> None:
+    """Under pytest-xdist each heavy instance heads another worker's first share (a worker
+    keeps the head of its share; work is stolen from the tail), so two workers compile side
+    by side instead of one after the other. Heavy ones all first put both in gw0's share."""
+    fake_backend_project.makeconftest(WIDE_FAKE)
+    fake_backend_project.makepyfile(test_suite=HEAVY_SUITE)
+    monkeypatch.setenv("HEAVY_NOTES", str(fake_backend_project.path))
+    result = fake_backend_project.runpytest_subprocess(
+        str(fake_backend_project.path / "test_suite.py"),
+        "--qconform",
+        "--qconform-backend=fake",
+        "-p",
+        "no:cacheprovider",
+        "--qconform-no-report",
+        "-n",
+        "2",
+        "--dist",
+        "worksteal",
+    )
+    result.assert_outcomes(passed=14)
+    workers = dict(line.split() for line in (fake_backend_project.path / "workers.txt").read_text().splitlines())
+    assert sorted(workers) == ["heavy0", "heavy1"] and workers["heavy0"] != workers["heavy1"], workers
+
+
+def test_heavy_placement_follows_the_shares() -> None:
+    """The k-th heavy item leads share k mod n of pytest-xdist's first hand-out; the others
+    keep their order; one process puts them first."""
+    from pytest_qconform.session.heavy import first_shares, place_heavy
+
+    class Item:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def get_closest_marker(self, marker: str):
+            return self.name.startswith("H") or None
+
+    def order(names: str, workers: int) -> str:
+        items = [Item(n) for n in names.split()]
+        place_heavy(items, workers)
+        return " ".join(i.name for i in items)
+
+    assert first_shares(10, 3) == [3, 3, 4]
+    assert order("a b c d e f H1 H2", 1) == "H1 H2 a b c d e f"
+    assert order("a b c d e f H1 H2", 2) == "H1 a b c H2 d e f"
+    assert order("a b c H1 H2 H3", 2) == "H1 H3 a H2 b c"
+    assert order("a b c", 4) == "a b c"

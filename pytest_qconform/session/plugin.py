@@ -45,8 +45,8 @@ def _register_markers(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
-        "qconform_heavy: a check whose instance takes many seconds (it compiles a model): run first, so that "
-        "pytest-xdist workers start on it instead of one of them ending the run with it",
+        "qconform_heavy: a check whose instance takes many seconds (it compiles a model): run first, one at the "
+        "head of each pytest-xdist worker's first share, so that no worker ends the run with them",
     )
     config.addinivalue_line(
         "markers",
@@ -245,8 +245,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     applicability.deselect(config, items)
     from pytest_qconform.benchmark import harness as bench
 
-    items.sort(key=lambda item: item.get_closest_marker("qconform_heavy") is None)  # stable: heavy first
     bench.order_items(items)
+    from pytest_qconform.session import heavy
+
+    heavy.place_heavy(items, heavy.workers(config))  # one at the head of each worker's first share
     from pytest_qconform.session import known_failures
 
     known_failures.apply(config, items)
