@@ -245,10 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(options.device)
     if options.shard == 0 and device.type == "cuda":
         # The adapter's native launch is built on first use (~20 s on a fresh machine, then
-        # cached by torch): built here, the session finds it ready or waits on torch's lock.
+        # cached by torch): built here; the session uses Triton's launch until it is ready.
         from qconform_triton_nf4.kernels import native_launch
 
-        native_launch.module()
+        native_launch.module(wait=True)
     print(json.dumps(replay(calls, device)), flush=True)
     return 0
 

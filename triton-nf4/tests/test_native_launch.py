@@ -88,8 +88,30 @@ def test_the_switch_turns_the_native_launch_off(monkeypatch) -> None:
     assert native_launch._unavailable_before_build() == f"{native_launch.ENV_SWITCH}=0"
 
 
+def test_a_build_under_way_elsewhere_is_not_waited_for(monkeypatch, tmp_path) -> None:
+    """While another process holds torch's build lock (the GPU warm-up building the
+    extension), ``module()`` answers None at once and decides nothing, so the next plan asks
+    again; ``wait=True`` (the warm-up itself) and a released lock load it."""
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(native_launch, "_LOADED", [])
+    monkeypatch.setattr(native_launch, "_unavailable_before_build", lambda: None)
+    monkeypatch.setattr(cpp_extension, "_get_build_directory", lambda name, verbose: str(tmp_path))
+    loads = []
+    monkeypatch.setattr(cpp_extension, "load", lambda **kwargs: loads.append(kwargs["name"]) or "built")
+    (tmp_path / "lock").write_text("")
+    assert native_launch.module() is None and native_launch._LOADED == [] and loads == []
+    assert "another process is building it" in native_launch.unavailable_reason()
+    (tmp_path / "lock").unlink()
+    assert native_launch.module() == "built" and native_launch.module() == "built"
+    assert loads == [native_launch.NAME]
+    monkeypatch.setattr(native_launch, "_LOADED", [])
+    (tmp_path / "lock").write_text("")
+    assert native_launch.module(wait=True) == "built"
+
+
 needs_native = pytest.mark.skipif(
-    DEVICE.type != "cuda" or native_launch.module() is None,
+    DEVICE.type != "cuda" or native_launch.module(wait=True) is None,
     reason=f"no native launch here: {native_launch.unavailable_reason()}",
 )
 

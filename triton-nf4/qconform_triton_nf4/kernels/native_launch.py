@@ -32,7 +32,6 @@ None and the plans keep Triton's C launch: the same results, ~5 us more per call
 
 from __future__ import annotations
 
-import functools
 import os
 import struct
 import warnings
@@ -51,21 +50,36 @@ _PACK: dict[str, str] = {"i32": "<i4x", "u32": "<I4x", "i64": "<q", "u64": "<Q",
 Launch = Callable[[torch.Tensor, "torch.Tensor | None"], "torch.Tensor | None"]
 
 
-@functools.cache
-def module() -> Any | None:
+NAME = "qconform_nf4_launch_v1"  # the extension's name: its folder in torch's extensions folder
+_LOADED: list[Any] = []  # the module (or None where it cannot be had), once decided
+
+
+def module(*, wait: bool = False) -> Any | None:
     """The built extension, or None where it cannot be had here (module docstring); why it
-    could not is in ``unavailable_reason()``."""
+    could not is in ``unavailable_reason()``.
+
+    While another process builds it (the GPU warm-up's first worker, on a fresh machine:
+    16-19 s on the H100 host), a caller that does not ``wait`` gets None for now, and asks
+    again at its next plan: each pytest-xdist worker of a cold H100 run otherwise spent its
+    first 5-9 s on torch's build lock (docs/run-times.md), for a launch a test does not need
+    (Triton's gives the same results, ~5 us later)."""
+    if _LOADED:
+        return _LOADED[0]
     reason = _unavailable_before_build()
     if reason is not None:
         _REASON[0] = reason
+        _LOADED.append(None)
         return None
     try:
         from torch.utils import cpp_extension
 
+        if not wait and os.path.exists(os.path.join(cpp_extension._get_build_directory(NAME, False), "lock")):
+            _REASON[0] = "another process is building it (Triton's launch until it is built)"
+            return None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return cpp_extension.load(
-                name="qconform_nf4_launch_v1",
+            built = cpp_extension.load(
+                name=NAME,
                 sources=[str(SOURCE)],
                 extra_cflags=["-O2"],
                 extra_ldflags=["-ldl"],
@@ -73,7 +87,9 @@ def module() -> Any | None:
             )
     except Exception as exc:  # noqa: BLE001 - any build or load failure means the Triton launch
         _REASON[0] = f"the native launch did not build or load: {type(exc).__name__}: {str(exc)[:400]}"
-        return None
+        built = None
+    _LOADED.append(built)
+    return built
 
 
 _REASON: list[str | None] = [None]
