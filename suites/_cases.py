@@ -24,6 +24,15 @@ from pytest_qconform.vocabulary import DtypeLabel
 Packed: TypeAlias = PackedBnb4 | PackedHqq4 | PackedGemlite4  # every layout export_packed returns
 DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
 
+# The weight every route a backend declares by rows takes (test_matmul_every_route, and the
+# multi-device checks of a matmul): fused small-batch kernels take over where the weight's
+# rows are long, and the Triton rows kernel needs K a multiple of 256, which the
+# weight_shape axis (K <= 256) never reaches. N is not a multiple of 4: a partial last group
+# of rows. On a GPU, K = 1024 also makes the tensor-core kernel split K over programs and add
+# their sums in a second kernel (a weight this narrow leaves the GPU idle otherwise); the
+# interpreter runs one program, so the CPU keeps K = 256 (its run time grows with K).
+SMALL_BATCH_SHAPES = {"cuda": (10, 1024), "cpu": (10, 256)}
+
 
 def dtype_id(dtype: torch.dtype) -> str:
     """The dtype's label in node ids and failure messages (the report's vocabulary)."""

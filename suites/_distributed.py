@@ -14,7 +14,11 @@ every quantized layer, wraps the model and runs one step on a micro-batch of its
   start from other weights, which rank 0's full state dict then replaces through the rank-0
   broadcast (``set_model_state_dict(broadcast_from_rank0=True)``, accelerate's
   ``cpu_ram_efficient_loading``). A quantization state that is neither a parameter nor a
-  buffer stays as the other weights left it.
+  buffer stays as the other weights left it;
+- ``fsdp-accelerate``: FSDP as users get it, accelerate's ``FullyShardedDataParallelPlugin``
+  with the FSDP-QLoRA guides' settings and ``accelerator.prepare(model, optimizer)``, every
+  rank loading the checkpoint as ``from_pretrained`` loads a quantized model on each; on
+  GPUs only (accelerate runs an FSDP plugin on CPU ranks as DDP).
 
 Each rank returns, per mode, a hash of its packed bytes and one of the rest of its
 quantization state (after loading, and after the step), each LoRA parameter's gradient
@@ -26,6 +30,7 @@ over the calls the rank's layers received, from the layer's own bytes).
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import faulthandler
 import hashlib
 import os
@@ -42,7 +47,12 @@ import torch
 from pytest_qconform.backends.base import Backend, QuantSpec
 
 WORLD = 2
-MODES: tuple[str, ...] = ("ddp", "fsdp")
+MODES: tuple[str, ...] = ("ddp", "fsdp")  # torch's wrappers, one spawn
+# FSDP through accelerate's plugin, a spawn of its own (accelerate's state lives for the
+# process). GPUs only: accelerate 1.15 turns an fsdp_plugin into DDP on CPU ranks
+# (DistributedType.MULTI_CPU; state.py sets FSDP for accelerator ranks only).
+ACCELERATE_MODES: tuple[str, ...] = ("fsdp-accelerate",)
+COLLECTIVE_TIMEOUT = 120  # seconds an NCCL collective waits for a peer that left (gloo sees it leave)
 RANK, ALPHA = 4, 8
 LR, EPS = 1e-3, 1e-8
 RANK_TIMEOUT = 420  # seconds: a rank under load (the zoo runs suites side by side) takes minutes, not ten
@@ -124,6 +134,7 @@ def rank_main(rank: int, setup: StepSetup) -> None:
         init_method=f"file://{Path(setup.folder) / 'rendezvous'}",
         rank=rank,
         world_size=WORLD,
+        **({"timeout": datetime.timedelta(seconds=COLLECTIVE_TIMEOUT)} if setup.device_kind == "cuda" else {}),
     )
     results: dict[str, Any] = {mode: {"error": f"rank {rank} did not reach the {mode} step"} for mode in setup.modes}
     failed = False
@@ -246,6 +257,71 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
 
 
+def _adamw(parameters) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(list(parameters), lr=LR, eps=EPS, weight_decay=0.0)
+
+
+def _wrapped(rank: int, mode: str, model: torch.nn.Module, device: torch.device):
+    """``model`` under ``mode``'s wrapper, AdamW over its LoRA parameters as the wrapper
+    leaves them, and how the wrapper runs a backward."""
+    if mode == "fsdp-accelerate":
+        return _accelerate_fsdp(rank, model)
+    if mode == "ddp":
+        wrapped: torch.nn.Module = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[rank] if device.type == "cuda" else None
+        )
+    else:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        from torch.distributed.fsdp import fully_shard
+
+        full = model.state_dict() if rank == 0 else {}
+        for layer in decoder_layers(model):
+            fully_shard(layer)
+        wrapped = fully_shard(model)
+        set_model_state_dict(
+            wrapped, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+        )
+    return wrapped, _adamw(p for p in model.parameters() if p.requires_grad), torch.Tensor.backward
+
+
+def _agree(ok: bool, device: torch.device) -> None:
+    """Whether every rank wrapped its model; raises on the ranks that did when a peer did
+    not. A rank that fails to load a broadcast state (HQQ under FSDP) would otherwise leave
+    its peer waiting in the step's first collective, over NCCL until a timeout."""
+    import torch.distributed as dist
+
+    flag = torch.tensor([int(ok)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    if ok and not int(flag.item()):
+        raise RuntimeError("another rank failed to wrap its model (its traceback is in its part of this cell)")
+
+
+def _accelerate_fsdp(rank: int, model: torch.nn.Module):
+    """FSDP as accelerate sets it up for FSDP-QLoRA (the PEFT and bitsandbytes "fsdp_qlora"
+    guides' accelerate config): ``FullyShardedDataParallelPlugin`` with FSDP2, the
+    transformer-layer wrap policy and ``cpu_ram_efficient_loading``, the model and the
+    optimizer through ``accelerator.prepare``, ``accelerator.backward``. No mixed precision
+    policy (the step runs under the same autocast as the other modes, so one float64 shadow
+    judges all three). Accelerate takes the process group this rank joined."""
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    # What ``accelerate launch`` hands each process (the group itself is already there).
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(WORLD))
+    plugin = FullyShardedDataParallelPlugin(
+        fsdp_version=2,
+        auto_wrap_policy="transformer_based_wrap",
+        cpu_ram_efficient_loading=True,
+        state_dict_type="SHARDED_STATE_DICT",
+    )
+    accelerator = Accelerator(fsdp_plugin=plugin)
+    if accelerator.distributed_type != DistributedType.FSDP:
+        raise RuntimeError(f"accelerate runs this rank as {accelerator.distributed_type}, not FSDP")
+    optimizer = _adamw(p for p in model.parameters() if p.requires_grad)
+    wrapped, optimizer = accelerator.prepare(model, optimizer)
+    return wrapped, optimizer, accelerator.backward
+
+
 def _step(rank: int, setup: StepSetup, mode: str, model: torch.nn.Module, facet: Any) -> dict[str, Any]:
     import peft
 
@@ -270,36 +346,26 @@ def _step(rank: int, setup: StepSetup, mode: str, model: torch.nn.Module, facet:
     else:
         model = with_lora(model, facet, device)
     model.train()
-    inner = model
-    if mode == "ddp":
-        wrapped: torch.nn.Module = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[rank] if device.type == "cuda" else None
-        )
-    else:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-        from torch.distributed.fsdp import fully_shard
-
-        full = model.state_dict() if rank == 0 else {}
-        for layer in decoder_layers(model):
-            fully_shard(layer)
-        wrapped = fully_shard(model)
-        set_model_state_dict(
-            wrapped, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
-        )
+    try:
+        wrapped, optimizer, backward = _wrapped(rank, mode, model, device)
+    except Exception:
+        _agree(False, device)
+        raise
+    _agree(True, device)
+    inner = model  # the wrapper's module (FSDP shards it in place, accelerate's prepare too)
     adapters = {name: p for name, p in inner.named_parameters() if p.requires_grad}
     before = {name: _full(p.detach()).double().clone() for name, p in adapters.items()}
-    optimizer = torch.optim.AdamW(adapters.values(), lr=LR, eps=EPS, weight_decay=0.0)
     ids, mask = prompts((8, 8), seed=409 + rank, device=device)
     autocast_dtype = setup.dtype if setup.dtype is not torch.float32 else None
     lora_calls = LoraCalls(inner, facet)
     with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
         loss = wrapped(input_ids=ids, attention_mask=mask, labels=ids).loss
-    loss.backward()
+    backward(loss)
     lora_calls.remove()
     gradients = {name: _full(p.grad).detach().cpu().clone() for name, p in adapters.items() if p.grad is not None}
     optimizer.step()
     updated = {name: _full(p.detach()).cpu().clone() for name, p in adapters.items()}
-    if mode == "fsdp":
+    if mode != "ddp":
         for module in inner.modules():  # every fully_shard group's full parameters, to read the layers' state
             if hasattr(module, "unshard") and hasattr(module, "reshard"):
                 module.unshard()

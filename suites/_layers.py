@@ -28,7 +28,12 @@ from ._cases import packed_dequantize_bound, reference_decode, require_claim
 LAYER_SHAPE = (64, 128)  # (out, in): whole blocks per row at 64 and 128, as LLM layers have
 
 
-OPTIONAL = {"transformers": "transformers", "peft": "PEFT", "safetensors.torch": "safetensors"}
+OPTIONAL = {
+    "transformers": "transformers",
+    "peft": "PEFT",
+    "safetensors.torch": "safetensors",
+    "accelerate": "accelerate",
+}
 
 
 def needs(module: str):

@@ -1,6 +1,7 @@
-"""QLoRA across processes: a training step on two ranks under DDP and under FSDP
-(``_distributed``), gloo on the CPU, NCCL on two GPUs; LoRA through PEFT where the layer
-claims it, else PEFT's arithmetic around the layer (``_distributed.LoraLinear``).
+"""QLoRA across processes: a training step on two ranks under DDP, under torch's FSDP2 and
+under FSDP as accelerate's plugin sets it up (``_distributed``), gloo on the CPU, NCCL on
+two GPUs (accelerate's FSDP on GPUs only); LoRA through PEFT where the layer claims it,
+else PEFT's arithmetic around the layer (``_distributed.LoraLinear``).
 
 What must hold afterwards, per mode: every rank's packed bytes and the rest of its
 quantization state are those rank 0 loaded (a hash of each, per layer: under FSDP, the
@@ -22,11 +23,12 @@ import pytest
 import torch
 from pytest_qconform.reference import bounds
 
-from ._distributed import EPS, LR, WORLD, StepSetup, backend_ref, run_ranks
+from ._distributed import ACCELERATE_MODES, EPS, LR, MODES, WORLD, StepSetup, backend_ref, run_ranks
 from ._layers import needs, require_layer_claim
 from ._workloads import check_first_adamw_step
 
-# One spawn per backend, quantization and device runs every mode; each mode's test reads its part.
+# One spawn per backend, quantization, device and group of modes (torch's wrappers; accelerate's)
+# runs the group; each mode's test reads its part.
 STEPS = pytest.StashKey[dict]()
 
 
@@ -45,7 +47,7 @@ def distributed(mode: str):
     return mark
 
 
-def _results(request, qtarget, qbackend, spec, dtype, tmp_path_factory) -> list[dict]:
+def _results(request, qtarget, qbackend, spec, dtype, tmp_path_factory, modes=MODES) -> list[dict]:
     needs("peft")
     needs("transformers")
     if qtarget.kind != "cpu" and torch.cuda.device_count() < WORLD:
@@ -60,9 +62,10 @@ def _results(request, qtarget, qbackend, spec, dtype, tmp_path_factory) -> list[
         dtype,
         "cpu" if qtarget.kind == "cpu" else "cuda",
         str(tmp_path_factory.mktemp("ranks")),
+        modes,
     )
     cache = request.config.stash.setdefault(STEPS, {})
-    key = (qbackend.name, spec, dtype, setup.device_kind)
+    key = (qbackend.name, spec, dtype, setup.device_kind, modes)
     if key not in cache:
         cache[key] = run_ranks(setup)
     return cache[key]
@@ -126,3 +129,21 @@ def test_fsdp_qlora_step(request, qtarget, qbackend, qcheck, tmp_path_factory, s
     require_layer_claim(qbackend, qtarget, spec, dtype, backward=True)
     results = _results(request, qtarget, qbackend, spec, dtype, tmp_path_factory)
     _check_step(qcheck, results, "fsdp", same_checkpoint=False)
+
+
+@distributed("fsdp-accelerate")
+def test_fsdp_accelerate_qlora_step(request, qtarget, qbackend, qcheck, tmp_path_factory, spec, dtype):
+    """FSDP as accelerate sets it up (``Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(
+    fsdp_version=2, transformer-layer wrapping, cpu_ram_efficient_loading))``,
+    ``accelerator.prepare(model, optimizer)``): every rank loads the checkpoint, one
+    micro-batch each. GPUs only: accelerate 1.15 runs an FSDP plugin on CPU ranks as DDP."""
+    spec = _storage_spec(qbackend, qtarget, spec, dtype)
+    require_layer_claim(qbackend, qtarget, spec, dtype, backward=True)
+    if qtarget.kind == "cpu":
+        pytest.skip(
+            "accelerate runs an fsdp_plugin on CPU ranks as DDP (DistributedType.MULTI_CPU: its state sets FSDP "
+            "for accelerator ranks only); the fsdp cell runs torch's FSDP2 on the CPU"
+        )
+    needs("accelerate")
+    results = _results(request, qtarget, qbackend, spec, dtype, tmp_path_factory, ACCELERATE_MODES)
+    _check_step(qcheck, results, "fsdp-accelerate", same_checkpoint=True)

@@ -30,7 +30,7 @@ from pytest_qconform.cases.strategies import (
     with_examples,
 )
 
-from ._cases import dtype_id, output_columns, reference_decode, require_claim, weight_error
+from ._cases import SMALL_BATCH_SHAPES, dtype_id, output_columns, reference_decode, require_claim, weight_error
 
 MATMUL_DISTRIBUTIONS = ("normal", "outliers", "zero_blocks")  # the distribution axis' values here
 # The axes of the activation and the bias, which select a matmul's route and its kernel's
@@ -155,15 +155,6 @@ def test_matmul_fp32_activation_into_low_precision_layer(
     case = listed_weight(weight_shape, "normal")
     act = ActivationCase(activation_leading(rows, x_rank), x_layout, case.seed)
     check_matmul(qbackend, qdevice, qcheck, spec, dtype, torch.float32, case, act, bias)
-
-
-# Fused small-batch kernels take over where the weight's rows are long: the Triton rows
-# kernel needs K a multiple of 256, which the drawn weight shapes (K <= 128) never reach.
-# N is not a multiple of 4: a partial last group of rows. On a GPU, K = 1024 also makes the
-# tensor-core kernel split K over programs and add their sums in a second kernel (a weight
-# this narrow leaves the GPU idle otherwise); the interpreter runs one program, so the CPU
-# keeps K = 256 (its run time grows with K).
-SMALL_BATCH_SHAPES = {"cuda": (10, 1024), "cpu": (10, 256)}
 
 
 @pytest.mark.qconform_operation("matmul")

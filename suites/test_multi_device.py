@@ -10,6 +10,17 @@ same calls twice: with the tensors on the current device, and with them on the o
 GPU while the current device is not theirs (``direction``). The second must stay on the
 tensors' device, be within the float64 reference's bound, and equal the first bit for bit.
 
+Quantize and dequantize take the weight's shape from the declared ``weight_shape`` axis;
+the matmul, its backward and the layer's forward take the activation's rows from the
+declared ``rows`` axis (every route change the backend claims, its neighbours, one row, a
+decode batch, a prefill) on the weight every such route takes (``SMALL_BATCH_SHAPES``, the
+route check's: Triton's rows kernel needs K a multiple of 256, which no ``weight_shape``
+has), so every route a backend declares runs on the other device in some instance.
+In CI each value of each axis is reached once, and each claimed format with each dtype
+(the matrix's cells: ``qconform_ci_strength(1, jointly=...)``); all pairs of path values
+are the single-device suites' job (the bugs here sit in a route's launch, not in a pair
+of values), and 3-wise in ``thorough``.
+
 Marked ``multi_gpu``: skipped with the reason on a machine with fewer than two GPUs, so a
 single-device run never claims these cells.
 """
@@ -22,20 +33,24 @@ from pytest_qconform.reference import bounds, linear
 
 from pytest_qconform.cases.strategies import WeightCase
 
-from ._cases import packed_dequantize_bound, reference_decode, require_claim, weight_error
+from ._cases import SMALL_BATCH_SHAPES, packed_dequantize_bound, reference_decode, require_claim, weight_error
 from ._layers import activation, check_forward, layer_inputs, require_layer_claim, snapshot, snapshot_differences
 
 # "data1-current0": the tensors on cuda:1 while cuda:0 is current; "data0-current1": the reverse.
 DIRECTIONS = ("data1-current0", "data0-current1")
-SHAPE = (256, 512)  # K a multiple of 256: the rows our fused kernels take
-ROWS = (1, 3, 16)  # a gemv, a few-row kernel, a GEMM: the routes a backend declares meet here
+ROUTE_WEIGHT = SMALL_BATCH_SHAPES["cuda"]  # these checks run on GPUs only
 
 
-def multi_device(operation: str):
+def multi_device(operation: str, *path_axes: str):
+    """The markers of a multi-device check: both directions, the spec's and the dtype's
+    axes and ``path_axes`` (what selects the check's route), each value reached once in CI
+    and each format with each dtype."""
+
     def mark(test):
         test = pytest.mark.multi_gpu(test)
         test = pytest.mark.parametrize("direction", DIRECTIONS)(test)
-        test = pytest.mark.qconform_axes("format", "hqq_axis", "dtype")(test)
+        test = pytest.mark.qconform_axes("format", "hqq_axis", "dtype", *path_axes)(test)
+        test = pytest.mark.qconform_ci_strength(1, jointly=("format", "dtype"))(test)
         return pytest.mark.qconform_operation(f"multi-gpu:{operation}")(test)
 
     return mark
@@ -53,55 +68,62 @@ def placement(qtarget, direction: str) -> tuple[torch.device, int]:
     return torch.device("cuda", data), current
 
 
-def _calls(qbackend, spec, dtype, device: torch.device, current: int, *, dequantize: bool, backward: bool) -> dict:
-    """Quantize, dequantize, a matmul of each of ``ROWS`` with a bias and (``backward``: the
-    backend claims it) its backward, on ``device`` while ``current`` is the current device;
-    everything on the host afterwards."""
+def _bias(shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
+    return torch.randn(shape[0], generator=torch.Generator().manual_seed(41)).to(dtype)
+
+
+def _calls(qbackend, spec, dtype, shape, rows, device: torch.device, current: int, *, dequantize, backward) -> dict:
+    """Quantize a ``shape`` weight, dequantize it, multiply ``rows`` rows (none: no matmul)
+    with a bias and (``backward``: the backend claims it) run its backward, on ``device``
+    while ``current`` is the current device; everything on the host afterwards."""
     with torch.cuda.device(current):
-        weight = WeightCase(SHAPE, "normal", 37).make(device)
+        weight = WeightCase(shape, "normal", 37).make(device)
         quantized = qbackend.quantize(weight, spec)
         out: dict = {"device": quantized.device, "packed": qbackend.export_packed(quantized)}
         if dequantize:
             w = qbackend.dequantize(quantized, dtype)
             out["dequantized"] = (w.device, w.cpu())
-        bias = torch.randn(SHAPE[0], generator=torch.Generator().manual_seed(41)).to(dtype).to(device)
-        for rows in ROWS:
-            x = activation((rows,), SHAPE[1], 43 + rows, dtype, device).requires_grad_(backward)
-            y = qbackend.matmul(x, quantized, bias, dtype)
+        if rows is not None:
+            x = activation((rows,), shape[1], 43 + rows, dtype, device).requires_grad_(backward)
+            y = qbackend.matmul(x, quantized, _bias(shape, dtype).to(device), dtype)
             if backward:
                 y.backward(torch.ones_like(y))
             dx = x.grad.detach().cpu() if backward else None
-            out[rows] = (x.detach().cpu(), y.device, y.detach().cpu(), dx)
+            out["product"] = (x.detach().cpu(), y.device, y.detach().cpu(), dx)
         torch.cuda.synchronize(device)
     return out
 
 
-def _home_and_away(qtarget, qbackend, spec, dtype, direction, *, backward: bool = False, dequantize: bool = False):
+def _home_and_away(
+    qtarget, qbackend, spec, dtype, direction, shape, rows=None, *, backward: bool = False, dequantize: bool = False
+):
     require_claim(qbackend, qtarget, spec, dtype, backward=backward, dequantize=dequantize)
     device, current = placement(qtarget, direction)
-    home = _calls(qbackend, spec, dtype, device, device.index, dequantize=dequantize, backward=backward)
-    away = _calls(qbackend, spec, dtype, device, current, dequantize=dequantize, backward=backward)
+    calls = {"dequantize": dequantize, "backward": backward}
+    home = _calls(qbackend, spec, dtype, shape, rows, device, device.index, **calls)
+    away = _calls(qbackend, spec, dtype, shape, rows, device, current, **calls)
     return device, current, home, away
 
 
-@multi_device("quantize")
-def test_quantize_on_another_device(qtarget, qbackend, qcheck, spec, dtype, direction):
+@multi_device("quantize", "weight_shape")
+def test_quantize_on_another_device(qtarget, qbackend, qcheck, spec, dtype, weight_shape, direction):
     """The stored state made with the weight on another device than the current one: on
     the weight's device, and the same bytes and scales as with its device current."""
-    device, current, home, away = _home_and_away(qtarget, qbackend, spec, dtype, direction)
-    qcheck.describe(direction=direction, shape=SHAPE)
+    device, current, home, away = _home_and_away(qtarget, qbackend, spec, dtype, direction, weight_shape)
+    qcheck.describe(direction=direction, shape=weight_shape)
     qcheck.equal(away["device"], device, f"the quantized weight's device (current device cuda:{current})")
-    fields = {k: v for k, v in vars(home["packed"]).items()}
-    changed = snapshot_differences(fields, dict(vars(away["packed"])))
+    changed = snapshot_differences(dict(vars(home["packed"])), dict(vars(away["packed"])))
     qcheck.equal(changed, [], f"stored fields that differ from the same quantization with {device} current")
 
 
-@multi_device("dequantize")
-def test_dequantize_on_another_device(qtarget, qbackend, qcheck, spec, dtype, direction):
+@multi_device("dequantize", "weight_shape")
+def test_dequantize_on_another_device(qtarget, qbackend, qcheck, spec, dtype, weight_shape, direction):
     """Dequantize with the state on another device than the current one: within the
     reference bound of its own bytes, and bit-equal to the call with its device current."""
-    device, current, home, away = _home_and_away(qtarget, qbackend, spec, dtype, direction, dequantize=True)
-    qcheck.describe(direction=direction, shape=SHAPE)
+    device, current, home, away = _home_and_away(
+        qtarget, qbackend, spec, dtype, direction, weight_shape, dequantize=True
+    )
+    qcheck.describe(direction=direction, shape=weight_shape)
     out_device, out = away["dequantized"]
     qcheck.equal(out_device, device, f"dequantize's output device (current device cuda:{current})")
     w = reference_decode(away["packed"], torch.device("cpu"))
@@ -109,63 +131,62 @@ def test_dequantize_on_another_device(qtarget, qbackend, qcheck, spec, dtype, di
     qcheck.equal(torch.equal(out, home["dequantized"][1]), True, f"bit-equal to the call with {device} current")
 
 
-@multi_device("matmul")
-def test_matmul_on_another_device(qtarget, qbackend, qcheck, spec, dtype, direction):
-    """``x W^T + b`` with 1, 3 and 16 rows on another device than the current one: within
+@multi_device("matmul", "rows")
+def test_matmul_on_another_device(qtarget, qbackend, qcheck, spec, dtype, rows, direction):
+    """``x W^T + b`` with the instance's rows on another device than the current one: within
     the reference bound, and bit-equal to the call with the tensors' device current."""
-    device, current, home, away = _home_and_away(qtarget, qbackend, spec, dtype, direction)
-    qcheck.describe(direction=direction, shape=SHAPE)
+    device, current, home, away = _home_and_away(qtarget, qbackend, spec, dtype, direction, ROUTE_WEIGHT, rows)
+    qcheck.describe(direction=direction, shape=ROUTE_WEIGHT, rows=rows)
     w = reference_decode(away["packed"], torch.device("cpu"))
-    b = torch.randn(SHAPE[0], generator=torch.Generator().manual_seed(41)).to(dtype).double()
-    for rows in ROWS:
-        x, y_device, y, _ = away[rows]
-        qcheck.equal(y_device, device, f"{rows} rows: the output's device (current device cuda:{current})")
-        e_w = weight_error(away["packed"], w, dtype, rows=rows)
-        qcheck.within(
-            y,
-            linear.linear(x.double(), w, b),
-            bounds.matmul_bound(x.double(), w, b, dtype, dtype, w_error=e_w),
-            f"{rows} rows on another device",
-        )
-        qcheck.equal(torch.equal(y, home[rows][2]), True, f"{rows} rows: bit-equal to the call with {device} current")
+    b = _bias(ROUTE_WEIGHT, dtype).double()
+    x, y_device, y, _ = away["product"]
+    qcheck.equal(y_device, device, f"the output's device (current device cuda:{current})")
+    e_w = weight_error(away["packed"], w, dtype, rows=rows)
+    qcheck.within(
+        y,
+        linear.linear(x.double(), w, b),
+        bounds.matmul_bound(x.double(), w, b, dtype, dtype, w_error=e_w),
+        f"{rows} rows on another device",
+    )
+    qcheck.equal(torch.equal(y, home["product"][2]), True, f"bit-equal to the call with {device} current")
 
 
-@multi_device("backward")
-def test_backward_on_another_device(qtarget, qbackend, qcheck, spec, dtype, direction):
+@multi_device("backward", "rows")
+def test_backward_on_another_device(qtarget, qbackend, qcheck, spec, dtype, rows, direction):
     """``dx = dy W`` on another device than the current one: within the reference bound,
     and bit-equal to the backward with the tensors' device current."""
-    device, current, home, away = _home_and_away(qtarget, qbackend, spec, dtype, direction, backward=True)
-    qcheck.describe(direction=direction, shape=SHAPE)
+    device, current, home, away = _home_and_away(
+        qtarget, qbackend, spec, dtype, direction, ROUTE_WEIGHT, rows, backward=True
+    )
+    qcheck.describe(direction=direction, shape=ROUTE_WEIGHT, rows=rows)
     w = reference_decode(away["packed"], torch.device("cpu"))
-    for rows in ROWS:
-        _, _, y, dx = away[rows]
-        dy = torch.ones_like(y).double()
-        e_w = weight_error(away["packed"], w, dtype, rows=rows)
-        qcheck.within(dx, dy @ w, bounds.grad_bound(dy, w, dtype, dtype, w_error=e_w), f"{rows} rows: dx")
-        qcheck.equal(
-            torch.equal(dx, home[rows][3]), True, f"{rows} rows: dx bit-equal to the call with {device} current"
-        )
+    _, _, y, dx = away["product"]
+    dy = torch.ones_like(y).double()
+    e_w = weight_error(away["packed"], w, dtype, rows=rows)
+    qcheck.within(dx, dy @ w, bounds.grad_bound(dy, w, dtype, dtype, w_error=e_w), f"{rows} rows: dx")
+    qcheck.equal(torch.equal(dx, home["product"][3]), True, f"dx bit-equal to the call with {device} current")
 
 
-@multi_device("layer-forward")
-def test_layer_forward_on_another_device(qtarget, qbackend, qcheck, spec, dtype, direction):
+@multi_device("layer-forward", "rows")
+def test_layer_forward_on_another_device(qtarget, qbackend, qcheck, spec, dtype, rows, direction):
     """The backend's layer built on and called with another device than the current one
     (what ``device_map`` does to a model's second half): the same stored state, a forward
-    and ``dx`` within bound, bit-equal to the layer built and called with its device current."""
+    of the instance's rows and ``dx`` within bound, bit-equal to the layer built and called
+    with its device current; on the weight every route takes."""
     facet, _ = require_layer_claim(qbackend, qtarget, spec, dtype, backward=True)
     device, current = placement(qtarget, direction)
-    weight, bias = layer_inputs(53, dtype)
+    weight, bias = layer_inputs(53, dtype, ROUTE_WEIGHT)
     results = []
     for index in (device.index, current):
         with torch.cuda.device(index):
             layer = facet.quantize(weight, bias, spec, dtype, device)
             state = snapshot(facet, layer)
-            x = activation((3,), weight.shape[1], 59, dtype, device).requires_grad_(True)
+            x = activation((rows,), weight.shape[1], 59, dtype, device).requires_grad_(True)
             y = check_forward(qcheck, facet.packed(layer), layer, x, dtype, f"layer with cuda:{index} current")
             torch.cuda.synchronize(device)
             results.append((state, y.device, y.detach().cpu(), x.grad.detach().cpu()))
     (home_state, _, home_y, home_dx), (state, y_device, y, dx) = results
-    qcheck.describe(direction=direction, shape=tuple(weight.shape))
+    qcheck.describe(direction=direction, shape=tuple(weight.shape), rows=rows)
     qcheck.equal(y_device, device, f"the layer's output device (current device cuda:{current})")
     qcheck.equal(snapshot_differences(home_state, state), [], "stored fields that differ from the layer built at home")
     qcheck.equal(torch.equal(y, home_y), True, f"forward bit-equal to the layer with {device} current")

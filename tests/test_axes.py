@@ -51,6 +51,25 @@ def test_constraints_keep_bitsandbytes_options_off_hqq() -> None:
             assert spec.axis == 1
 
 
+def test_each_value_once_also_holds_every_combination_of_the_joint_axes() -> None:
+    """Strength 1 with ``jointly`` (the multi-device checks' format x dtype): each value of
+    each axis, and every valid combination of the joint axes, though the longest axis has
+    fewer values than there are combinations (5 rows, 3 formats x 2 dtypes)."""
+    caps = Capabilities(("nf4", "fp4", "hqq4"), (64,), False, (torch.bfloat16, torch.float16), ("cpu",))
+    values = {
+        **axes.CheckAxes(("format", "hqq_axis", "dtype"), {}).values(caps, bf16=True),
+        "rows": (1, 2, 3, 128, 300),
+    }
+    plain = axes.covering_rows(values, strength=1)
+    joint = axes.covering_rows(values, strength=1, jointly=("format", "dtype"))
+    cells = {(fmt, dtype) for fmt, dtype in product(values["format"], values["dtype"])}
+    assert {(row["format"], row["dtype"]) for row in plain} < cells  # what the option is for
+    assert {(row["format"], row["dtype"]) for row in joint} == cells
+    for name, found in values.items():
+        assert {row[name] for row in joint} == set(found), name
+    assert len(joint) == len(cells)
+
+
 def test_rows_are_every_route_change_and_its_neighbours() -> None:
     caps = Capabilities(("nf4",), (64,), False, (torch.float32,), ("cpu",), max_gemv_rows=16, dispatch_rows=(4,))
     assert axes.AXES["rows"].claimed(caps, True) == (1, 3, 4, 5, 16, 17, 18, 128, 300)

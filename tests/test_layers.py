@@ -61,6 +61,21 @@ def test_a_buffer_replaced_from_outside_is_what_the_layer_computes_with() -> Non
     assert torch.equal(loading(x), saved(x))
 
 
+def test_a_layer_moved_to_meta_and_loaded_computes_with_what_was_loaded() -> None:
+    """accelerate's FSDP2 ``cpu_ram_efficient_loading`` moves a model to the meta device and
+    loads rank 0's state dict into it (``assign=True``): the move must not read the state's
+    values (there are none), the layer must refuse to compute until it holds real ones, and
+    then compute with those it was given."""
+    saved, loading = _layer(seed=1), _layer(seed=2)
+    loading.to(torch.device("meta"))
+    assert "format=meta" in repr(loading)
+    x = torch.randn(3, 128, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="on the meta device"):
+        loading(x)
+    loading.load_state_dict(saved.state_dict(), assign=True)
+    assert torch.equal(loading(x), saved(x))
+
+
 def test_requantize_bound_holds_for_nearest_rounding_and_catches_stale_scales() -> None:
     target = torch.randn(8, 128, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     fresh = bnb4.encode(target.float(), "nf4", 64)

@@ -61,7 +61,10 @@ class FunctionalLinear(torch.nn.Module):
         self._built_names = tuple(PREFIX + key for key in state)
         self._built_from = tuple(state.values())
         self._built_buffer_count = len(self._buffers)
-        self._quantized = self.backend.load(state, state["packed"].device)
+        # A meta-device state has no values to load (accelerate's cpu_ram_efficient_loading
+        # moves a model to meta before rank 0's weights are loaded into it): the view waits
+        # for real tensors.
+        self._quantized = None if state["packed"].is_meta else self.backend.load(state, state["packed"].device)
 
     @property
     def quantized(self) -> Quantized:
@@ -74,6 +77,11 @@ class FunctionalLinear(torch.nn.Module):
             map(operator.is_, map(buffers.get, self._built_names), self._built_from)
         ):
             self._rebuild()
+        if self._quantized is None:
+            raise RuntimeError(
+                f"{self.backend.name}: this layer's quantization state is on the meta device; load real tensors "
+                "into it (load_state_dict(..., assign=True), or to_empty() and a load) before using it"
+            )
         return self._quantized
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -128,7 +136,7 @@ class FunctionalLinear(torch.nn.Module):
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-            f"backend={self.backend.name}, format={self.quantized.spec.label()}, "
+            f"backend={self.backend.name}, format={self._quantized.spec.label() if self._quantized else 'meta'}, "
             f"compute_dtype={self.compute_dtype}"
         )
 

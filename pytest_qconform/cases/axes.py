@@ -237,14 +237,17 @@ class CheckAxes:
         return found
 
 
-def covering_rows(values: dict[str, tuple[Any, ...]], strength: int) -> list[dict[str, Any]]:
+def covering_rows(
+    values: dict[str, tuple[Any, ...]], strength: int, jointly: Sequence[str] = ()
+) -> list[dict[str, Any]]:
     """A ``strength``-wise covering array of ``values`` under the axis constraints
-    (strength 1: every value of every axis in some row)."""
+    (strength 1: every value of every axis in some row, and every valid combination of
+    the ``jointly`` axes: a matrix cell such as format x dtype left empty by nothing)."""
     names = [name for name in values]
     if any(not v for v in values.values()):
         return []
     if strength == 1:
-        return _each_value_once(names, values)
+        return _each_value_once(names, values, [name for name in jointly if name in values])
     if len(names) == 1:
         return [{names[0]: v} for v in values[names[0]] if _valid(names, (v,))]
     from allpairspy import AllPairs
@@ -265,12 +268,18 @@ def covering_rows(values: dict[str, tuple[Any, ...]], strength: int) -> list[dic
     return [dict(zip(names, row)) for row in rows]
 
 
-def _each_value_once(names: Sequence[str], values: dict[str, tuple[Any, ...]]) -> list[dict[str, Any]]:
-    """Row ``i`` takes value ``i`` of each axis (cycling the shorter ones), completed to a
-    valid row where the constraints refuse it; then a row for any value still missing."""
+def _each_value_once(
+    names: Sequence[str], values: dict[str, tuple[Any, ...]], jointly: Sequence[str] = ()
+) -> list[dict[str, Any]]:
+    """Row ``i`` takes value ``i`` of each axis (cycling the shorter ones) and combination
+    ``i`` of the ``jointly`` axes, completed to a valid row where the constraints refuse
+    it; then a row for any value or valid combination still missing."""
     rows: list[list[Any]] = []
-    for i in range(max(len(values[name]) for name in names)):
+    joint = [names.index(name) for name in jointly]
+    combinations_ = [c for c in product(*(values[names[a]] for a in joint)) if _valid(jointly, c)] or [()]
+    for i in range(max(len(combinations_), *(len(values[name]) for name in names))):
         wanted = {a: values[name][i % len(values[name])] for a, name in enumerate(names)}
+        wanted.update(zip(joint, combinations_[i % len(combinations_)]))
         row = _completed(names, values, wanted)
         for a in list(wanted):
             if row is not None:
@@ -285,6 +294,11 @@ def _each_value_once(names: Sequence[str], values: dict[str, tuple[Any, ...]]) -
                 row = _completed(names, values, {a: value})
                 if row is not None:
                     rows.append(row)
+    for combination in combinations_ if joint else ():
+        if not any(all(row[a] == v for a, v in zip(joint, combination)) for row in rows):
+            row = _completed(names, values, dict(zip(joint, combination)))
+            if row is not None:
+                rows.append(row)
     return [dict(zip(names, row)) for row in rows]
 
 

@@ -36,14 +36,17 @@ class Backends:
     backend: Callable[[str], Backend]
 
 
-def _strength(config: pytest.Config, definition: Any = None) -> int:
+def _strength(config: pytest.Config, definition: Any = None) -> tuple[int, tuple[str, ...]]:
     """3-wise in ``thorough``; all pairs in ``ci``, or less where a check's
-    ``qconform_ci_strength(n)`` marker says so (a whole workload per instance)."""
+    ``qconform_ci_strength(n)`` marker says so (a whole workload per instance), with every
+    combination of the axes its ``jointly=`` names (the matrix cell's, say)."""
     profile = config.getoption("qconform_profile", default=None) or config.getini("qconform_profile")
     if profile == "thorough":
-        return 3
+        return 3, ()
     marker = definition.get_closest_marker(STRENGTH_MARKER) if definition is not None else None
-    return int(marker.args[0]) if marker is not None else 2
+    if marker is None:
+        return 2, ()
+    return int(marker.args[0]), tuple(marker.kwargs.get("jointly", ()))
 
 
 def _nothing_claimed(check: axes.CheckAxes, values: dict[str, tuple[Any, ...]], backend: str) -> str:
@@ -55,7 +58,7 @@ def _nothing_claimed(check: axes.CheckAxes, values: dict[str, tuple[Any, ...]], 
 def parametrize(metafunc: pytest.Metafunc, marker: pytest.Mark, session: Backends) -> None:
     """``qtarget``, ``qbackend`` and the check's axes, jointly, for every target and backend."""
     check = axes.CheckAxes.from_marker(marker)
-    strength = _strength(metafunc.config, metafunc.definition)
+    strength, jointly = _strength(metafunc.config, metafunc.definition)
     params = []
     for target in session.targets:
         target_marks = [getattr(pytest.mark, m) for m in target.marker_names]
@@ -65,7 +68,7 @@ def parametrize(metafunc: pytest.Metafunc, marker: pytest.Mark, session: Backend
             marks = list(target_marks)
             if backend.availability().available:
                 values = check.values(backend.capabilities(target_device(target)), target.bf16)
-                rows = axes.covering_rows(values, strength)
+                rows = axes.covering_rows(values, strength, jointly)
                 if not rows:  # the check's one cell says what is missing
                     rows = [axes.default_row(check)]
                     marks.append(pytest.mark.skip(reason=_nothing_claimed(check, values, name)))

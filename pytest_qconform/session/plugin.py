@@ -50,8 +50,9 @@ def _register_markers(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
-        "qconform_ci_strength(n): the covering strength of a check's instances in the ci profile "
-        "(default 2, all pairs; 1: every value of every axis once, for a whole workload per instance)",
+        "qconform_ci_strength(n, jointly=()): the covering strength of a check's instances in the ci profile "
+        "(default 2, all pairs; 1: every value of every axis once, for a whole workload per instance, and "
+        "every combination of the axes jointly names)",
     )
     config.addinivalue_line(
         "markers",
