@@ -54,7 +54,8 @@ WORDS = {
 }
 FONT_PT = 9
 DPI = 100
-BOX_W, BOX_H, LABEL_W, TITLE_H = 1.55, 0.48, 1.45, 0.45  # inches
+BOX_W, BOX_H, LABEL_W, TITLE_H = 1.55, 0.48, 1.45, 0.45  # inches (LABEL_W: the least label column)
+LABEL_CHAR_W = 0.075  # inches a label character takes at FONT_PT (DejaVu Sans, generous)
 MAX_PANELS_ABREAST = 2
 BOX_CHARS = 26  # what fits on one line of a box at FONT_PT
 
@@ -117,7 +118,10 @@ def render_heatmap(matrix: Matrix, png_path: Path) -> Path:
     abreast = min(MAX_PANELS_ABREAST, len(backends))
     panel_rows = math.ceil(len(backends) / abreast)
     tallest = max(len(ops) for ops in operations.values())
-    panel_w = LABEL_W + BOX_W * len(cols)
+    # The label column fits the longest operation name ("distributed:fsdp-accelerate" was cut
+    # off at the fixed width, and the panel to its right drew over the one on its left).
+    label_w = max(LABEL_W, 0.15 + LABEL_CHAR_W * max(len(op) for ops in operations.values() for op in ops))
+    panel_w = label_w + BOX_W * len(cols)
     panel_h = TITLE_H + BOX_H * (tallest + 1)
     legend_h = 1.1  # two lines of title and two rows of handles
     fig = Figure(figsize=(panel_w * abreast + 0.2, panel_h * panel_rows + legend_h), dpi=DPI)
@@ -129,7 +133,7 @@ def render_heatmap(matrix: Matrix, png_path: Path) -> Path:
         # Axes in inches: x = columns (0..len(cols)), y = operation rows from the top.
         ax = fig.add_axes(
             (
-                (left + LABEL_W) / width,
+                (left + label_w) / width,
                 (top - panel_h + 0.05) / height,
                 (BOX_W * len(cols)) / width,
                 (panel_h - TITLE_H) / height,
@@ -138,7 +142,7 @@ def render_heatmap(matrix: Matrix, png_path: Path) -> Path:
         ax.set_xlim(0, len(cols))
         ax.set_ylim(tallest + 1, 0)
         ax.axis("off")
-        ax.text(-LABEL_W / BOX_W, -0.1, backend, ha="left", va="bottom", fontsize=FONT_PT + 2, fontweight="bold")
+        ax.text(-label_w / BOX_W, -0.1, backend, ha="left", va="bottom", fontsize=FONT_PT + 2, fontweight="bold")
         for x, arch in enumerate(cols):
             ax.text(x + 0.5, 0.5, arch, ha="center", va="center", fontsize=FONT_PT, fontweight="bold")
         for y, operation in enumerate(operations[backend], start=1):
