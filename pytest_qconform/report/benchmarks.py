@@ -7,11 +7,12 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, Strict, computed_field, model_validator
+from pydantic import Field, ModelWrapValidatorHandler, Strict, computed_field, model_validator
 from pydantic.dataclasses import dataclass
+from pydantic_core import PydanticCustomError
 
-from pytest_qconform.report.records import RECORD_CONFIG, Count, Flag, Name, PositiveCount, Text, load
-from pytest_qconform.report.schema import SchemaError, positive
+from pytest_qconform.report.records import RECORD_CONFIG, Count, EveryKeyWritten, Flag, Name, PositiveCount, Text, load
+from pytest_qconform.report.schema import type_name
 
 PositiveNumber = Annotated[float, Strict(), Field(gt=0)]
 BenchOperation = Literal["dequantize", "matmul", "quantize"]
@@ -21,7 +22,7 @@ _DERIVED_TOLERANCE = 1e-6  # relative: derived fields are written from the base 
 
 
 @dataclass(frozen=True, config=RECORD_CONFIG)
-class Benchmark:
+class Benchmark(EveryKeyWritten):
     """One timed case of the benchmark suite (``pytest --qconform --benchmark-only``).
 
     The bytes are those the operation cannot avoid moving: the weight's stored state
@@ -62,12 +63,26 @@ class Benchmark:
     # ahead: host and device cost together, what a model's forward without a CUDA graph sees)
     eager_median_s: PositiveNumber | None = None
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _derived_keys_are_read_apart(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            return {key: value for key, value in data.items() if key not in DERIVED_KEYS}
-        return data
+    def _derived_keys_agree(cls, data: Any, handler: ModelWrapValidatorHandler[Benchmark]) -> Benchmark:
+        """The derived keys are written for the file's readers: reading derives them again
+        and refuses an entry where a written one disagrees (edited, or written by a broken tool)."""
+        if not isinstance(data, dict):
+            return handler(data)
+        entry = handler({key: value for key, value in data.items() if key not in DERIVED_KEYS})
+        for key in DERIVED_KEYS:
+            if key not in data:
+                raise PydanticCustomError("missing_key", "missing field '{field}'", {"field": key})
+            stored, derived = data[key], float(getattr(entry, key))
+            if isinstance(stored, bool) or not isinstance(stored, (int, float)) or not stored > 0:
+                raise ValueError(f"{key}: expected a positive number, got {type_name(stored)} {stored!r}")
+            if abs(stored - derived) > _DERIVED_TOLERANCE * derived:
+                raise ValueError(
+                    f"{key}: {stored!r} disagrees with the value derived from the entry's "
+                    f"bytes and times ({derived!r}); the entry was edited or written by a broken tool"
+                )
+        return entry
 
     @model_validator(mode="after")
     def _batch_for_a_matmul_only(self) -> Benchmark:
@@ -113,15 +128,7 @@ DERIVED_KEYS: tuple[str, ...] = ("bytes_moved", "bandwidth_bytes_per_s", "floor_
 
 def read(data: Any, where: str = "benchmark") -> Benchmark:
     """One entry read (``records.load``), its derived keys agreeing with the keys they derive from."""
-    entry = load(Benchmark, data, where)
-    for key in DERIVED_KEYS:
-        stored, derived = positive(data, key, where), float(getattr(entry, key))
-        if abs(stored - derived) > _DERIVED_TOLERANCE * derived:
-            raise SchemaError(
-                f"{where}.{key}: {stored!r} disagrees with the value derived from the entry's "
-                f"bytes and times ({derived!r}); the entry was edited or written by a broken tool"
-            )
-    return entry
+    return load(Benchmark, data, where)
 
 
 def with_bitsandbytes_ratios(entries: Iterable[Benchmark]) -> tuple[Benchmark, ...]:

@@ -13,13 +13,13 @@ from typing import Any
 
 from pydantic.dataclasses import dataclass
 
-from pytest_qconform.report.records import RECORD_CONFIG, Count, Name
+from pytest_qconform.report.records import RECORD_CONFIG, Count, EveryKeyWritten, Name
 
 CALLS_PROPERTY = "qconform_calls"  # a test's oracle summary, in its user_properties
 
 
 @dataclass(frozen=True, config=RECORD_CONFIG)
-class CallCoverage:
+class CallCoverage(EveryKeyWritten):
     """What the call-site oracle judged inside workloads, for one backend and operation."""
 
     backend: Name

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pydantic.dataclasses import dataclass
 
-from pytest_qconform.report.records import RECORD_CONFIG, Name, PositiveCount
+from pytest_qconform.report.records import RECORD_CONFIG, EveryKeyWritten, Name, PositiveCount
 
 SUITE_NAME = "pytest-qconform"
 # Raise when the set of checks, a check's bound (reference/bounds.py, a multiple) or an axis a
@@ -22,7 +22,7 @@ CONTRACT_REVISION = 6
 
 
 @dataclass(frozen=True, config=RECORD_CONFIG)
-class Suite:
+class Suite(EveryKeyWritten):
     """What judged the run: the suite's name, package version and contract revision."""
 
     name: Name

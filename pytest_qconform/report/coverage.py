@@ -16,14 +16,14 @@ from typing import Any
 from pydantic import computed_field, model_validator
 from pydantic.dataclasses import dataclass
 
-from pytest_qconform.report.records import RECORD_CONFIG, Count, Name, Text
+from pytest_qconform.report.records import RECORD_CONFIG, Count, EveryKeyWritten, Name, Text
 from pytest_qconform.vocabulary import Verdict
 
 CHECKED_VERDICTS = (Verdict.PASS, Verdict.FAIL, Verdict.KNOWN_FAILURE)
 
 
 @dataclass(frozen=True, config=RECORD_CONFIG)
-class Coverage:
+class Coverage(EveryKeyWritten):
     """What the checks with declared axes covered, for one backend and operation: the axis
     values and value pairs its checked instances ran on, and what the backend claims."""
 

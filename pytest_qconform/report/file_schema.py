@@ -21,10 +21,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pytest_qconform.report.benchmarks import Benchmark
 from pytest_qconform.report.calls import CallCoverage
+from pytest_qconform.report.cells import Cell
 from pytest_qconform.report.contract import Suite
 from pytest_qconform.report.coverage import Coverage
 from pytest_qconform.report.records import Count, Name
-from pytest_qconform.report.run_report import Cell
 from pytest_qconform.report.stale_entries import StaleEntry
 
 CREATED_PATTERN = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?Z$"
@@ -109,3 +109,5 @@ class ReportV3(_ReportFile):
 
 
 ReportFile = Annotated[ReportV1 | ReportV2 | ReportV3, Field(discriminator="schema_version")]
+# The model that reads and writes each schema version (run_report.RunReport).
+REPORT_FILES: dict[int, type[ReportV1 | ReportV2 | ReportV3]] = {1: ReportV1, 2: ReportV2, 3: ReportV3}

@@ -24,7 +24,9 @@ from pydantic import (
     TypeAdapter,
     ValidationError,
     WithJsonSchema,
+    model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from pytest_qconform.report.schema import SchemaError, multiple_to_json, type_name
 
@@ -66,6 +68,24 @@ Multiple = Annotated[
 ]
 
 
+class EveryKeyWritten:
+    """A record read from a file must carry every field its writer writes, also those with a
+    default for building it in Python (the published schema requires them too:
+    ``_every_key_written``); only its ``OPTIONAL_KEYS`` (added after its first version) may be
+    absent. The records' base, so a record nested in the report file is read as strictly as
+    one read alone."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _every_written_key_present(cls, data: Any) -> Any:
+        if isinstance(data, dict) and dataclasses.is_dataclass(cls):
+            optional = getattr(cls, "OPTIONAL_KEYS", ())
+            for declared in dataclasses.fields(cls):
+                if declared.name not in data and declared.name not in optional:
+                    raise PydanticCustomError("missing_key", "missing field '{field}'", {"field": declared.name})
+        return data
+
+
 @cache
 def _adapter(cls: Any) -> TypeAdapter[Any]:
     return TypeAdapter(cls)
@@ -85,11 +105,6 @@ def _path(where: str, loc: tuple[Any, ...]) -> str:
 
 def load(cls: type[T], data: Any, where: str) -> T:
     """``cls`` read from its JSON value; a SchemaError names the first wrong field."""
-    if isinstance(data, dict) and dataclasses.is_dataclass(cls):
-        optional = getattr(cls, "OPTIONAL_KEYS", ())
-        for declared in dataclasses.fields(cls):
-            if declared.name not in data and declared.name not in optional:
-                raise SchemaError(f"{where}: missing field {declared.name!r}")
     try:
         record: T = _adapter(_as_key(cls)).validate_python(data)
         return record
@@ -100,11 +115,13 @@ def load(cls: type[T], data: Any, where: str) -> T:
             raise SchemaError(f"{_path(where, loc[:-1])}: too few items (no item {loc[-1]})") from None
         if first["type"] == "missing":
             raise SchemaError(f"{_path(where, loc[:-1])}: missing field {loc[-1]!r}") from None
+        if first["type"] == "missing_key":
+            raise SchemaError(f"{_path(where, loc)}: missing field {first['ctx']['field']!r}") from None
         if first["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
             raise SchemaError(f"{_path(where, loc)}: not a field of this record") from None
-        if first["type"] == "value_error" and not loc:
-            # A check across fields names its field first ("batch: matmul needs ...").
-            raise SchemaError(f"{where}.{first['ctx']['error']}") from None
+        if first["type"] == "value_error" and (not loc or isinstance(loc[-1], int)):
+            # A check across a record's fields names its field first ("batch: matmul needs ...").
+            raise SchemaError(f"{_path(where, loc)}.{first['ctx']['error']}") from None
         given = first.get("input")
         if first["type"] in ("dataclass_type", "dict_type", "model_type"):
             raise SchemaError(f"{_path(where, loc)}: expected a JSON object, got {type_name(given)}") from None

@@ -11,31 +11,29 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import math
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
+from typing import Any
 
-from pydantic import with_config
-from pydantic.dataclasses import dataclass as pydantic_dataclass
-from typing_extensions import TypedDict  # pydantic reads typing.TypedDict only from Python 3.12
-
-from pytest_qconform.report import benchmarks as benchmarks_record
 from pytest_qconform.report.atomic import write_text_atomically
 from pytest_qconform.report.benchmarks import Benchmark
 from pytest_qconform.report.calls import CallCoverage
+from pytest_qconform.report.cells import FAILING_VERDICTS as FAILING_VERDICTS  # the report's names, as before
+from pytest_qconform.report.cells import VERDICTS as VERDICTS
+from pytest_qconform.report.cells import Cell as Cell
+from pytest_qconform.report.cells import CellKey as CellKey
+from pytest_qconform.report.cells import FirstFailure as FirstFailure
+from pytest_qconform.report.cells import fold_cell as fold_cell
 from pytest_qconform.report.contract import Suite
 from pytest_qconform.report.coverage import Coverage
-from pytest_qconform.report.records import RECORD_CONFIG, Count, Multiple, Name, Text, dump, load
-from pytest_qconform.report.schema import SchemaError, parse_created, required, type_name, validate_probe
+from pytest_qconform.report.file_schema import REPORT_FILES
+from pytest_qconform.report.records import load
+from pytest_qconform.report.schema import SchemaError, parse_created, required, type_name
 from pytest_qconform.report.stale_entries import StaleEntry
 from pytest_qconform.report.storage import ReportsFolder
-from pytest_qconform.vocabulary import FAILING, VERDICT_ORDER, Verdict
 
-T = TypeVar("T")
 SCHEMA = "pytest-qconform/report"
 SCHEMA_VERSION = 3
 # Version 2 adds the optional top-level ``benchmarks`` list; version 3 adds ``suite`` (the
@@ -46,15 +44,8 @@ SCHEMA_VERSION = 3
 READABLE_VERSIONS: tuple[int, ...] = (1, 2, 3)
 BENCHMARKS_SINCE_VERSION = 2
 SUITE_SINCE_VERSION = 3
-
-# Folding precedence, worst first: a cell is as bad as its worst case. A crash or a
-# timeout hides what the remaining cases would have said, so they outrank a plain
-# failure; a known failure still outranks a pass (it is not a pass); any computed
-# outcome outranks "skipped", and "unavailable" (the backend cannot load) says least.
-# "not-claimed": a check whose declared axes the backend claims no value of (pytest_qconform.cases.axes):
-# its one cell says so, and says least.
-VERDICTS: tuple[str, ...] = VERDICT_ORDER
-FAILING_VERDICTS: frozenset[str] = FAILING
+# The report's optional sections: absent from the file when empty.
+OPTIONAL_SECTIONS: tuple[str, ...] = ("benchmarks", "coverage", "calls", "stale_known_failures")
 
 
 class ReportError(ValueError):
@@ -64,89 +55,6 @@ class ReportError(ValueError):
         self.path = str(path)
         self.problem = problem
         super().__init__(f"{self.path}: {problem}")
-
-
-# ---------------------------------------------------------------- records
-
-
-class CellKey(NamedTuple):
-    """What names a cell, from a test's case to the matrix's row: one key, one spelling."""
-
-    backend: str
-    operation: str
-    format: str
-    dtype: str
-
-
-@with_config(RECORD_CONFIG)
-class FirstFailure(TypedDict):
-    """The first failing case of a cell: its message and a command that reruns it."""
-
-    message: Text
-    repro: Text
-
-
-@pydantic_dataclass(frozen=True, config=RECORD_CONFIG)
-class Cell:
-    """One matrix cell of one run: every test case of a (backend, operation, format, dtype), folded.
-
-    ``worst_error_multiple`` is the worst error as a multiple of its derived bound
-    (<= 1 is within bound; null where nothing was measured); ``first_failure`` carries the
-    message and a repro command of the first failing case; ``reason`` explains skipped,
-    unavailable, not-claimed and known-failure.
-    """
-
-    backend: Name
-    operation: Name
-    format: Name
-    dtype: Name  # bf16, fp16, fp32, or - where no dtype applies
-    verdict: Verdict
-    cases: Count = 1
-    worst_error_multiple: Multiple = None
-    first_failure: FirstFailure | None = None
-    reason: Text = ""
-
-    @property
-    def key(self) -> CellKey:
-        return CellKey(self.backend, self.operation, self.format, self.dtype)
-
-
-def _worst(multiples: Iterable[float | None]) -> float | None:
-    """The largest multiple; NaN counts as worst of all (a NaN result is never within bound)."""
-    present = [m for m in multiples if m is not None]
-    if not present:
-        return None
-    if any(math.isnan(m) for m in present):
-        return math.nan
-    return max(present)
-
-
-def fold_cell(cells: Iterable[Cell]) -> Cell:
-    """Fold the cells of many test cases with one (backend, operation, format, dtype) into one.
-
-    Verdict: the first of ``VERDICTS`` present (crashed > timeout > fail > known-failure >
-    pass > skipped > unavailable). Cases: summed. Worst multiple: the maximum (NaN wins).
-    First failure: that of the first cell, in the given order, that carries one. Reason:
-    that of the first cell whose verdict is the folded verdict.
-    """
-    cells = list(cells)
-    if not cells:
-        raise ValueError("fold_cell needs at least one cell")
-    key = cells[0].key
-    for cell in cells[1:]:
-        if cell.key != key:
-            raise ValueError(f"fold_cell: cannot fold {cell.key} into {key}; group cells by key first")
-    verdict = min((cell.verdict for cell in cells), key=VERDICTS.index)
-    failure = next((cell.first_failure for cell in cells if cell.first_failure is not None), None)
-    reason = next(cell.reason for cell in cells if cell.verdict == verdict)
-    return Cell(
-        *key,
-        verdict=verdict,
-        cases=sum(cell.cases for cell in cells),
-        worst_error_multiple=_worst(cell.worst_error_multiple for cell in cells),
-        first_failure=failure,
-        reason=reason,
-    )
 
 
 @dataclass(frozen=True)
@@ -190,23 +98,25 @@ class RunReport:
         return Path(self.source).name if self.source else f"{self.arch}-{self.host}-{self.created}"
 
     def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "schema": SCHEMA,
-            "schema_version": self.schema_version,
-            "created": self.created,
-            "probe": dict(self.probe),
-            "cells": [dump(cell) for cell in self.cells],
+        """The file's JSON value, written through its schema version's model (``file_schema``,
+        the published schema's source): a report that does not hold to the schema is refused
+        here, before it is written, naming the field."""
+        sections: dict[str, Any] = {
+            name: list(getattr(self, name)) for name in OPTIONAL_SECTIONS if getattr(self, name)
         }
-        if self.benchmarks:
-            data["benchmarks"] = [dump(entry) for entry in self.benchmarks]
-        if self.coverage:
-            data["coverage"] = [dump(entry) for entry in self.coverage]
-        if self.calls:
-            data["calls"] = [dump(entry) for entry in self.calls]
-        if self.stale_known_failures:
-            data["stale_known_failures"] = [dump(entry) for entry in self.stale_known_failures]
         if self.suite is not None:
-            data["suite"] = dump(self.suite)
+            sections["suite"] = self.suite
+        model = REPORT_FILES[self.schema_version].model_validate(
+            {
+                "schema": SCHEMA,
+                "schema_version": self.schema_version,
+                "created": self.created,
+                "probe": self.probe,
+                "cells": list(self.cells),
+                **sections,
+            }
+        )
+        data: dict[str, Any] = model.model_dump(mode="json", by_alias=True, exclude_unset=True)
         return data
 
     @property
@@ -218,7 +128,9 @@ class RunReport:
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "") -> RunReport:
-        """Validate and build; raises SchemaError naming the first field that is wrong."""
+        """Validate and build: the schema and its version told apart first (an older or newer
+        file is named as such), then the file read by its version's model (``file_schema``);
+        raises SchemaError naming the first field that is wrong."""
         if not isinstance(data, dict):
             raise SchemaError(f"top level: expected a JSON object, got {type_name(data)}")
         schema = data.get("schema")
@@ -237,67 +149,37 @@ class RunReport:
                 f"unknown schema_version {version}; this pytest-qconform reads version "
                 f"{' or '.join(map(str, READABLE_VERSIONS))}"
             )
-        created = required(data, "created", "report")
-        parse_created(created)
-        probe = validate_probe(required(data, "probe", "report"))
-        raw_cells = required(data, "cells", "report")
-        if not isinstance(raw_cells, list):
-            raise SchemaError(f"report.cells: expected a JSON array, got {type_name(raw_cells)}")
-        cells = tuple(load(Cell, cell, f"cells[{i}]") for i, cell in enumerate(raw_cells))
-        benchmarks: tuple[Benchmark, ...] = ()
-        if "benchmarks" in data:
-            if version < BENCHMARKS_SINCE_VERSION:
+        for section, since, what in (
+            ("benchmarks", BENCHMARKS_SINCE_VERSION, "a report with benchmarks"),
+            ("suite", SUITE_SINCE_VERSION, "a report with a suite"),
+        ):
+            if section in data and version < since:
                 raise SchemaError(
-                    f"report.benchmarks: not part of schema_version {version} (added in version "
-                    f"{BENCHMARKS_SINCE_VERSION}); a report with benchmarks says schema_version "
-                    f"{BENCHMARKS_SINCE_VERSION}"
+                    f"report.{section}: not part of schema_version {version} (added in version {since}); "
+                    f"{what} says schema_version {since}"
                 )
-            raw = data["benchmarks"]
-            if not isinstance(raw, list):
-                raise SchemaError(f"report.benchmarks: expected a JSON array, got {type_name(raw)}")
-            benchmarks = tuple(benchmarks_record.read(entry, f"benchmarks[{i}]") for i, entry in enumerate(raw))
-        # Optional in every version: a reader that ignores them loses nothing else.
-        coverage = _optional_array(data, "coverage", lambda entry, where: load(Coverage, entry, where))
-        calls = _optional_array(data, "calls", lambda entry, where: load(CallCoverage, entry, where))
-        stale = _optional_array(data, "stale_known_failures", lambda entry, where: load(StaleEntry, entry, where))
-        suite = None
-        if "suite" in data:
-            if version < SUITE_SINCE_VERSION:
-                raise SchemaError(
-                    f"report.suite: not part of schema_version {version} (added in version "
-                    f"{SUITE_SINCE_VERSION}); a report with a suite says schema_version "
-                    f"{SUITE_SINCE_VERSION}"
-                )
-            suite = load(Suite, data["suite"], "report.suite")
-        elif version >= SUITE_SINCE_VERSION:
+        if version >= SUITE_SINCE_VERSION and "suite" not in data:
             raise SchemaError(
                 f"report: missing field 'suite' (required since schema_version {SUITE_SINCE_VERSION}: "
                 "the suite version and contract revision the run was judged against)"
             )
+        if "created" in data:
+            parse_created(data["created"])  # its own message, with the form it expects
+        model = load(REPORT_FILES[version], data, "report")
         return cls(
-            probe=probe,
-            cells=cells,
-            created=created,
+            probe=model.probe.model_dump(mode="json", exclude_unset=True),
+            cells=tuple(model.cells),
+            created=model.created,
             source=source,
-            benchmarks=benchmarks,
-            coverage=coverage,
-            calls=calls,
-            stale_known_failures=stale,
-            suite=suite,
+            benchmarks=tuple(getattr(model, "benchmarks", ())),
+            coverage=tuple(model.coverage),
+            calls=tuple(model.calls),
+            stale_known_failures=tuple(model.stale_known_failures),
+            suite=getattr(model, "suite", None),
         )
 
 
 # ---------------------------------------------------------------- files
-
-
-def _optional_array(data: Mapping[str, Any], key: str, from_dict: Callable[[Any, str], T]) -> tuple[T, ...]:
-    """The records of an optional top-level array (``key``), each read by ``from_dict``; () when absent."""
-    if key not in data:
-        return ()
-    raw = data[key]
-    if not isinstance(raw, list):
-        raise SchemaError(f"report.{key}: expected a JSON array, got {type_name(raw)}")
-    return tuple(from_dict(entry, f"{key}[{i}]") for i, entry in enumerate(raw))
 
 
 def write_report(report: RunReport, folder: Path) -> Path:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from pydantic.dataclasses import dataclass
 
-from pytest_qconform.report.records import RECORD_CONFIG, Name, Text
+from pytest_qconform.report.records import RECORD_CONFIG, EveryKeyWritten, Name, Text
 
 
 @dataclass(frozen=True, config=RECORD_CONFIG)
-class StaleEntry:
+class StaleEntry(EveryKeyWritten):
     """A known-failures entry that could have matched the run and marked no collected test."""
 
     source: Name  # "file:line" of the entry
