@@ -83,12 +83,10 @@ class BoundLaunch:
         arguments, the per-call tensors' places (``roles``) holding anything."""
         if self._compiled is None:
             return None
-        from qconform_triton_nf4.kernels import native_launch
+        from qconform_triton_nf4.kernels.native_launch import make_launch
 
         grid = self._grid + (1,) * (3 - len(self._grid))
-        return native_launch.make_launch(
-            self._compiled, grid, (*args, *self._tail), roles, x, bias, out_shape, **workspace
-        )
+        return make_launch(self._compiled, grid, (*args, *self._tail), roles, x, bias, out_shape, **workspace)
 
     @property
     def bound(self) -> bool:
