@@ -98,10 +98,10 @@ def lint(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """The project's own tests (plugin, reference, mutant zoo) in the current environment.
 
-    Same as the README's ``python -m pytest``; extra arguments go to pytest:
-    ``nox -s tests -- -k xdist``.
+    Same as the README's ``python -m pytest -n auto --dist loadfile``; extra arguments go to
+    pytest: ``nox -s tests -- -k xdist``.
     """
-    session.run(_python(session), "-m", "pytest", *session.posargs)
+    session.run(_python(session), "-m", "pytest", "-n", "auto", "--dist", "loadfile", *session.posargs)
 
 
 # A suite run that only records (kernel calls, gemlite configs): quiet, no report.
