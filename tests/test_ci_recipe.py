@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_qconform.report.run_report import Cell, RunReport, write_report
+from pytest_qconform.report.cells import Cell
+from pytest_qconform.report.run_report import RunReport, write_report
 
 RECIPE = Path(__file__).resolve().parent.parent / "examples" / "ci" / "qconform-self-hosted.yml"
 yaml = pytest.importorskip("yaml")

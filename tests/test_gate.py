@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from pytest_qconform.report import gate
+from pytest_qconform.report.cells import Cell
 from pytest_qconform.report.gate import CellPattern, GateUsageError, problems
-from pytest_qconform.report.run_report import Cell, RunReport, write_report
+from pytest_qconform.report.run_report import RunReport, write_report
 
 PROBE = {
     "device_kind": "cpu",

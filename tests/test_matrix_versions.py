@@ -16,8 +16,9 @@ from pytest_qconform.matrix.markdown import format_entry, to_markdown
 from pytest_qconform.matrix.summary import summarize
 from pytest_qconform.matrix.versions import ranges
 from pytest_qconform.report import gate
+from pytest_qconform.report.cells import Cell
 from pytest_qconform.report.contract import CONTRACT_REVISION, Suite, current_suite
-from pytest_qconform.report.run_report import Cell, RunReport, read_report, write_report
+from pytest_qconform.report.run_report import RunReport, read_report, write_report
 from pytest_qconform.report.versions import MinVersion, at_least, cell_versions
 
 ROWS = [("bitsandbytes", "matmul", f"nf4-b{b}", "fp16") for b in (64, 128)] + [

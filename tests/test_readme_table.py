@@ -16,7 +16,8 @@ from test_matrix_versions import ROWS, run
 from pytest_qconform.matrix.markdown import MARKER_END, MARKER_START, to_markdown
 from pytest_qconform.matrix.model import find_report_files, merge
 from pytest_qconform.matrix.readme_table import readme_table, section_anchor
-from pytest_qconform.report.run_report import Cell, RunReport, read_report
+from pytest_qconform.report.cells import Cell
+from pytest_qconform.report.run_report import RunReport, read_report
 
 CHECKOUT = Path(__file__).resolve().parent.parent
 NOW = _dt.datetime(2026, 11, 25, tzinfo=_dt.UTC)

@@ -13,17 +13,9 @@ import pytest
 
 from pytest_qconform.hardware.probe import BackendStatus, simulated_probe
 from pytest_qconform.report import atomic
+from pytest_qconform.report.cells import VERDICTS, Cell, fold_cell
 from pytest_qconform.report.records import load
-from pytest_qconform.report.run_report import (
-    SCHEMA_VERSION,
-    VERDICTS,
-    Cell,
-    ReportError,
-    RunReport,
-    fold_cell,
-    read_report,
-    write_report,
-)
+from pytest_qconform.report.run_report import SCHEMA_VERSION, ReportError, RunReport, read_report, write_report
 from pytest_qconform.report.tables import format_arch_table
 
 
@@ -356,6 +348,10 @@ def test_nan_literal_is_rejected(tmp_path):
         (
             lambda d: {**d, "cells": [{k: v for k, v in cell_dict().items() if k != "dtype"}]},
             r"cells\[0\]: missing field 'dtype'",
+        ),
+        (  # a key with a default in Python is still one the writer writes (records.EveryKeyWritten)
+            lambda d: {**d, "cells": [{k: v for k, v in cell_dict().items() if k != "cases"}]},
+            r"report.cells\[0\]: missing field 'cases'",
         ),
         (
             lambda d: {**d, "cells": [cell_dict(backend="")]},

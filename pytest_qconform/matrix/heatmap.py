@@ -21,8 +21,8 @@ from pathlib import Path
 from pytest_qconform.matrix.model import Matrix
 from pytest_qconform.matrix.summary import DISAGREE, SummaryEntry, summarize
 from pytest_qconform.matrix.versions import VersionRange, ranges
+from pytest_qconform.report.cells import VERDICTS
 from pytest_qconform.report.figures import write_figure_png
-from pytest_qconform.report.run_report import VERDICTS
 from pytest_qconform.report.tables import format_multiple
 from pytest_qconform.vocabulary import Verdict
 

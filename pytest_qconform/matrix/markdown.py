@@ -17,7 +17,7 @@ from pytest_qconform.matrix.model import Entry, Matrix, MatrixError, known_archs
 from pytest_qconform.matrix.summary import DISAGREE, Summary, SummaryEntry, summarize
 from pytest_qconform.matrix.versions import contract_revisions, other_differences, ranges
 from pytest_qconform.report.atomic import write_text_atomically
-from pytest_qconform.report.run_report import VERDICTS
+from pytest_qconform.report.cells import VERDICTS
 from pytest_qconform.report.sections import Section
 from pytest_qconform.report.storage import COMMITTED
 from pytest_qconform.report.tables import format_multiple

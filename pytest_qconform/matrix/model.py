@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_qconform.report.run_report import VERDICTS, CellKey, RunReport
+from pytest_qconform.report.cells import VERDICTS, CellKey
+from pytest_qconform.report.run_report import RunReport
 from pytest_qconform.report.storage import ReportsFolder
 from pytest_qconform.report.versions import backend_version, version_key
 from pytest_qconform.vocabulary import Verdict

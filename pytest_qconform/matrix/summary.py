@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pytest_qconform.matrix.model import Entry, Matrix, natural_key
-from pytest_qconform.report.run_report import VERDICTS, CellKey
+from pytest_qconform.report.cells import VERDICTS, CellKey
 from pytest_qconform.vocabulary import Verdict
 
 DISAGREE = "disagree"  # runs on the same arch gave different verdicts for one cell

@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from pytest_qconform.matrix.model import Entry, Matrix, natural_key
-from pytest_qconform.report.run_report import VERDICTS, CellKey
+from pytest_qconform.report.cells import VERDICTS, CellKey
 from pytest_qconform.report.versions import version_key
 
 

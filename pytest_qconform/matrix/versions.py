@@ -24,7 +24,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pytest_qconform.matrix.model import Entry, Matrix, natural_key
-from pytest_qconform.report.run_report import FAILING_VERDICTS, CellKey, RunReport
+from pytest_qconform.report.cells import FAILING_VERDICTS, CellKey
+from pytest_qconform.report.run_report import RunReport
 from pytest_qconform.report.versions import PROBE_KEYS, backend_version, version_key
 from pytest_qconform.vocabulary import Verdict
 

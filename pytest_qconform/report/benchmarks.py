@@ -9,9 +9,17 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, ModelWrapValidatorHandler, Strict, computed_field, model_validator
 from pydantic.dataclasses import dataclass
-from pydantic_core import PydanticCustomError
 
-from pytest_qconform.report.records import RECORD_CONFIG, Count, EveryKeyWritten, Flag, Name, PositiveCount, Text, load
+from pytest_qconform.report.records import (
+    RECORD_CONFIG,
+    Count,
+    EveryKeyWritten,
+    Flag,
+    Name,
+    PositiveCount,
+    Text,
+    missing_key,
+)
 from pytest_qconform.report.schema import type_name
 
 PositiveNumber = Annotated[float, Strict(), Field(gt=0)]
@@ -73,7 +81,7 @@ class Benchmark(EveryKeyWritten):
         entry = handler({key: value for key, value in data.items() if key not in DERIVED_KEYS})
         for key in DERIVED_KEYS:
             if key not in data:
-                raise PydanticCustomError("missing_key", "missing field '{field}'", {"field": key})
+                raise missing_key(key)
             stored, derived = data[key], float(getattr(entry, key))
             if isinstance(stored, bool) or not isinstance(stored, (int, float)) or not stored > 0:
                 raise ValueError(f"{key}: expected a positive number, got {type_name(stored)} {stored!r}")
@@ -124,11 +132,6 @@ class Benchmark(EveryKeyWritten):
 
 
 DERIVED_KEYS: tuple[str, ...] = ("bytes_moved", "bandwidth_bytes_per_s", "floor_s", "percent_of_floor")
-
-
-def read(data: Any, where: str = "benchmark") -> Benchmark:
-    """One entry read (``records.load``), its derived keys agreeing with the keys they derive from."""
-    return load(Benchmark, data, where)
 
 
 def with_bitsandbytes_ratios(entries: Iterable[Benchmark]) -> tuple[Benchmark, ...]:

@@ -48,15 +48,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_qconform.report.run_report import (
-    FAILING_VERDICTS,
-    VERDICTS,
-    Cell,
-    CellKey,
-    ReportError,
-    RunReport,
-    read_report,
-)
+from pytest_qconform.report.cells import FAILING_VERDICTS, VERDICTS, Cell, CellKey
+from pytest_qconform.report.run_report import ReportError, RunReport, read_report
 from pytest_qconform.report.storage import NotOneReport, ReportsFolder
 from pytest_qconform.report.versions import MinVersion
 from pytest_qconform.vocabulary import Verdict

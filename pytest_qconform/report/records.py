@@ -82,8 +82,13 @@ class EveryKeyWritten:
             optional = getattr(cls, "OPTIONAL_KEYS", ())
             for declared in dataclasses.fields(cls):
                 if declared.name not in data and declared.name not in optional:
-                    raise PydanticCustomError("missing_key", "missing field '{field}'", {"field": declared.name})
+                    raise missing_key(declared.name)
         return data
+
+
+def missing_key(name: str) -> PydanticCustomError:
+    """The error of a record read without key ``name``, which ``load`` names as its readers do."""
+    return PydanticCustomError("missing_key", "missing field '{field}'", {"field": name})
 
 
 @cache

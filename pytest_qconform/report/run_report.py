@@ -20,12 +20,7 @@ from typing import Any
 from pytest_qconform.report.atomic import write_text_atomically
 from pytest_qconform.report.benchmarks import Benchmark
 from pytest_qconform.report.calls import CallCoverage
-from pytest_qconform.report.cells import FAILING_VERDICTS as FAILING_VERDICTS  # the report's names, as before
-from pytest_qconform.report.cells import VERDICTS as VERDICTS
-from pytest_qconform.report.cells import Cell as Cell
-from pytest_qconform.report.cells import CellKey as CellKey
-from pytest_qconform.report.cells import FirstFailure as FirstFailure
-from pytest_qconform.report.cells import fold_cell as fold_cell
+from pytest_qconform.report.cells import Cell as Cell  # public API here too (__init__.py), defined in cells.py
 from pytest_qconform.report.contract import Suite
 from pytest_qconform.report.coverage import Coverage
 from pytest_qconform.report.file_schema import REPORT_FILES

@@ -31,7 +31,7 @@ from pytest_qconform.vocabulary import (
 from pytest_qconform.vocabulary import OOM_PREFIX as OOM_PREFIX  # public API here too, as the others (__init__.py)
 
 if TYPE_CHECKING:  # the report's records import pydantic: only a --qconform run builds them
-    from pytest_qconform.report.run_report import Cell
+    from pytest_qconform.report.cells import Cell
 
 KEY_PROPERTY = "qconform_key"
 MULTIPLE_PROPERTY = "qconform_multiple"
@@ -81,7 +81,7 @@ class Case:
 def one_case_cell(key: dict[str, str], verdict: Verdict, multiple: float | None, message: str, repro: str) -> Cell:
     """The cell of one test case: a failing verdict carries its message and repro as the
     first failure, any other its message as the reason."""
-    from pytest_qconform.report.run_report import Cell, FirstFailure
+    from pytest_qconform.report.cells import Cell, FirstFailure
 
     failed = verdict in FAILING
     return Cell(

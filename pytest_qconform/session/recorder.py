@@ -99,7 +99,7 @@ class RunRecorder:
             self.calls[report.nodeid] = (str(key.get("operation")), cast(dict, summary))
 
     def cells(self) -> list:
-        from pytest_qconform.report.run_report import Cell, CellKey, fold_cell
+        from pytest_qconform.report.cells import Cell, CellKey, fold_cell
 
         grouped: dict[CellKey, list[Cell]] = {}
         # In test-id order, not in the order the results arrived: a cell's reason and first
@@ -180,7 +180,8 @@ class RunRecorder:
             worker or self.config.getoption("qconform_no_report") or self.config.getoption("collectonly")
         ):  # nothing ran: nothing to report
             return
-        from pytest_qconform.report.benchmarks import read, with_bitsandbytes_ratios
+        from pytest_qconform.report.benchmarks import Benchmark, with_bitsandbytes_ratios
+        from pytest_qconform.report.records import load
         from pytest_qconform.report.run_report import RunReport, write_report
         from pytest_qconform.report.storage import ReportsFolder
 
@@ -190,7 +191,7 @@ class RunRecorder:
         ).root
         created = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         benchmarks = with_bitsandbytes_ratios(
-            read(data, f"benchmark of {data.get('nodeid')}") for data in self.benchmarks
+            load(Benchmark, data, f"benchmark of {data.get('nodeid')}") for data in self.benchmarks
         )
         from pytest_qconform.report.calls import merged
         from pytest_qconform.report.contract import current_suite
