@@ -61,7 +61,7 @@ def test_one_job_per_runner_label_running_the_suites_in_a_worker() -> None:
         "--max-worker-restart=",
         "--timeout=",
         "--timeout-method=thread",
-        '--qconform-report-dir "$REPORT_DIR"',
+        '--qconform-report-dir="$REPORT_DIR"',
     ):
         assert option in command
     upload = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact"))
@@ -78,7 +78,7 @@ def test_the_example_database_is_restored_before_and_saved_after_every_run() -> 
     )
     assert restore < run < save
     assert steps[save]["if"] == "always()"  # the failing run is the one that found the counterexample
-    folder = steps[run]["run"].split("--qconform-hypothesis-db")[1].split()[0]
+    folder = steps[run]["run"].split("--qconform-hypothesis-db=")[1].split()[0]
     assert steps[restore]["with"]["path"] == steps[save]["with"]["path"] == folder
     assert steps[save]["with"]["key"].startswith(steps[restore]["with"]["restore-keys"])
 

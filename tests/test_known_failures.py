@@ -50,8 +50,7 @@ def run_with(pytester: pytest.Pytester, toml_text: str, *args: str) -> tuple[pyt
         str(pytester.path / "test_suite.py"),
         "--qconform",
         *BACKENDS,
-        "--qconform-known-failures",
-        "runner_failures.toml",
+        "--qconform-known-failures=runner_failures.toml",
         "--qconform-report-dir=out",
         *args,
     )
@@ -175,8 +174,7 @@ def test_a_known_failure_is_formatted_natively_and_a_new_failure_in_full(fake_ba
         "--qconform",
         *BACKENDS,
         "--qconform-no-report",
-        "--qconform-known-failures",
-        "runner_failures.toml",
+        "--qconform-known-failures=runner_failures.toml",
     )
     calls = {
         r.nodeid.split("::")[-1].split("[")[0]: r
@@ -243,8 +241,7 @@ def test_a_malformed_runner_file_stops_the_run_at_start_up(fake_backend_project:
         "--qconform",
         "--qconform-no-report",
         *BACKENDS,
-        "--qconform-known-failures",
-        "runner_failures.toml",
+        "--qconform-known-failures=runner_failures.toml",
     )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*runner_failures.toml:9: versions 'bogus' is not a PEP 440 range*"])
@@ -258,8 +255,7 @@ def test_a_missing_runner_file_is_an_error(fake_backend_project: pytest.Pytester
         "--qconform",
         "--qconform-no-report",
         *BACKENDS,
-        "--qconform-known-failures",
-        "nope.toml",
+        "--qconform-known-failures=nope.toml",
     )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--qconform-known-failures: no such file: nope.toml*"])

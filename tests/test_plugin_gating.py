@@ -188,6 +188,25 @@ def test_bad_option_values_are_usage_errors_naming_the_allowed_values(
     result.stderr.fnmatch_lines([f"*argument {option.split('=')[0]}: {allowed} (any case)*"])
 
 
+@pytest.mark.parametrize("exists", [True, False], ids=["folder-exists", "no-folder-yet"])
+def test_a_path_option_given_as_two_words_is_a_usage_error_saying_how_to_write_it(
+    fake_backend_project: pytest.Pytester, exists: bool
+) -> None:
+    """``--qconform-report-dir out`` moves pytest's rootdir into ``out`` once the folder exists
+    (pytest reads ``out`` as a test path before plugin options are known): refused, exists or
+    not, so the verdict does not depend on what an earlier run left; ``=`` is accepted."""
+    fake_backend_project.makepyfile(test_suite=SUITE)
+    if exists:
+        fake_backend_project.mkdir("out")
+    here = str(fake_backend_project.path)
+    result = fake_backend_project.runpytest(here, "--qconform", *BACKENDS, "--qconform-report-dir", "out")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--qconform-report-dir out: write --qconform-report-dir=out. Given as two words*"])
+    attached = fake_backend_project.runpytest(here, "--qconform", *BACKENDS, "--qconform-report-dir=out")
+    assert attached.ret == pytest.ExitCode.OK, attached.stdout.str()[-2000:]
+    assert list((fake_backend_project.path / "out").glob("*.json")), "the report goes where = says"
+
+
 def test_bad_ini_profile_is_a_usage_error(fake_backend_project: pytest.Pytester) -> None:
     fake_backend_project.makeini("[pytest]\nqconform_profile = nightly\n")
     fake_backend_project.makepyfile(test_suite=SUITE)

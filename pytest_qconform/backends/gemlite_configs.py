@@ -11,7 +11,7 @@ also picks by measured time, so two runs could run a key on different configs wi
 rounding; a recorded choice keeps each verdict to the same kernel, run after run.
 
 So the suite records what gemlite's autotune chose for every key a default run reaches
-(``--qconform-record-gemlite-configs FILE``, ``nox -s gemlite-configs``, run on a GPU with
+(``--qconform-record-gemlite-configs=FILE``, ``nox -s gemlite-configs``, run on a GPU with
 gemlite's packaged cache cleared so that every key is tuned there) and loads the file with
 gemlite's own ``load_config``, as gemlite loads its packaged one. A key not in the file is
 autotuned as before; a GPU of another architecture loads nothing.
@@ -78,7 +78,7 @@ def merge(path: Path, parts: list[Path]) -> None:
 
 
 class Recording:
-    """``--qconform-record-gemlite-configs FILE``: clears gemlite's packaged cache in each
+    """``--qconform-record-gemlite-configs=FILE``: clears gemlite's packaged cache in each
     process (so every key the run reaches is autotuned on this GPU) and writes the choices:
     each pytest-xdist worker to a part file next to FILE, merged into FILE by the controller;
     a single process straight to FILE."""

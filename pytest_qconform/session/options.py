@@ -211,6 +211,35 @@ def check_inactive(config: pytest.Config) -> None:
         )
 
 
+# Options whose value is a path. pytest chooses its rootdir before any plugin's options are
+# known, so in ``--qconform-report-dir DIR`` it takes DIR for a test path (where DIR exists) and
+# makes it the rootdir: the ini file is then not read, and the cache and the hypothesis
+# database move into DIR. ``--qconform-report-dir=DIR`` is one token and moves nothing.
+PATH_METAVARS = frozenset({"PATH", "DIR", "FILE"})
+
+
+def check_path_values_are_attached(config: pytest.Config) -> None:
+    """Refuse a path option given as two tokens (``--qconform-report-dir DIR``): it moves
+    pytest's rootdir when DIR exists, so whether it does depends on the machine's state.
+    Refused always, the error says how to write it."""
+    args = list(config.invocation_params.args)
+    spaced = [
+        (flag, args[i + 1])
+        for flag, kwargs in _options()
+        if kwargs.get("metavar") in PATH_METAVARS
+        for i, token in enumerate(args[:-1])
+        if token == flag
+    ]
+    if spaced:
+        flag, value = spaced[0]
+        raise pytest.UsageError(
+            f"{flag} {value}: write {flag}={value}. Given as two words, pytest reads {value!r} as a "
+            "test path when it chooses its rootdir (before plugin options are known), so once that "
+            f"folder exists the rootdir moves there (this run's: {config.rootpath}), the ini file "
+            "is not read and the cache and hypothesis' example database move with it"
+        )
+
+
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("qconform", "pytest-qconform: 4-bit quantization conformance")
     group.addoption(

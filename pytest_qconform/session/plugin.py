@@ -84,6 +84,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if not config.getoption("qconform"):
         options.check_inactive(config)
         return
+    options.check_path_values_are_attached(config)
     from pytest_qconform.session import setup as session_setup
 
     session_setup.start_session(config)
