@@ -104,6 +104,28 @@ def tests(session: nox.Session) -> None:
     session.run(_python(session), "-m", "pytest", "-n", "auto", "--dist", "loadfile", *session.posargs)
 
 
+@nox.session(name="kernel-sweeps", python=False)
+def kernel_sweeps(session: nox.Session) -> None:
+    """The sweeps of our Triton kernels' GPU configurations (``kernel_sweep`` tests in
+    triton-nf4/tests/test_kernels.py), which the README's test command skips on a CPU: there
+    Triton's interpreter takes minutes for them (the root conftest.py). ``.ci/run``
+    runs this on every stop. In the current environment; extra arguments go to pytest."""
+    session.run(
+        _python(session),
+        "-m",
+        "pytest",
+        "triton-nf4/tests/test_kernels.py",
+        "-m",
+        "kernel_sweep",
+        "--kernel-sweeps",
+        "-n",
+        "auto",
+        "-p",
+        "no:randomly",
+        *session.posargs,
+    )
+
+
 # A suite run that only records (kernel calls, gemlite configs): quiet, no report.
 RECORDING_RUN = ("-m", "pytest", "--qconform", "-q", "-p", "no:cacheprovider", "--tb=line", "--qconform-no-report")
 

@@ -287,6 +287,7 @@ def test_kernels_compile_one_variant_for_every_length(monkeypatch):
     assert (len(dequant), len(elementwise), len(words)) == (1, 1, 1), "one compiled variant per kernel"
 
 
+@pytest.mark.kernel_sweep
 @pytest.mark.parametrize("lookup", ["shuffle", "gather", "index"])
 @pytest.mark.parametrize("tile", [(16, 256, 1, True), (8, 128, 1, False)], ids=["prefetch", "no-prefetch"])
 def test_gemv_word_kernel_configurations(monkeypatch, per_row_kernels, tile, lookup):
@@ -308,6 +309,7 @@ def test_gemv_word_kernel_configurations(monkeypatch, per_row_kernels, tile, loo
     assert len(launched) == 8, "every case must take the word kernel"
 
 
+@pytest.mark.kernel_sweep
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("step_words", [None, (32, 1)], ids=["default-steps", "32-word-steps"])
 def test_gemv_rows_kernel_configurations(monkeypatch, per_row_kernels, step_words, x_dtype):
@@ -372,6 +374,7 @@ def test_gemv_rows_kernel_only_where_it_can_read_x(monkeypatch, per_row_kernels)
     assert len(launched) == 2, "only the two contiguous copies may take the rows kernel"
 
 
+@pytest.mark.kernel_sweep
 @pytest.mark.parametrize("config", [None, (2, 2, 8)], ids=["default", "two-tiles-two-warps-two-splits"])
 def test_gemv_tensor_core_kernel_configurations(monkeypatch, config):
     """The tensor-core kernel (2-32 rows of bf16/fp16 x, K a multiple of 64) in the
