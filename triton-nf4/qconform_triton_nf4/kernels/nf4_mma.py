@@ -57,7 +57,9 @@ _CHUNK = tl.constexpr(CHUNK)  # the same, readable inside the kernels
 # (ROW_TILES, num_warps, warps per multiprocessor the split aims at) by groups of 8 rows
 # of x: the GPU's choice from bench/notes.md v11, v13, v15 and v16 (H100, bf16, device us;
 # v16 swept ``bench/mma_configs.py``). One group (2-8 rows): (1, 4, 32), 8192^2 4 rows 35.6.
-# Two groups: (2, 4, 32) at 14336 x 4096 (16 rows 40.5); below NARROW_N outputs (1, 8, 16)
+# Two groups: (1, 4, 16) at 14336 x 4096 (v17: 16 rows 41.7; v16's (2, 4, 32) took 40.5 with
+# a separate kernel adding the K splits, 52.6 since the last program of each tile adds them,
+# (1, 4, 16) 41.5 then and now); below NARROW_N outputs (1, 8, 16)
 # (8192^2 47.2, 4096^2 17.0 against 21.1 with v15's (1, 8, 32)). Three groups: (1, 4, 16)
 # (8192^2 24 rows 55.7 against 60.6 with (1, 4, 32)). Four groups: fewer warps per
 # multiprocessor, so fewer K splits (at 14336 x 4096 none: one launch): (1, 2, 16) at
@@ -68,7 +70,7 @@ _CHUNK = tl.constexpr(CHUNK)  # the same, readable inside the kernels
 # operation costs about the same whatever its width, so a 128-wide K in one step instead
 # of two and half the programs (a layer check 3.8 -> 2.4 s), and the CPU runs the kernel's
 # multi-warp sums as the GPU does.
-_GPU_CONFIG = {1: (1, 4, 32), 2: (2, 4, 32), 3: (1, 4, 16), 4: (1, 2, 16)}
+_GPU_CONFIG = {1: (1, 4, 32), 2: (1, 4, 16), 3: (1, 4, 16), 4: (1, 2, 16)}
 NARROW_N = 12288
 _GPU_CONFIG_NARROW = {2: (1, 8, 16), 4: (1, 4, 16)}
 _INTERPRETER_CONFIG = {1: (2, 2, 1), 2: (2, 2, 1), 3: (1, 2, 1), 4: (1, 2, 1)}
