@@ -38,11 +38,38 @@ from zoo import (
     WORKLOAD_SUITES,
 )
 
+# The zoo's runs beside the original suites': each runs these suites against the mutants of
+# their classes (the mutants whose ``suites`` name them).
+GROUPS = {
+    "user-input": USER_INPUT_SUITES,
+    "layers": LAYER_SUITES,
+    "paths": PATH_SUITES,
+    "lifecycle": LIFECYCLE_SUITES,
+    "workloads": WORKLOAD_SUITES,
+    "multi-gpu": MULTI_GPU_SUITES,
+    "distributed": DISTRIBUTED_SUITES,
+}
+
+
+def _group(mutant) -> str:
+    """The run a mutant belongs to: ``original`` or the label of the suites it names."""
+    suites = getattr(mutant, "suites", None)
+    return "original" if suites is None else next(label for label, group in GROUPS.items() if group == suites)
+
+
 GPU = torch.cuda.is_available()
 GPUS = torch.cuda.device_count()
-# Mutants whose class only a GPU can show (CUDA graphs), or only two (``needs_gpus``): left out of a run without.
+# Whether a group's checks run on this machine: the multi-device suite needs two GPUs; the
+# distributed one two ranks (gloo on a CPU, NCCL on two GPUs: on a one-GPU host it skips).
+GROUP_RUNS_HERE = {"multi-gpu": GPUS >= 2, "distributed": not GPU or GPUS >= 2}
+# Mutants whose class only a GPU can show (CUDA graphs), or only two (``needs_gpus``), or whose
+# group does not run here: left out of the run.
 RUN_MUTANTS = tuple(
-    m for m in MUTANTS if (GPU or not getattr(m, "needs_gpu", False)) and GPUS >= getattr(m, "needs_gpus", 0)
+    m
+    for m in MUTANTS
+    if (GPU or not getattr(m, "needs_gpu", False))
+    and GPUS >= getattr(m, "needs_gpus", 0)
+    and GROUP_RUNS_HERE.get(_group(m), True)
 )
 
 # The correct backends, each in every run: the NF4 base of most mutants, and the CPU stand-in
@@ -114,27 +141,10 @@ def _run_zoo(root, names: list[str], keyword: str, *extra: str) -> dict:
     return json.loads(reports[0].read_text())
 
 
-# The zoo's runs beside the original suites': each runs these suites against the mutants of
-# their classes (the mutants whose ``suites`` name them).
-GROUPS = {
-    "user-input": USER_INPUT_SUITES,
-    "layers": LAYER_SUITES,
-    "paths": PATH_SUITES,
-    "lifecycle": LIFECYCLE_SUITES,
-    "workloads": WORKLOAD_SUITES,
-    "multi-gpu": MULTI_GPU_SUITES,
-    "distributed": DISTRIBUTED_SUITES,
-}
 # The -m expression a run's suites need (their checks are deselected without it).
 GROUP_MARKERS = {"multi-gpu": "multi_gpu", "distributed": "distributed"}
 # The tests that judge the correct backends over every run's cells.
 WHOLE_ZOO_TESTS = ("test_correct_backend_passes_every_check", "test_every_claimed_axis_value_is_checked")
-
-
-def _group(mutant) -> str:
-    """The run a mutant belongs to: ``original`` or the label of the suites it names."""
-    suites = getattr(mutant, "suites", None)
-    return "original" if suites is None else next(label for label, group in GROUPS.items() if group == suites)
 
 
 def _markers(label: str) -> tuple[str, ...]:
@@ -166,8 +176,8 @@ def zoo_report(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     labels = ["original", *GROUPS]
     runs = []
     for label in labels:
-        if label == "multi-gpu" and GPUS < 2:
-            continue  # its checks need two GPUs; its mutants are left out (RUN_MUTANTS) and skip saying so
+        if not GROUP_RUNS_HERE.get(label, True):
+            continue  # its checks cannot run here; its mutants are left out (RUN_MUTANTS) and skip saying so
         names = [m.name for m in RUN_MUTANTS if _group(m) == label and m in chosen]
         if names or whole:
             runs.append((label, names))
@@ -222,15 +232,6 @@ def _verdicts(report: dict, backend: str) -> dict[str, set[str]]:
     return by_operation
 
 
-# Operations whose checks skip on this machine, saying why: their skipped cells are all it can
-# say of them. On the CPU, accelerate's FSDP (accelerate 1.15 runs an FSDP plugin on CPU ranks as
-# DDP); on a GPU host, the distributed steps' NCCL ranks need two GPUs.
-DISTRIBUTED_OPERATIONS = frozenset({"distributed:ddp", "distributed:fsdp", "distributed:fsdp-accelerate"})
-SKIPPED_HERE = (
-    frozenset({"distributed:fsdp-accelerate"}) if not GPU else DISTRIBUTED_OPERATIONS if GPUS < 2 else frozenset()
-)
-
-
 # The operations each correct backend must have computed cells of (the gemlite stand-in
 # claims no dequantize, backward, serialization or layer, as gemlite's converted layer).
 EXPECTED_OPERATIONS = {
@@ -258,7 +259,7 @@ EXPECTED_OPERATIONS = {
         "workload:generate",
         "workload:serving",
     }
-    | ({"distributed:ddp", "distributed:fsdp"} - SKIPPED_HERE)
+    | ({"distributed:ddp", "distributed:fsdp"} if GROUP_RUNS_HERE["distributed"] else set())
     | ({"captured", "workload:compiled", "workload:captured"} if GPU else set())
     | (
         {"multi-gpu:quantize", "multi-gpu:dequantize", "multi-gpu:matmul", "multi-gpu:backward"} if GPUS >= 2 else set()
@@ -271,8 +272,7 @@ EXPECTED_OPERATIONS = {
 def test_correct_backend_passes_every_check(zoo_report: dict, correct: str) -> None:
     verdicts = _verdicts(zoo_report, correct)
     assert verdicts, f"{correct} produced no cells"
-    allowed = {op: {"pass", "not-claimed"} | ({"skipped"} if op in SKIPPED_HERE else set()) for op in verdicts}
-    failing = {op: v for op, v in verdicts.items() if v - allowed[op]}
+    failing = {op: v for op, v in verdicts.items() if v - {"pass", "not-claimed"}}
     assert not failing, f"{correct} did not pass: {failing}"
     assert EXPECTED_OPERATIONS[correct] <= {op for op, v in verdicts.items() if "pass" in v}, verdicts
 
@@ -284,19 +284,14 @@ def test_every_claimed_axis_value_is_checked(zoo_report: dict, correct: str) -> 
     selection would leave a value unchecked, and the report's coverage says which)."""
     coverage = [entry for entry in zoo_report["coverage"] if entry["backend"] == correct]
     assert coverage, f"the report records no coverage for {correct}"
-    unchecked = {
-        entry["operation"]: entry["unchecked"]
-        for entry in coverage
-        if entry["unchecked"] and entry["operation"] not in SKIPPED_HERE
-    }
+    unchecked = {entry["operation"]: entry["unchecked"] for entry in coverage if entry["unchecked"]}
     assert not unchecked, f"claimed axis values no check ran on, per operation: {unchecked}"
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
 def test_mutant_is_caught_by_its_check(zoo_report: dict, mutant) -> None:
     if mutant not in RUN_MUTANTS:
-        gpus = getattr(mutant, "needs_gpus", 1)
-        pytest.skip(f"{mutant.name}: its class ({mutant.catches}) shows on {gpus} GPU(s), and this machine has {GPUS}")
+        pytest.skip(f"{mutant.name}: its class ({mutant.catches}) cannot run on this machine ({GPUS} GPU(s))")
     verdicts = _verdicts(zoo_report, mutant.name)
     assert "fail" in verdicts.get(mutant.catches, set()), (
         f"{mutant.name} ({mutant.__doc__.strip().splitlines()[0]}) was not caught by the "
