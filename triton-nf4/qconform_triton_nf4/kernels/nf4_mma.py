@@ -27,11 +27,17 @@ sums are added in the program, the splits' by the last program of each tile to a
 (``_sum_tile_splits``), in split order.
 
 NVIDIA only: the products (``mma.sync``), the code lookups (a warp shuffle, as in
-``nf4_gemv``) and the bf16/fp16 packing (``cvt.rn``) are inline PTX. With ``PTX`` off (the
-interpreter, ROCm builds) the same kernel loads codes from the table, packs with integer
-rounding and computes each product from the other lanes' registers (``tl.gather``), so it
-compiles for any target and the CPU tests run the same indexing. The matmul route sends
-only NVIDIA GPUs of compute capability 8.0+ here (``mma_route_ok``). Versions and
+``nf4_gemv``) and the bf16/fp16 packing (``cvt.rn``) are inline PTX, and the matmul route
+sends only NVIDIA GPUs of compute capability 8.0+ here (``mma_route_ok``; ROCm never runs
+this kernel). With ``PTX`` off (Triton's interpreter, the CPU tests) the same loads, K
+chunks, warps, splits and stores run, and each chunk's products are emulated at once: the
+tile's weights decoded to a [16, 64] matrix per warp (code loaded from the table, rounded
+to x's dtype with integer ops), x's 8-byte loads unpacked to [8, 64], their fp32 product
+summed and handed back in D's fragment layout (``_emulated_products``). One interpreted
+operation costs about the same at any width, so this is about a tenth of emulating the
+16 fragment registers and 4 ``mma.sync`` of a chunk one by one (bench/notes.md "The
+interpreter's emulation"). The A registers' nibble order (``_a_registers``) is
+PTX-only and checked on a GPU, where the kernel tests and suites run it. Versions and
 timings: bench/notes.md "v11" and "v13".
 """
 
@@ -85,91 +91,39 @@ def _lane_code(lane, code_ptr, PTX: tl.constexpr):
 
 
 @triton.jit
-def _code_value(lane_code, code_ptr, shifted, PTX: tl.constexpr):
+def _code_value(lane_code, shifted):
     """fp32 ``code[shifted & 15]``: a shuffle from the lane holding it (its low 5 bits are
-    the lane; lanes n and n + 16 hold the same value, so no mask), or a table load."""
-    if PTX:
-        return tl.inline_asm_elementwise(
-            "shfl.sync.idx.b32 $0, $1, $2, 0x1f, -1;",
-            "=r,r,r",
-            [lane_code, shifted],
-            dtype=tl.int32,
-            is_pure=True,
-            pack=1,
-        ).to(tl.float32, bitcast=True)
-    return tl.load(code_ptr + (shifted & 15))
+    the lane; lanes n and n + 16 hold the same value, so no mask)."""
+    return tl.inline_asm_elementwise(
+        "shfl.sync.idx.b32 $0, $1, $2, 0x1f, -1;",
+        "=r,r,r",
+        [lane_code, shifted],
+        dtype=tl.int32,
+        is_pure=True,
+        pack=1,
+    ).to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def _pack2(low, high, X_FP16: tl.constexpr, PTX: tl.constexpr):
+def _pack2(low, high, X_FP16: tl.constexpr):
     """int32 holding ``low`` (bits 0-15) and ``high`` (16-31) rounded to nearest even to
     bf16 (fp16 with X_FP16): one register of an mma fragment."""
-    if PTX:
-        if X_FP16:
-            return tl.inline_asm_elementwise(
-                "cvt.rn.f16x2.f32 $0, $1, $2;", "=r,f,f", [high, low], dtype=tl.int32, is_pure=True, pack=1
-            )
+    if X_FP16:
         return tl.inline_asm_elementwise(
-            "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", [high, low], dtype=tl.int32, is_pure=True, pack=1
+            "cvt.rn.f16x2.f32 $0, $1, $2;", "=r,f,f", [high, low], dtype=tl.int32, is_pure=True, pack=1
         )
-    if X_FP16:
-        low_bits = low.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-        high_bits = high.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-    else:  # integer round to nearest even (the interpreter truncates bf16 casts)
-        low_bits = _bf16_bits(low)
-        high_bits = _bf16_bits(high)
-    return low_bits | (high_bits << 16)
+    return tl.inline_asm_elementwise(
+        "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", [high, low], dtype=tl.int32, is_pure=True, pack=1
+    )
 
 
 @triton.jit
-def _bf16_bits(values):
-    """bf16 bits (0..0xFFFF, in an int32) of fp32 ``values`` rounded to nearest even."""
-    bits = values.to(tl.uint32, bitcast=True)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    return tl.where(values != values, 0x7FC0, rounded).to(tl.int32)
-
-
-@triton.jit
-def _half(register, index: tl.constexpr, X_FP16: tl.constexpr):
-    """fp32 value of 16-bit half ``index`` (0: bits 0-15) of an mma fragment register."""
-    bits = (register >> (16 * index)) & 0xFFFF
-    if X_FP16:
-        return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    return (bits << 16).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _fragment_matrix(register, NUM_WARPS: tl.constexpr, X_FP16: tl.constexpr):
-    """[NUM_WARPS, 8, 8] fp32: entry (w, i, 2 t + h) is half h of lane (i, t)'s ``register``
-    in warp w, i.e. an 8 x 8 quarter of A (i its row) or of B transposed (i its column)."""
-    pairs = tl.join(_half(register, 0, X_FP16), _half(register, 1, X_FP16))  # [32 * NUM_WARPS, 2]
-    return tl.reshape(pairs, (NUM_WARPS, 8, 8))
-
-
-@triton.jit
-def _lane_columns(d, NUM_WARPS: tl.constexpr):
-    """Half of D (rows 0-7 or 8-15) [NUM_WARPS, 8, 8] as the lanes hold it: columns 2t, 2t + 1."""
-    even, odd = tl.split(tl.reshape(d, (NUM_WARPS, 8, 4, 2)))
-    return tl.reshape(even, (32 * NUM_WARPS,)), tl.reshape(odd, (32 * NUM_WARPS,))
-
-
-@triton.jit
-def _mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, NUM_WARPS: tl.constexpr, X_FP16: tl.constexpr, PTX: tl.constexpr):
+def _mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, X_FP16: tl.constexpr):
     """D = A B + C of one m16n8k16 product (fp32 accumulators), every operand this lane's
     fragment register (lane 4 g + t of each warp: A rows g and g + 8, B column g)."""
-    if PTX:
-        if X_FP16:
-            return tl.inline_asm_elementwise(
-                "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, "
-                "{$10,$11,$12,$13};",
-                "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f",
-                [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
-                dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
-                is_pure=True,
-                pack=1,
-            )
+    if X_FP16:
         return tl.inline_asm_elementwise(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, "
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, "
             "{$10,$11,$12,$13};",
             "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f",
             [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
@@ -177,22 +131,64 @@ def _mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, NUM_WARPS: tl.constexpr, X_FP16
             is_pure=True,
             pack=1,
         )
-    # Without PTX: the fragments as matrices (A's quarters, B transposed), the product
-    # summed in fp32 and handed back in D's fragment layout.
-    b_low = _fragment_matrix(b0, NUM_WARPS, X_FP16)[:, None, :, :]  # [w, 1, n, k 0-7]
-    b_high = _fragment_matrix(b1, NUM_WARPS, X_FP16)[:, None, :, :]  # k 8-15
-    top = tl.sum(
-        _fragment_matrix(a0, NUM_WARPS, X_FP16)[:, :, None, :] * b_low
-        + _fragment_matrix(a2, NUM_WARPS, X_FP16)[:, :, None, :] * b_high,
-        axis=3,
-    )  # [w, row, n]
-    bottom = tl.sum(
-        _fragment_matrix(a1, NUM_WARPS, X_FP16)[:, :, None, :] * b_low
-        + _fragment_matrix(a3, NUM_WARPS, X_FP16)[:, :, None, :] * b_high,
-        axis=3,
+    return tl.inline_asm_elementwise(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};",
+        "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f",
+        [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
+        dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
+        is_pure=True,
+        pack=1,
     )
-    top_even, top_odd = _lane_columns(top, NUM_WARPS)
-    bottom_even, bottom_odd = _lane_columns(bottom, NUM_WARPS)
+
+
+@triton.jit
+def _bf16_bits(values):
+    """bf16 bits (0..0xFFFF, in an int32) of fp32 ``values`` rounded to nearest even (the
+    interpreter's bf16 cast truncates)."""
+    bits = values.to(tl.uint32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return tl.where(values != values, 0x7FC0, rounded).to(tl.int32)
+
+
+@triton.jit
+def _emulated_weights(unit0, unit1, scale0, scale1, code_ptr, NUM_WARPS: tl.constexpr, X_FP16: tl.constexpr):
+    """[NUM_WARPS, 16, 64] fp32: each warp's tile of its chunk, ``code * absmax`` rounded
+    to x's dtype, row ``8 r + g`` (r 0: ``unit0``, 1: ``unit1``), column ``16 t + j``: the
+    lane's byte j // 2, the high nibble first (what A's registers hold over the 4 products)."""
+    shift = ((tl.arange(0, 16) ^ 1) * 4).to(tl.int64)
+    units = tl.join(unit0, unit1)  # [lanes, r]
+    codes = (units[:, :, None] >> shift[None, None, :]) & 15
+    w = tl.load(code_ptr + codes) * tl.join(scale0, scale1)[:, :, None]  # [lanes, r, j]
+    if X_FP16:
+        w = w.to(tl.float16).to(tl.float32)
+    else:
+        w = (_bf16_bits(w) << 16).to(tl.float32, bitcast=True)
+    return tl.reshape(tl.permute(tl.reshape(w, (NUM_WARPS, 8, 4, 2, 16)), (0, 3, 1, 2, 4)), (NUM_WARPS, 16, 64))
+
+
+@triton.jit
+def _emulated_x(quads, NUM_WARPS: tl.constexpr, X_FP16: tl.constexpr):
+    """[NUM_WARPS, 8, 64] fp32: each warp's 8 rows of x (row g) at the chunk's columns
+    ``16 t + 4 q + i``, from ``_x_loads``' 4 quads (B's registers of products q = 0-3)."""
+    q = tl.join(tl.join(quads[0], quads[2]), tl.join(quads[1], quads[3]))  # [lanes, q // 2, q % 2]
+    bits = ((q[:, :, :, None] >> (tl.arange(0, 4) * 16).to(tl.int64)[None, None, None, :]) & 0xFFFF).to(tl.int32)
+    if X_FP16:
+        x = bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    else:
+        x = (bits << 16).to(tl.float32, bitcast=True)
+    return tl.reshape(x, (NUM_WARPS, 8, 64))
+
+
+@triton.jit
+def _emulated_products(w, quads, c0, c1, c2, c3, NUM_WARPS: tl.constexpr, X_FP16: tl.constexpr):
+    """The chunk's 4 products of one group of x without PTX: ``C + W X^T`` summed in fp32,
+    handed back in D's fragment layout (lane 4 g + t: rows g, g + 8 and x rows 2t, 2t + 1)."""
+    x = _emulated_x(quads, NUM_WARPS, X_FP16)
+    d = tl.sum(w[:, :, None, :] * x[:, None, :, :], axis=3)  # [warp, 8 r + g, 2 t + e]
+    d = tl.reshape(tl.permute(tl.reshape(d, (NUM_WARPS, 2, 8, 4, 2)), (0, 2, 3, 1, 4)), (32 * NUM_WARPS, 2, 2))
+    even, odd = tl.split(d)  # [lanes, r] each
+    top_even, bottom_even = tl.split(even)
+    top_odd, bottom_odd = tl.split(odd)
     return c0 + top_even, c1 + top_odd, c2 + bottom_even, c3 + bottom_odd
 
 
@@ -257,9 +253,7 @@ def _x_loads(x_quads, x_row, x_ok, c, t):
 
 
 @triton.jit
-def _a_registers(
-    unit0, unit1, scale0, scale1, q: tl.constexpr, lane_code, code_ptr, X_FP16: tl.constexpr, PTX: tl.constexpr
-):
+def _a_registers(unit0, unit1, scale0, scale1, q: tl.constexpr, lane_code, X_FP16: tl.constexpr):
     """A's 4 registers of product q: columns +0, +1 (a0, a1) and +2, +3 (a2, a3) of rows g
     (``unit0``) and g + 8 (``unit1``): bytes 2q and 2q + 1 of each unit, the high nibble
     first (even flat index), each ``code * absmax`` in fp32 rounded to x's dtype."""
@@ -267,28 +261,20 @@ def _a_registers(
     w0 = (unit0 >> (32 * (q // 2))).to(tl.int32)
     w1 = (unit1 >> (32 * (q // 2))).to(tl.int32)
     a0 = _pack2(
-        _code_value(lane_code, code_ptr, w0 >> (SHIFT + 4), PTX) * scale0,
-        _code_value(lane_code, code_ptr, w0 >> SHIFT, PTX) * scale0,
-        X_FP16,
-        PTX,
+        _code_value(lane_code, w0 >> (SHIFT + 4)) * scale0, _code_value(lane_code, w0 >> SHIFT) * scale0, X_FP16
     )
     a2 = _pack2(
-        _code_value(lane_code, code_ptr, w0 >> (SHIFT + 12), PTX) * scale0,
-        _code_value(lane_code, code_ptr, w0 >> (SHIFT + 8), PTX) * scale0,
+        _code_value(lane_code, w0 >> (SHIFT + 12)) * scale0,
+        _code_value(lane_code, w0 >> (SHIFT + 8)) * scale0,
         X_FP16,
-        PTX,
     )
     a1 = _pack2(
-        _code_value(lane_code, code_ptr, w1 >> (SHIFT + 4), PTX) * scale1,
-        _code_value(lane_code, code_ptr, w1 >> SHIFT, PTX) * scale1,
-        X_FP16,
-        PTX,
+        _code_value(lane_code, w1 >> (SHIFT + 4)) * scale1, _code_value(lane_code, w1 >> SHIFT) * scale1, X_FP16
     )
     a3 = _pack2(
-        _code_value(lane_code, code_ptr, w1 >> (SHIFT + 12), PTX) * scale1,
-        _code_value(lane_code, code_ptr, w1 >> (SHIFT + 8), PTX) * scale1,
+        _code_value(lane_code, w1 >> (SHIFT + 12)) * scale1,
+        _code_value(lane_code, w1 >> (SHIFT + 8)) * scale1,
         X_FP16,
-        PTX,
     )
     return a0, a1, a2, a3
 
@@ -328,24 +314,34 @@ def _tile_products(
 ):
     """One chunk of one 16-row tile against x rows 0-7 (``xa``, into d), 8-15 (``xb``, into
     e, when X_GROUPS >= 2), 16-23 (``xc``, into p, X_GROUPS >= 3) and 24-31 (``xd``, into
-    r, X_GROUPS 4): 4 products each, A decoded once for all."""
-    for q in tl.static_range(4):
-        a0, a1, a2, a3 = _a_registers(unit0, unit1, scale0, scale1, q, lane_code, code_ptr, X_FP16, PTX)
-        d0, d1, d2, d3 = _mma(
-            a0, a1, a2, a3, xa[q].to(tl.int32), (xa[q] >> 32).to(tl.int32), d0, d1, d2, d3, NUM_WARPS, X_FP16, PTX
-        )
+    r, X_GROUPS 4): 4 products each, A decoded once for all (without PTX: emulated at once)."""
+    if PTX:
+        for q in tl.static_range(4):
+            a0, a1, a2, a3 = _a_registers(unit0, unit1, scale0, scale1, q, lane_code, X_FP16)
+            d0, d1, d2, d3 = _mma(
+                a0, a1, a2, a3, xa[q].to(tl.int32), (xa[q] >> 32).to(tl.int32), d0, d1, d2, d3, X_FP16
+            )
+            if X_GROUPS >= 2:
+                e0, e1, e2, e3 = _mma(
+                    a0, a1, a2, a3, xb[q].to(tl.int32), (xb[q] >> 32).to(tl.int32), e0, e1, e2, e3, X_FP16
+                )
+            if X_GROUPS >= 3:
+                p0, p1, p2, p3 = _mma(
+                    a0, a1, a2, a3, xc[q].to(tl.int32), (xc[q] >> 32).to(tl.int32), p0, p1, p2, p3, X_FP16
+                )
+            if X_GROUPS >= 4:
+                r0, r1, r2, r3 = _mma(
+                    a0, a1, a2, a3, xd[q].to(tl.int32), (xd[q] >> 32).to(tl.int32), r0, r1, r2, r3, X_FP16
+                )
+    else:
+        w = _emulated_weights(unit0, unit1, scale0, scale1, code_ptr, NUM_WARPS, X_FP16)
+        d0, d1, d2, d3 = _emulated_products(w, xa, d0, d1, d2, d3, NUM_WARPS, X_FP16)
         if X_GROUPS >= 2:
-            e0, e1, e2, e3 = _mma(
-                a0, a1, a2, a3, xb[q].to(tl.int32), (xb[q] >> 32).to(tl.int32), e0, e1, e2, e3, NUM_WARPS, X_FP16, PTX
-            )
+            e0, e1, e2, e3 = _emulated_products(w, xb, e0, e1, e2, e3, NUM_WARPS, X_FP16)
         if X_GROUPS >= 3:
-            p0, p1, p2, p3 = _mma(
-                a0, a1, a2, a3, xc[q].to(tl.int32), (xc[q] >> 32).to(tl.int32), p0, p1, p2, p3, NUM_WARPS, X_FP16, PTX
-            )
+            p0, p1, p2, p3 = _emulated_products(w, xc, p0, p1, p2, p3, NUM_WARPS, X_FP16)
         if X_GROUPS >= 4:
-            r0, r1, r2, r3 = _mma(
-                a0, a1, a2, a3, xd[q].to(tl.int32), (xd[q] >> 32).to(tl.int32), r0, r1, r2, r3, NUM_WARPS, X_FP16, PTX
-            )
+            r0, r1, r2, r3 = _emulated_products(w, xd, r0, r1, r2, r3, NUM_WARPS, X_FP16)
     return d0, d1, d2, d3, e0, e1, e2, e3, p0, p1, p2, p3, r0, r1, r2, r3
 
 
