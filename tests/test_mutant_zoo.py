@@ -76,16 +76,38 @@ RUN_MUTANTS = tuple(
 # for hqq-gemlite (HQQ's layer in gemlite's converted layout) under the gemlite mutants.
 CORRECT = ("torch-nf4-correct", "torch-gemlite4-correct")
 # A mutant runs only the checks of its class (the operation it ``catches``): the one its test
-# reads. Its other instances judge nothing the zoo asks, and ran most of the zoo's time. The
-# correct backends run every check of every run.
+# reads. Its other instances judge nothing the zoo asks, and ran most of the zoo's time. And
+# once one of them fails in a process, the mutant is caught: its later instances there skip
+# (they cannot take the fail out of its verdicts, and were 137 of the original run's 150 s
+# of tests, the correct backends' 13). The correct backends run every check of every run.
 CONFTEST = textwrap.dedent("""
     import pytest
     from qconform_example_nf4.backend import TorchNF4Backend
     from torch_gemlite4 import TorchGemlite4Backend
     from zoo import MUTANTS, CorrectTorchNF4, narrowed
-    from pytest_qconform.session.outcomes import cell_key_of
+    from pytest_qconform.session.outcomes import KEY_PROPERTY, cell_key_of
 
     CATCHES = {m.name: m.catches for m in MUTANTS}
+
+    # Skips a mutant's instances once one has failed in this process. A plugin: a conftest's
+    # test hooks apply only to the tests under its folder, and the suites are not.
+    class CaughtMutantsStop:
+        def __init__(self):
+            self.caught = set()
+
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_runtest_setup(self, item):
+            key = cell_key_of(item)
+            if key is not None and key["backend"] in self.caught:
+                pytest.skip(f"zoo: {key['backend']} already failed a check of its class in this process")
+
+        def pytest_runtest_logreport(self, report):
+            key = dict(report.user_properties).get(KEY_PROPERTY)
+            if report.failed and isinstance(key, dict) and key["backend"] in CATCHES:
+                self.caught.add(key["backend"])
+
+    def pytest_configure(config):
+        config.pluginmanager.register(CaughtMutantsStop(), "zoo-caught-mutants-stop")
 
     def pytest_qconform_backends(config):
         correct = CorrectTorchNF4
