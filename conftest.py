@@ -4,9 +4,11 @@
 package (from a checkout: ``pip install -e .``, which maps it to ``suites/``). Without
 ``--qconform`` the repository's own tests run, and ``suites/`` is left alone, so a plain
 ``pytest`` here never imports a suite module under a second name. It also keeps the wing's
-sweeps of GPU kernel configurations off a CPU unless ``--kernel-sweeps`` asks (below).
+sweeps of GPU kernel configurations off a CPU unless ``--kernel-sweeps`` asks, and runs the
+project's tests without a GPU in Triton's interpreter, whichever folder is given (below).
 """
 
+import os
 from pathlib import Path
 
 import pytest
@@ -51,6 +53,16 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "kernel_sweep: a sweep of GPU kernel configurations (on a CPU only with --kernel-sweeps)"
     )
+    # The project's tests without a GPU run our kernels in Triton's interpreter, which must be
+    # on before triton is first imported. tests/conftest.py sets it when tests/ is collected;
+    # here it is also set for the wing's tests run alone (``pytest triton-nf4/tests``), whose
+    # files would otherwise import triton compiled and fail ("Cannot call @triton.jit'd
+    # outside of the scope of a kernel"). A --qconform run has the wing's plugin decide.
+    if not config.getoption("qconform", default=False):
+        import torch
+
+        if not torch.cuda.is_available():
+            os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -4,7 +4,8 @@ reference, the suites) imports nothing of it, and it imports only the core's pub
 Public is what ``pytest_qconform/__init__.py`` lists; the checks below hold the two rules a
 reader can see in an import line: no module or name that starts with an underscore, and none of
 the modules the core names internal. Installed alone, the core runs the suites on bitsandbytes
-and HQQ; the wing plugs in by its entry points only (the last test hides it and runs them).
+and HQQ; the wing plugs in by its entry points only (a test hides it and runs them). And the
+wing's own tests run alone from the repository root, without tests/ and its conftest.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import pytest_qconform.reference
 import pytest_qconform.suites
 
@@ -148,3 +150,38 @@ def test_the_core_alone_runs_the_suites_on_bitsandbytes_and_hqq(tmp_path: Path):
     assert " passed" in run.stdout and "qconform-triton-nf4" not in run.stdout + run.stderr
     refused = python(*suites, "--qconform-backend=triton-nf4", "--collect-only")
     assert refused.returncode != 0 and "triton-nf4" in refused.stderr, refused.stdout[-2000:] + refused.stderr[-2000:]
+
+
+def test_the_wings_tests_run_alone_from_the_repository_root():
+    """``pytest triton-nf4/tests`` without tests/: the root conftest turns Triton's interpreter
+    on for a run without a GPU, as tests/conftest.py does when tests/ is collected. Without it
+    the first of the wing's test files to import triton imported it compiled, and every
+    interpreted kernel after it failed ("Cannot call @triton.jit'd outside of the scope of a
+    kernel": 69 of the folder's tests). The census file imports triton first, the quantize
+    kernel's test then runs interpreted kernels."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the kernels compile")
+    root = Path(__file__).resolve().parent.parent
+    env = {name: value for name, value in os.environ.items() if name not in ("TRITON_INTERPRET", "PYTEST_ADDOPTS")}
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "triton-nf4/tests/test_compile_census.py",
+            "triton-nf4/tests/test_quantize_kernel.py",
+            "-k",
+            "test_ties_go_to_the_lower_value",
+        ],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0 and "2 passed" in run.stdout, run.stdout[-3000:] + run.stderr[-2000:]
