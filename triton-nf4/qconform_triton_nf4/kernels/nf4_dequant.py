@@ -93,6 +93,15 @@ def load_block_absmax(
 
 
 @triton.jit
+def bf16_bits(values):
+    """bf16 bits (0..0xFFFF, in an int32) of fp32 ``values`` rounded to nearest even, with
+    integer ops: Triton's interpreter truncates fp32 -> bf16 casts (3.9). A NaN is 0x7FC0."""
+    bits = values.to(tl.uint32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return tl.where(values != values, 0x7FC0, rounded).to(tl.int32)
+
+
+@triton.jit
 def store_as(out_ptr, values, mask, BF16_BITS: tl.constexpr, MASKED: tl.constexpr = True):
     """Store fp32 ``values`` rounded to nearest-even in ``out_ptr``'s dtype.
 
@@ -103,10 +112,7 @@ def store_as(out_ptr, values, mask, BF16_BITS: tl.constexpr, MASKED: tl.constexp
     differ only in the payload of a NaN (0x7FC0 here, the hardware's 0x7FFF compiled).
     """
     if BF16_BITS:
-        bits = values.to(tl.uint32, bitcast=True)
-        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-        rounded = tl.where(values != values, 0x7FC0, rounded)
-        stored = rounded.to(tl.int32).to(tl.int16)
+        stored = bf16_bits(values).to(tl.int16)
     else:
         stored = values.to(out_ptr.dtype.element_ty)
     if MASKED:

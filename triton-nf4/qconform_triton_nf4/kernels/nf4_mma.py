@@ -52,6 +52,7 @@ import triton.language as tl
 
 from qconform_triton_nf4.kernels.launch import BoundLaunch, pointers
 from qconform_triton_nf4.kernels.nf4_dequant import (
+    bf16_bits,
     interpreter_active,
     load_block_absmax,
     store_as,
@@ -142,15 +143,6 @@ def _mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, X_FP16: tl.constexpr):
 
 
 @triton.jit
-def _bf16_bits(values):
-    """bf16 bits (0..0xFFFF, in an int32) of fp32 ``values`` rounded to nearest even (the
-    interpreter's bf16 cast truncates)."""
-    bits = values.to(tl.uint32, bitcast=True)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    return tl.where(values != values, 0x7FC0, rounded).to(tl.int32)
-
-
-@triton.jit
 def _emulated_weights(unit0, unit1, scale0, scale1, code_ptr, NUM_WARPS: tl.constexpr, X_FP16: tl.constexpr):
     """[NUM_WARPS, 16, 64] fp32: each warp's tile of its chunk, ``code * absmax`` rounded
     to x's dtype, row ``8 r + g`` (r 0: ``unit0``, 1: ``unit1``), column ``16 t + j``: the
@@ -162,7 +154,7 @@ def _emulated_weights(unit0, unit1, scale0, scale1, code_ptr, NUM_WARPS: tl.cons
     if X_FP16:
         w = w.to(tl.float16).to(tl.float32)
     else:
-        w = (_bf16_bits(w) << 16).to(tl.float32, bitcast=True)
+        w = (bf16_bits(w) << 16).to(tl.float32, bitcast=True)
     return tl.reshape(tl.permute(tl.reshape(w, (NUM_WARPS, 8, 4, 2, 16)), (0, 3, 1, 2, 4)), (NUM_WARPS, 16, 64))
 
 
