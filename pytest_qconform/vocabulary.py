@@ -1,5 +1,5 @@
-"""The words a run report is written in: verdicts and dtype labels, one enum each, and the
-prefixes that say what a skip means.
+"""The words a run report is written in: verdicts and dtype labels, one enum each, the
+prefixes that say what a skip means, and the keys that name a cell and a test case.
 
 Both are ``StrEnum``s, so a member *is* its string: ``Verdict.PASS == "pass"``, it hashes as
 ``"pass"`` (dicts keyed by the plain string still find it) and ``json.dumps`` writes
@@ -12,7 +12,7 @@ Imports no torch: the matrix, the gate and the plugin's start-up read these with
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     import torch
@@ -89,3 +89,44 @@ NOT_CLAIMED_PREFIX = "not claimed:"
 OOM_PREFIX = "out of memory:"
 OTHER_DEVICE_PREFIX = "other device:"  # an instance for a device this run does not report on
 NOTHING_CLAIMED_PREFIX = "claims nothing this check needs:"  # the one cell of a check its backend claims nothing of
+
+
+class CellKey(NamedTuple):
+    """What names a cell, from a test's case to the matrix's row: one key, one spelling."""
+
+    backend: str
+    operation: str
+    format: str
+    dtype: str
+
+
+class CaseKey(NamedTuple):
+    """A test case's key: its cell's four names and the target it ran on ("-" for none).
+
+    The plugin attaches it to a test at collection; pytest-xdist carries it to the controller
+    in the test's ``user_properties``, whose values must be plain data, so on that wire it is
+    the dict of ``wire()``, and ``from_wire`` is the one place that reads that dict back."""
+
+    backend: str
+    operation: str
+    format: str
+    dtype: str
+    target: str
+
+    @property
+    def cell(self) -> CellKey:
+        return CellKey(self.backend, self.operation, self.format, self.dtype)
+
+    def wire(self) -> dict[str, str]:
+        return self._asdict()
+
+    @classmethod
+    def from_wire(cls, value: Any) -> CaseKey | None:
+        """The key a ``wire()`` dict spells, or None for anything else (no key attached)."""
+        if not isinstance(value, dict) or set(value) != set(cls._fields):
+            return None
+        return cls(**{name: str(value[name]) for name in cls._fields})
+
+    def describe(self) -> str:
+        """``backend=... operation=... format=... dtype=... target=...``, for messages."""
+        return " ".join(f"{name}={value}" for name, value in self._asdict().items())

@@ -6,6 +6,7 @@ import pytest
 
 from pytest_qconform.session import known_failures
 from pytest_qconform.session.known_failures import KnownFailuresError, parse
+from pytest_qconform.vocabulary import CaseKey
 
 ENTRY = """
 [[failure]]
@@ -125,13 +126,13 @@ def test_a_single_table_instead_of_an_array_is_explained() -> None:
 
 def test_star_versions_and_dev_builds_match() -> None:
     (failure,) = parse(entry(versions='"*"'), "f.toml")
-    key = {"backend": "fake", "operation": "dequantize", "format": "nf4-b64", "dtype": "bf16"}
+    key = CaseKey("fake", "dequantize", "nf4-b64", "bf16", "cpu")
     assert failure.matches(key, "0.1.dev3", ("cpu", "x86_64"), "test_x")
     (ranged,) = parse(entry(versions='">=1.0"'), "f.toml")
     assert ranged.matches(key, "1.1.0.dev0", ("cpu",), "test_x")
     assert not ranged.matches(key, "0.9", ("cpu",), "test_x")
     assert not ranged.matches(key, None, ("cpu",), "test_x")
-    assert not ranged.matches(dict(key, operation="matmul"), "1.1", ("cpu",), "test_x")
+    assert not ranged.matches(key._replace(operation="matmul"), "1.1", ("cpu",), "test_x")
     assert not ranged.matches(key, "1.1", ("rocm", "gfx1200", "rdna4"), "test_x")
 
 
@@ -139,7 +140,7 @@ def test_cpu_capability_narrows_cpu_targets_only() -> None:
     """bitsandbytes' CPU kernels differ by CPU level: an AVX512-only failure must not be
     expected on an AVX2 runner (it would pass there, a strict-xfail failure)."""
     (failure,) = parse(entry(arch='"x86_64"', cpu_capability='"AVX512"'), "f.toml")
-    key = {"backend": "fake", "operation": "dequantize", "format": "nf4-b64", "dtype": "bf16"}
+    key = CaseKey("fake", "dequantize", "nf4-b64", "bf16", "cpu")
     assert failure.matches(key, "1.1", ("cpu", "x86_64"), "test_x", "AVX512")
     assert not failure.matches(key, "1.1", ("cpu", "x86_64"), "test_x", "AVX2")
     assert not failure.matches(key, "1.1", ("cpu", "x86_64"), "test_x", None)

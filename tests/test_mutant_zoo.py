@@ -85,7 +85,7 @@ CONFTEST = textwrap.dedent("""
     from qconform_example_nf4.backend import TorchNF4Backend
     from torch_gemlite4 import TorchGemlite4Backend
     from zoo import MUTANTS, CorrectTorchNF4, narrowed
-    from pytest_qconform.session.outcomes import KEY_PROPERTY, cell_key_of
+    from pytest_qconform.session.outcomes import case_key_of
 
     CATCHES = {m.name: m.catches for m in MUTANTS}
 
@@ -97,14 +97,14 @@ CONFTEST = textwrap.dedent("""
 
         @pytest.hookimpl(tryfirst=True)
         def pytest_runtest_setup(self, item):
-            key = cell_key_of(item)
-            if key is not None and key["backend"] in self.caught:
-                pytest.skip(f"zoo: {key['backend']} already failed a check of its class in this process")
+            key = case_key_of(item)
+            if key is not None and key.backend in self.caught:
+                pytest.skip(f"zoo: {key.backend} already failed a check of its class in this process")
 
         def pytest_runtest_logreport(self, report):
-            key = dict(report.user_properties).get(KEY_PROPERTY)
-            if report.failed and isinstance(key, dict) and key["backend"] in CATCHES:
-                self.caught.add(key["backend"])
+            key = case_key_of(report)
+            if report.failed and key is not None and key.backend in CATCHES:
+                self.caught.add(key.backend)
 
     def pytest_configure(config):
         config.pluginmanager.register(CaughtMutantsStop(), "zoo-caught-mutants-stop")
@@ -117,8 +117,8 @@ CONFTEST = textwrap.dedent("""
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(config, items):
         def outside_its_class(item):
-            key = cell_key_of(item)
-            return key is not None and key["backend"] in CATCHES and key["operation"] != CATCHES[key["backend"]]
+            key = case_key_of(item)
+            return key is not None and key.backend in CATCHES and key.operation != CATCHES[key.backend]
 
         drop = [item for item in items if outside_its_class(item)]
         if drop:

@@ -1,12 +1,13 @@
-"""Verdicts travel as values: a skip or failure the session raises declares what it means
-(``outcomes.declare``), and the recorder reads that value, not a prefix of the message."""
+"""Verdicts and keys travel as values: a skip or failure the session raises declares what it
+means (``outcomes.declare``), and the recorder reads that value, not a prefix of the message; a
+test's ``CaseKey`` goes out and comes back through ``attach_key`` and ``case_key_of`` only."""
 
 from __future__ import annotations
 
 import pytest
 
 from pytest_qconform.session import outcomes
-from pytest_qconform.vocabulary import Verdict
+from pytest_qconform.vocabulary import CaseKey, Verdict
 
 
 def _report(outcome: str, longrepr, when: str = "setup", declared: Verdict | None = None) -> pytest.TestReport:
@@ -80,3 +81,21 @@ def test_dequantize(qtarget, qbackend):
     assert outcomes.skip_reason(skipped) == f"{prefix} no such layout"
     assert outcomes.case_from_report(skipped) is None
     assert skipped.longrepr[0].endswith("test_suite.py")  # the caller's place, as pytest.skip's
+
+
+def test_a_case_key_comes_back_from_a_serialized_report_as_the_key_attached():
+    """pytest-xdist sends a report's properties to the controller as plain data: the key
+    attached at collection is read back from the report's round trip, equal and typed."""
+    key = CaseKey("bitsandbytes", "matmul", "nf4-b64", "bf16", "cpu")
+    properties: list[tuple[str, object]] = []
+    item = type("Item", (), {"user_properties": properties})()
+    outcomes.attach_key(item, key)
+    report = pytest.TestReport("t.py::t", ("t.py", 1, "t"), {}, "passed", None, "call", user_properties=properties)
+    sent = pytest.TestReport._from_json(report._to_json())
+    assert outcomes.case_key_of(sent) == key
+    assert outcomes.case_key_of(sent).cell == ("bitsandbytes", "matmul", "nf4-b64", "bf16")
+
+
+@pytest.mark.parametrize("wire", [None, "bitsandbytes", {"backend": "x", "operation": "y"}, ("a", "b", "c", "d", "e")])
+def test_anything_but_a_whole_key_reads_as_no_key(wire):
+    assert CaseKey.from_wire(wire) is None

@@ -131,10 +131,10 @@ def test_a_cells_reason_and_first_failure_do_not_depend_on_the_order_results_arr
     from pytest_qconform.session import state
     from pytest_qconform.session.outcomes import Case, one_case_cell
     from pytest_qconform.session.recorder import RunRecorder
-    from pytest_qconform.vocabulary import Verdict
+    from pytest_qconform.vocabulary import CaseKey, Verdict
 
     def case(nodeid: str, verdict: str, message: str) -> Case:
-        key = {"backend": "hqq", "operation": "dequantize", "format": "hqq4-g64", "dtype": "fp16"}
+        key = CaseKey("hqq", "dequantize", "hqq4-g64", "fp16", "-")
         return Case(nodeid, "-", one_case_cell(key, Verdict(verdict), None, message, f"pytest {nodeid}"))
 
     cases = [

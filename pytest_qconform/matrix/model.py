@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_qconform.report.cells import VERDICTS, CellKey
+from pytest_qconform.report.cells import VERDICTS
 from pytest_qconform.report.run_report import RunReport
 from pytest_qconform.report.storage import ReportsFolder
 from pytest_qconform.report.versions import backend_version, version_key
-from pytest_qconform.vocabulary import Verdict
+from pytest_qconform.vocabulary import CellKey, Verdict
 
 
 class MatrixError(ValueError):

@@ -38,13 +38,13 @@ from pytest_qconform.matrix.model import Entry, Matrix, known_archs, natural_key
 from pytest_qconform.matrix.summary import DISAGREE, summarize
 from pytest_qconform.matrix.trend import trends, verdicts_by_version
 from pytest_qconform.matrix.versions import contract_revisions, other_differences, ranges
-from pytest_qconform.report.cells import VERDICTS, CellKey
+from pytest_qconform.report.cells import VERDICTS
 from pytest_qconform.report.run_report import RunReport
 from pytest_qconform.report.schema import multiple_to_json
 from pytest_qconform.report.sections import Section
 from pytest_qconform.report.tables import format_multiple
 from pytest_qconform.session.options import DTYPE_NAMES, FORMATS
-from pytest_qconform.vocabulary import Verdict
+from pytest_qconform.vocabulary import CellKey, Verdict
 
 PAGE_SCHEMA = "pytest-qconform/matrix-page"
 PAGE_SCHEMA_VERSION = 1

@@ -19,8 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pytest_qconform.matrix.model import Entry, Matrix, natural_key
-from pytest_qconform.report.cells import VERDICTS, CellKey
-from pytest_qconform.vocabulary import Verdict
+from pytest_qconform.report.cells import VERDICTS
+from pytest_qconform.vocabulary import CellKey, Verdict
 
 DISAGREE = "disagree"  # runs on the same arch gave different verdicts for one cell
 JUDGED: frozenset[str] = frozenset({Verdict.PASS, Verdict.FAIL})

@@ -16,8 +16,9 @@ from collections import Counter
 from dataclasses import dataclass
 
 from pytest_qconform.matrix.model import Entry, Matrix, natural_key
-from pytest_qconform.report.cells import VERDICTS, CellKey
+from pytest_qconform.report.cells import VERDICTS
 from pytest_qconform.report.versions import version_key
+from pytest_qconform.vocabulary import CellKey
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pytest_qconform.matrix.model import Entry, Matrix, natural_key
-from pytest_qconform.report.cells import FAILING_VERDICTS, CellKey
+from pytest_qconform.report.cells import FAILING_VERDICTS
 from pytest_qconform.report.run_report import RunReport
 from pytest_qconform.report.versions import PROBE_KEYS, backend_version, version_key
-from pytest_qconform.vocabulary import Verdict
+from pytest_qconform.vocabulary import CellKey, Verdict
 
 WORKS: frozenset[str] = frozenset({Verdict.PASS})
 FAILS: frozenset[str] = FAILING_VERDICTS | {Verdict.KNOWN_FAILURE}

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import NamedTuple
 
 from pydantic import with_config
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 from typing_extensions import TypedDict  # pydantic reads typing.TypedDict only from Python 3.12
 
 from pytest_qconform.report.records import RECORD_CONFIG, Count, EveryKeyWritten, Multiple, Name, Text
-from pytest_qconform.vocabulary import FAILING, VERDICT_ORDER, Verdict
+from pytest_qconform.vocabulary import FAILING, VERDICT_ORDER, CellKey, Verdict
 
 # Folding precedence, worst first: a cell is as bad as its worst case. A crash or a
 # timeout hides what the remaining cases would have said, so they outrank a plain
@@ -22,15 +21,6 @@ from pytest_qconform.vocabulary import FAILING, VERDICT_ORDER, Verdict
 # its one cell says so, and says least.
 VERDICTS: tuple[str, ...] = VERDICT_ORDER
 FAILING_VERDICTS: frozenset[str] = FAILING
-
-
-class CellKey(NamedTuple):
-    """What names a cell, from a test's case to the matrix's row: one key, one spelling."""
-
-    backend: str
-    operation: str
-    format: str
-    dtype: str
 
 
 @with_config(RECORD_CONFIG)

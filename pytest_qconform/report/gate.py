@@ -48,11 +48,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_qconform.report.cells import FAILING_VERDICTS, VERDICTS, Cell, CellKey
+from pytest_qconform.report.cells import FAILING_VERDICTS, VERDICTS, Cell
 from pytest_qconform.report.run_report import ReportError, RunReport, read_report
 from pytest_qconform.report.storage import NotOneReport, ReportsFolder
 from pytest_qconform.report.versions import MinVersion
-from pytest_qconform.vocabulary import Verdict
+from pytest_qconform.vocabulary import CellKey, Verdict
 
 PROG = "qconform check"
 REQUIREMENTS: tuple[str, ...] = ("no-fail", "pass", "any")

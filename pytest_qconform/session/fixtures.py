@@ -89,13 +89,8 @@ class Checker:
         self.context.update(context)
 
     def _where(self) -> str:
-        key = outcomes.cell_key_of(self._item) or {}
-        parts = [
-            f"backend={key.get('backend')}",
-            f"format={key.get('format')}",
-            f"dtype={key.get('dtype')}",
-            f"target={key.get('target')}",
-        ]
+        key = outcomes.case_key_of(self._item)
+        parts = [f"{name}={getattr(key, name) if key else None}" for name in ("backend", "format", "dtype", "target")]
         parts += [f"{k}={v}" for k, v in sorted(self.context.items())]
         repro = dict(self._item.user_properties).get(outcomes.REPRO_PROPERTY, "")
         return " ".join(parts) + f"\n  reproduce: {repro}"

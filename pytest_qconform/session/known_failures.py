@@ -28,6 +28,7 @@ from packaging.version import InvalidVersion, Version
 
 from pytest_qconform.hardware.targets import hardware_marker_names
 from pytest_qconform.session import outcomes, stale_known_failures, state
+from pytest_qconform.vocabulary import CaseKey
 
 PACKAGED = "pytest_qconform/session/known_failures.toml"
 REQUIRED = ("backend", "versions", "arch", "check", "reason", "link", "repro")
@@ -68,7 +69,7 @@ class KnownFailure:
 
     def matches(
         self,
-        key: dict[str, str],
+        key: CaseKey,
         version: str | None,
         target_markers: tuple[str, ...],
         test_name: str,
@@ -79,7 +80,7 @@ class KnownFailure:
         Pre-releases and dev builds count as inside a range (``0.46.0.dev0`` matches
         ``>=0.45``): GPU runners often test such builds, and they fail the same way.
         """
-        if key["backend"] != self.backend or not self.covers_check(key["operation"]):
+        if key.backend != self.backend or not self.covers_check(key.operation):
             return False
         if self.arch != ANY and self.arch not in target_markers:
             return False
@@ -89,7 +90,7 @@ class KnownFailure:
             and fnmatch.fnmatchcase(cpu_capability, self.cpu_capability)
         ):
             return False
-        if not (_glob(key["format"], self.format) and _glob(key["dtype"], self.dtype) and _glob(test_name, self.test)):
+        if not (_glob(key.format, self.format) and _glob(key.dtype, self.dtype) and _glob(test_name, self.test)):
             return False
         return self.covers_version(version)
 
@@ -238,11 +239,11 @@ def apply(config: pytest.Config, items: list[pytest.Item]) -> None:
     matched: set[int] = set()
     ran: set[tuple[str, str]] = set()
     for item in items:
-        key = outcomes.cell_key_of(item)
-        if not key:
+        key = outcomes.case_key_of(item)
+        if key is None:
             continue
-        ran.add((key["backend"], key["operation"]))
-        status = probe.backend(key["backend"])
+        ran.add((key.backend, key.operation))
+        status = probe.backend(key.backend)
         callspec = getattr(item, "callspec", None)
         target = callspec.params.get("qtarget") if callspec is not None else None
         # A test with no device parameter runs on the probe's device.

@@ -1,8 +1,9 @@
 """Turn pytest's per-test reports into matrix cases (one per test item).
 
-Tests carry their cell key (backend, operation, format, dtype, target) in
+Tests carry their ``CaseKey`` (backend, operation, format, dtype, target) in
 ``user_properties`` from collection on, so this works identically under pytest-xdist,
-where the controller sees only serialized reports.
+where the controller sees only serialized reports. ``attach_key`` writes it there and
+``case_key_of`` reads it back: no other module touches its wire form.
 
 Two outcomes come from outside the test: a worker process that died (pytest-xdist
 reports "worker 'gw0' crashed while running '<nodeid>'" with no properties) and a test
@@ -26,6 +27,7 @@ from pytest_qconform.vocabulary import (
     NOTHING_CLAIMED_PREFIX,
     OTHER_DEVICE_PREFIX,
     UNAVAILABLE_PREFIX,
+    CaseKey,
     Verdict,
 )
 from pytest_qconform.vocabulary import OOM_PREFIX as OOM_PREFIX  # public API here too, as the others (__init__.py)
@@ -78,17 +80,14 @@ class Case:
         return self.cell.first_failure["message"] if self.cell.first_failure else self.cell.reason
 
 
-def one_case_cell(key: dict[str, str], verdict: Verdict, multiple: float | None, message: str, repro: str) -> Cell:
+def one_case_cell(key: CaseKey, verdict: Verdict, multiple: float | None, message: str, repro: str) -> Cell:
     """The cell of one test case: a failing verdict carries its message and repro as the
     first failure, any other its message as the reason."""
     from pytest_qconform.report.cells import Cell, FirstFailure
 
     failed = verdict in FAILING
     return Cell(
-        key["backend"],
-        key["operation"],
-        key["format"],
-        key["dtype"],
+        *key.cell,
         verdict,
         cases=1,
         worst_error_multiple=multiple,
@@ -97,11 +96,15 @@ def one_case_cell(key: dict[str, str], verdict: Verdict, multiple: float | None,
     )
 
 
-def cell_key_of(item: pytest.Item) -> dict[str, str] | None:
-    """The cell key (backend, operation, format, dtype, target) the plugin attached to
-    ``item`` at collection, or None for a test outside the conformance cells."""
-    key = dict(item.user_properties).get(KEY_PROPERTY)
-    return key if isinstance(key, dict) else None
+def attach_key(item: pytest.Item, key: CaseKey) -> None:
+    """Attach ``key`` to ``item`` at collection, in the wire form its reports carry."""
+    item.user_properties.append((KEY_PROPERTY, key.wire()))
+
+
+def case_key_of(carrier: pytest.Item | pytest.TestReport) -> CaseKey | None:
+    """The key the plugin attached to a test item at collection, read from the item or from
+    any of its reports, or None for a test outside the conformance cells."""
+    return CaseKey.from_wire(dict(carrier.user_properties).get(KEY_PROPERTY))
 
 
 def _props(report: pytest.TestReport) -> dict[str, Any]:
@@ -227,28 +230,27 @@ def verdict_of(report: pytest.TestReport) -> tuple[Verdict, str] | None:
 
 def case_from_report(report: pytest.TestReport) -> Case | None:
     """A case for one phase's report of a qconform-keyed item, else None."""
-    props = _props(report)
-    key = props.get(KEY_PROPERTY)
-    if not key:
+    key = case_key_of(report)
+    if key is None:
         return None
     found = verdict_of(report)
     if found is None:
         return None
     verdict, message = found
+    props = _props(report)
     return Case(
         report.nodeid,
-        key["target"],
+        key.target,
         one_case_cell(key, verdict, props.get(MULTIPLE_PROPERTY), message, str(props.get(REPRO_PROPERTY, ""))),
         tuple(sorted(dict(props.get(AXES_PROPERTY) or {}).items())),
         tuple(sorted((axis, tuple(found)) for axis, found in dict(props.get(CLAIMED_AXES_PROPERTY) or {}).items())),
     )
 
 
-def identity_of(report: pytest.TestReport) -> tuple[dict[str, str], str] | None:
-    """(cell key, repro) a report carries, for the recorder to remember until a crash."""
-    props = _props(report)
-    key = props.get(KEY_PROPERTY)
-    return (key, str(props.get(REPRO_PROPERTY, ""))) if key else None
+def identity_of(report: pytest.TestReport) -> tuple[CaseKey, str] | None:
+    """(case key, repro) a report carries, for the recorder to remember until a crash."""
+    key = case_key_of(report)
+    return (key, str(dict(report.user_properties).get(REPRO_PROPERTY, ""))) if key else None
 
 
 def is_worker_crash(report: pytest.TestReport) -> bool:
@@ -257,15 +259,12 @@ def is_worker_crash(report: pytest.TestReport) -> bool:
 
 
 def crash_case(
-    report: pytest.TestReport, key: dict[str, str], repro: str, elapsed_s: float | None, timeout_s: float | None
+    report: pytest.TestReport, key: CaseKey, repro: str, elapsed_s: float | None, timeout_s: float | None
 ) -> Case:
     """The case of a test whose worker died: ``timeout`` when it ran for at least the
     pytest-timeout limit (the thread method kills the process), else ``crashed`` (a
     segfault, an abort, a GPU exception). The message names the test and its cell."""
-    where = (
-        f"{report.nodeid} (backend={key['backend']} operation={key['operation']} format={key['format']} "
-        f"dtype={key['dtype']} target={key['target']})"
-    )
+    where = f"{report.nodeid} ({key.describe()})"
     ran = f" after {elapsed_s:.1f} s" if elapsed_s is not None else ""
     if timeout_s and elapsed_s is not None and elapsed_s >= timeout_s:
         verdict = Verdict.TIMEOUT
@@ -275,7 +274,7 @@ def crash_case(
         message = (
             f"the test process died{ran} (segfault, abort or device exception) while running {where}; {report.longrepr}"
         )
-    return Case(report.nodeid, key["target"], one_case_cell(key, verdict, None, message, repro))
+    return Case(report.nodeid, key.target, one_case_cell(key, verdict, None, message, repro))
 
 
 def worse(a: Case | None, b: Case) -> Case:

@@ -17,7 +17,7 @@ from pytest_qconform.hardware.targets import hardware_marker_names
 # Only what every pytest start needs: without --qconform nothing here imports torch or a
 # backend (``state`` and everything under it are imported inside the hooks that need them).
 from pytest_qconform.session import hookspecs, options, outcomes
-from pytest_qconform.vocabulary import DtypeLabel, Verdict
+from pytest_qconform.vocabulary import CaseKey, DtypeLabel, Verdict
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -169,7 +169,7 @@ def _fixed_dtype(item: pytest.Item) -> str:
     return str(marker.args[0]) if marker else "-"
 
 
-def _cell_key(item: pytest.Item) -> dict[str, str] | None:
+def _cell_key(item: pytest.Item) -> CaseKey | None:
     callspec = getattr(item, "callspec", None)
     if callspec is None or "qbackend" not in callspec.params:
         return None
@@ -178,23 +178,18 @@ def _cell_key(item: pytest.Item) -> dict[str, str] | None:
     operation = marker.args[0] if marker else item.path.stem.removeprefix("test_")
     spec = params.get("spec")
     target = params.get("qtarget")
+    target_id = target.id if target is not None else "-"
     from pytest_qconform.cases.instances import nothing_claimed
 
     if nothing_claimed(item):  # the check's one cell for a backend that claims nothing it needs
-        return {
-            "backend": str(params["qbackend"]),
-            "operation": operation,
-            "format": "-",
-            "dtype": "-",
-            "target": target.id if target is not None else "-",
-        }
-    return {
-        "backend": str(params["qbackend"]),
-        "operation": operation,
-        "format": spec.label() if spec is not None else str(params.get("format", "-")),
-        "dtype": _dtype_label(params["dtype"]) if "dtype" in params else _fixed_dtype(item),
-        "target": target.id if target is not None else "-",
-    }
+        return CaseKey(str(params["qbackend"]), operation, "-", "-", target_id)
+    return CaseKey(
+        str(params["qbackend"]),
+        operation,
+        spec.label() if spec is not None else str(params.get("format", "-")),
+        _dtype_label(params["dtype"]) if "dtype" in params else _fixed_dtype(item),
+        target_id,
+    )
 
 
 def _repro(config: pytest.Config, item: pytest.Item) -> str:
@@ -203,13 +198,13 @@ def _repro(config: pytest.Config, item: pytest.Item) -> str:
     return f"pytest --qconform -p no:randomly{extra} '{item.path}::{item.name}'"
 
 
-def _selected(item: pytest.Item, key: dict[str, str], config: pytest.Config) -> bool:
+def _selected(item: pytest.Item, key: CaseKey, config: pytest.Config) -> bool:
     formats = config.getoption("qconform_format")
     dtypes = config.getoption("qconform_dtype")
-    fmt = key["format"].split("-", 1)[0]
+    fmt = key.format.split("-", 1)[0]
     if formats and fmt not in formats:
         return False
-    return not (dtypes and key["dtype"] != "-" and key["dtype"] not in dtypes)
+    return not (dtypes and key.dtype != "-" and key.dtype not in dtypes)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -228,7 +223,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 drop.append(item)
                 continue
             if item.get_closest_marker("qconform_benchmark") is None:  # timings are not matrix cells
-                item.user_properties.append((outcomes.KEY_PROPERTY, key))
+                outcomes.attach_key(item, key)
                 item.user_properties.append((outcomes.REPRO_PROPERTY, _repro(config, item)))
                 if instances.nothing_claimed(item):  # its skip marker's reason says what is missing
                     outcomes.declare(item.user_properties, Verdict.NOT_CLAIMED)

@@ -12,7 +12,7 @@ import pytest
 
 from pytest_qconform.session import outcomes, stale_known_failures, state
 from pytest_qconform.session.applicability import NOT_HERE, from_worker
-from pytest_qconform.vocabulary import Verdict
+from pytest_qconform.vocabulary import CaseKey, CellKey, Verdict
 
 # pytest-benchmark's skip of every non-benchmark test under --benchmark-only: it says
 # nothing about conformance, so a benchmark run's report holds no cells.
@@ -36,7 +36,7 @@ class RunRecorder:
         self.never_ran: str | None = None
         # Under pytest-xdist a dead worker's report carries no properties: remember each
         # test's cell key and start time from its earlier reports (see outcomes.crash_case).
-        self.identities: dict[str, tuple[dict[str, str], str]] = {}
+        self.identities: dict[str, tuple[CaseKey, str]] = {}
         self.started: dict[str, float] = {}
         self.benchmarks: list[dict] = []  # Benchmark.to_dict() of each timed case, in run order
         self.calls: dict[str, tuple[str, dict]] = {}  # nodeid -> (operation, the call-site oracle's summary)
@@ -93,13 +93,12 @@ class RunRecorder:
     def _collect_calls(self, report: pytest.TestReport) -> None:
         from pytest_qconform.report.calls import CALLS_PROPERTY
 
-        props = dict(report.user_properties)
-        summary, key = props.get(CALLS_PROPERTY), props.get(outcomes.KEY_PROPERTY)
-        if summary and isinstance(key, dict):
-            self.calls[report.nodeid] = (str(key.get("operation")), cast(dict, summary))
+        summary, key = dict(report.user_properties).get(CALLS_PROPERTY), outcomes.case_key_of(report)
+        if summary and key is not None:
+            self.calls[report.nodeid] = (key.operation, cast(dict, summary))
 
     def cells(self) -> list:
-        from pytest_qconform.report.cells import Cell, CellKey, fold_cell
+        from pytest_qconform.report.cells import Cell, fold_cell
 
         grouped: dict[CellKey, list[Cell]] = {}
         # In test-id order, not in the order the results arrived: a cell's reason and first

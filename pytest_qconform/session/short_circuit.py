@@ -84,16 +84,16 @@ class ShortCircuit:
     def pytest_runtest_call(self, item: pytest.Item) -> None:
         if self.rule == "continue":
             return
-        key = outcomes.cell_key_of(item)
-        if not key:
+        key = outcomes.case_key_of(item)
+        if key is None:
             return
-        trip = self._tripped(key["backend"], key["operation"])
+        trip = self._tripped(key.backend, key.operation)
         if trip is None:
             return
         scope = (
-            f"{key['backend']}'s remaining tests"
+            f"{key.backend}'s remaining tests"
             if self.rule == "backend"
-            else f"{key['backend']}'s remaining {key['operation']} tests"
+            else f"{key.backend}'s remaining {key.operation} tests"
         )
         outcomes.declare(item.user_properties, Verdict(trip["verdict"]))
         pytest.fail(
