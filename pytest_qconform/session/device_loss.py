@@ -68,15 +68,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if lost is None or _device_of(item) != lost[0]:
         return
     device, nodeid, error = lost
-    outcomes.declare(item.user_properties, Verdict.CRASHED)
-    pytest.fail(
-        outcomes.short_circuit_message(
-            Verdict.CRASHED,
-            "crash",
-            nodeid,
-            f"not run: {device} is unusable in this process after that test's fault ({error}); {REMEDY}",
-        ),
-        pytrace=False,
+    outcomes.short_circuit(
+        item,
+        Verdict.CRASHED,
+        "crash",
+        nodeid,
+        f"not run: {device} is unusable in this process after that test's fault ({error}); {REMEDY}",
     )
 
 

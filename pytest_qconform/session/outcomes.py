@@ -15,7 +15,6 @@ killed, which xdist reports as a crash). ``crash_case`` turns the former into
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
@@ -46,8 +45,6 @@ TIMEOUT_MESSAGE = "from pytest-timeout"  # pytest-timeout's signal-method failur
 XPASS_STRICT_PREFIX = "[XPASS(strict)]"  # pytest's longrepr of a strict xfail that passed
 WORKER_CRASH_MARK = "crashed while running"  # pytest-xdist's report of a dead worker
 DEVICE_LOST_PREFIX = "device lost:"  # a test after which its device is unusable (device_loss.py)
-# A test not run because its backend crashed or hung earlier (short_circuit.py) keeps that verdict.
-_SHORT_CIRCUIT = re.compile(r"\b(crashed|timeout) after an earlier (?:crash|timeout) in ")
 
 
 @dataclass(frozen=True)
@@ -134,13 +131,12 @@ def _failure_message(report: pytest.TestReport) -> str:
     return str(report.longrepr or "failed").strip().splitlines()[-1] if report.longrepr else "failed"
 
 
-def short_circuit_message(verdict: str, noun: str, nodeid: str, rest: str) -> str:
-    """``timeout after an earlier timeout in <nodeid>: <rest>``: read back as ``verdict``."""
-    return f"{verdict} after an earlier {noun} in {nodeid}: {rest}"
-
-
-def is_short_circuited(message: str) -> bool:
-    return _SHORT_CIRCUIT.search(message) is not None
+def short_circuit(item: pytest.Item, verdict: Verdict, noun: str, nodeid: str, rest: str) -> NoReturn:
+    """End ``item`` at once with ``verdict``, not run, after an earlier crash or timeout in
+    ``nodeid`` (``timeout after an earlier timeout in <nodeid>: <rest>``), declared as a value."""
+    __tracebackhide__ = True
+    declare(item.user_properties, verdict)
+    pytest.fail(f"{verdict} after an earlier {noun} in {nodeid}: {rest}", pytrace=False)
 
 
 def _unexpected_pass(reason: str) -> str:
@@ -206,11 +202,6 @@ def verdict_of(report: pytest.TestReport) -> tuple[Verdict, str] | None:
         if isinstance(report.longrepr, str) and report.longrepr.startswith(XPASS_STRICT_PREFIX):
             return Verdict.FAIL, _unexpected_pass(report.longrepr[len(XPASS_STRICT_PREFIX) :].strip())
         message = _failure_message(report)
-        short_circuited = _SHORT_CIRCUIT.search(message)
-        if short_circuited:
-            return Verdict(short_circuited.group(1)), message
-        if message.startswith(DEVICE_LOST_PREFIX):
-            return Verdict.CRASHED, message
         if TIMEOUT_MESSAGE in message:
             return Verdict.TIMEOUT, f"{message} (stopped in phase {report.when}: {report.nodeid})"
         return Verdict.FAIL, message

@@ -60,8 +60,9 @@ class ShortCircuit:
             node.workerinput[_WORKER_KEY] = str(self.path)
 
     def trip(self, case: outcomes.Case) -> None:
-        """Record a crashed or timeout case (not itself a short-circuited one)."""
-        if self.rule == "continue" or case.verdict not in _NOUN or outcomes.is_short_circuited(case.message):
+        """Record a crashed or timeout case: the first of its key trips it. (A case this ended
+        at once has a key already tripped, or one that device_loss.py ends in its place.)"""
+        if self.rule == "continue" or case.verdict not in _NOUN:
             return
         key = self._key(case.backend, case.operation)
         if key in self.trips:
@@ -95,13 +96,10 @@ class ShortCircuit:
             if self.rule == "backend"
             else f"{key.backend}'s remaining {key.operation} tests"
         )
-        outcomes.declare(item.user_properties, Verdict(trip["verdict"]))
-        pytest.fail(
-            outcomes.short_circuit_message(
-                trip["verdict"],
-                _NOUN[trip["verdict"]],
-                trip["nodeid"],
-                f"not run: {scope} end at once (--qconform-after-crash={self.rule}; 'continue' runs them)",
-            ),
-            pytrace=False,
+        outcomes.short_circuit(
+            item,
+            Verdict(trip["verdict"]),
+            _NOUN[trip["verdict"]],
+            trip["nodeid"],
+            f"not run: {scope} end at once (--qconform-after-crash={self.rule}; 'continue' runs them)",
         )
