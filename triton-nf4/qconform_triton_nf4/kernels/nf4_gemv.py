@@ -329,6 +329,7 @@ def _gemv_4bit_words_kernel(
     GATHER: tl.constexpr,
     SHUFFLE: tl.constexpr,
     X_PACKED: tl.constexpr,
+    EMULATED: tl.constexpr,
 ):
     """The gemv for K a multiple of BLOCKSIZE and of BLOCK_K: the weight read as int32
     words of 8 nibbles, one program per (BLOCK_N features, one row of x).
@@ -346,7 +347,10 @@ def _gemv_4bit_words_kernel(
     default on GPUs). PREFETCH loads the next step's words before decoding the current
     ones, so a warp has DRAM loads in flight while it decodes. MASKED: BLOCK_N does not
     divide N. X_PACKED (bf16/fp16 x, contiguous rows on 8-byte boundaries): a word's 8
-    values of x come in two 8-byte loads instead of eight 2-byte ones (v7).
+    values of x come in two 8-byte loads instead of eight 2-byte ones (v7). EMULATED (Triton's
+    interpreter, where every operation costs about the same at any width): a step's 8 nibbles
+    per word are taken, looked up and multiplied at once (``_emulated_word_sums``) instead of
+    in 8 steps; the loads, groups, absmax and stores are the compiled kernel's.
     """
     pid = tl.program_id(0)
     m = pid % M
@@ -422,27 +426,55 @@ def _gemv_4bit_words_kernel(
             x_high = tl.load(x_quads + 1)
         else:
             x_cols = x_row + (k0 + 8 * group_word) * stride_xk  # [G, GW]
-        partial = tl.zeros((BLOCK_N, GROUPS, GROUP), dtype=tl.float32)
-        for j in tl.static_range(8):
-            # column 8w + j: byte j // 2 of the word, its high nibble for even j
-            nibble = (current >> (8 * (j // 2) + 4 * (1 - j % 2))) & 15
-            if SHUFFLE:  # code[nibble] from lane `nibble`, which holds it in `lane_code`
-                value = shuffle_code(lane_code, nibble)
-            elif GATHER:
-                value = lookup(code_values, nibble.to(tl.int32))
-            else:
-                value = tl.load(code_ptr + nibble)
+        if EMULATED:
             if X_PACKED:
-                xj = x_value(x_low if j < 4 else x_high, j % 4, x_ptr.dtype.element_ty)
+                x8 = _emulated_x_words(x_low, x_high, x_ptr.dtype.element_ty)
             else:
-                xj = tl.load(x_cols + j * stride_xk).to(tl.float32)
-            partial += value * xj[None, :, :]
+                x8 = tl.load(x_cols[:, :, None] + tl.arange(0, 8)[None, None, :] * stride_xk).to(tl.float32)
+            partial = _emulated_word_sums(current, code_ptr, x8)
+        else:
+            partial = tl.zeros((BLOCK_N, GROUPS, GROUP), dtype=tl.float32)
+            for j in tl.static_range(8):
+                # column 8w + j: byte j // 2 of the word, its high nibble for even j
+                nibble = (current >> (8 * (j // 2) + 4 * (1 - j % 2))) & 15
+                if SHUFFLE:  # code[nibble] from lane `nibble`, which holds it in `lane_code`
+                    value = shuffle_code(lane_code, nibble)
+                elif GATHER:
+                    value = lookup(code_values, nibble.to(tl.int32))
+                else:
+                    value = tl.load(code_ptr + nibble)
+                if X_PACKED:
+                    xj = x_value(x_low if j < 4 else x_high, j % 4, x_ptr.dtype.element_ty)
+                else:
+                    xj = tl.load(x_cols + j * stride_xk).to(tl.float32)
+                partial += value * xj[None, :, :]
         acc += partial * absmax[:, :, None]
     y = tl.sum(tl.sum(acc, axis=2), axis=1)  # [BN]
     n = n0 + rows
     if HAS_BIAS:
         y += tl.load(bias_ptr + n, mask=row_ok, other=0.0).to(tl.float32)
     store_as(out_ptr + m.to(tl.int64) * N + n, y, row_ok, BF16_BITS)
+
+
+@triton.jit
+def _emulated_x_words(x_low, x_high, X_DTYPE: tl.constexpr):
+    """The interpreter's x of ``[G, GW]`` words as ``[G, GW, 8]`` fp32: value j of a word is
+    16-bit float j % 4 of x_low (j < 4) or x_high, as ``x_value`` takes it."""
+    j = tl.arange(0, 8)[None, None, :]
+    quads = tl.where(j < 4, x_low[:, :, None], x_high[:, :, None])
+    bits = ((quads >> (16 * (j % 4))) & 0xFFFF).to(tl.uint16)
+    return bits.to(X_DTYPE, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _emulated_word_sums(words, code_ptr, x8):
+    """The interpreter's ``sum_j code[nibble j] * x[8 w + j]`` for every word of ``words``
+    (uint32, ``[BN, G, GW]``) at once, x8 ``[G, GW, 8]``: nibble j is byte j // 2's, the
+    high one for even j, as the compiled loop takes it; the 8 products summed in fp32."""
+    j = tl.arange(0, 8)[None, None, None, :]
+    nibbles = (words[:, :, :, None] >> (8 * (j // 2) + 4 * (1 - j % 2))) & 15
+    values = tl.load(code_ptr + nibbles)
+    return tl.sum(values * x8[None, :, :, :], axis=3)
 
 
 @triton.jit
@@ -1003,6 +1035,7 @@ def plan_gemv(
                 and stride_xk == 1
                 and stride_xm % 4 == 0
                 and x2.data_ptr() % 8 == 0,
+                EMULATED=interpreter_active(),
             ),
         )
         tail = (nested_absmax_arg, nested_code_arg, offset_value, M, N, K, stride_xm, stride_xk)
