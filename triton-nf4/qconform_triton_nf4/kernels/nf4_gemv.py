@@ -70,8 +70,10 @@ _GPU_TILE = (4, 512, 4)
 _INTERPRETER_TILE = (64, 1024, 1)
 # (BLOCK_N, BLOCK_K, num_warps, PREFETCH) of the word kernel, which serves the rows the
 # other kernels do not take whenever K is a multiple of the blocksize (bench/notes.md v6, v6c).
+# The interpreter's 128 rows: one program for most of the workloads' layers (64-128 wide),
+# half the programs of 64 rows (their triton-nf4 workloads and lifecycles 84 -> 66 s; 256: 68).
 _GPU_WORDS_TILE = (16, 512, 4, True)
-_INTERPRETER_WORDS_TILE = (64, 1024, 1, False)
+_INTERPRETER_WORDS_TILE = (128, 1024, 1, False)
 # How the word kernel looks code values up on the GPU: "shuffle" (a warp shuffle, needs
 # PREFETCH), "gather" (lookup(), shared memory) or "index" (global loads). H100, 8192 x 8192,
 # batch 1, x in 2-byte loads: 34.1, 37.7 and 59.1 us (bench/notes.md v6, v6c); shuffle with
