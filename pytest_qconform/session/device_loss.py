@@ -71,7 +71,6 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     outcomes.short_circuit(
         item,
         Verdict.CRASHED,
-        "crash",
         nodeid,
         f"not run: {device} is unusable in this process after that test's fault ({error}); {REMEDY}",
     )

@@ -90,7 +90,7 @@ class Checker:
 
     def _where(self) -> str:
         key = outcomes.case_key_of(self._item)
-        parts = [f"{name}={getattr(key, name) if key else None}" for name in ("backend", "format", "dtype", "target")]
+        parts = [key.describe() if key else "(no case key)"]
         parts += [f"{k}={v}" for k, v in sorted(self.context.items())]
         repro = dict(self._item.user_properties).get(outcomes.REPRO_PROPERTY, "")
         return " ".join(parts) + f"\n  reproduce: {repro}"

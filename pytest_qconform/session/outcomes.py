@@ -45,6 +45,9 @@ TIMEOUT_MESSAGE = "from pytest-timeout"  # pytest-timeout's signal-method failur
 XPASS_STRICT_PREFIX = "[XPASS(strict)]"  # pytest's longrepr of a strict xfail that passed
 WORKER_CRASH_MARK = "crashed while running"  # pytest-xdist's report of a dead worker
 DEVICE_LOST_PREFIX = "device lost:"  # a test after which its device is unusable (device_loss.py)
+# The verdicts that end a backend's later tests at once (short_circuit.py, device_loss.py), and
+# the word a short-circuited test's message says its cause was.
+SHORT_CIRCUIT_CAUSES: dict[Verdict, str] = {Verdict.CRASHED: "crash", Verdict.TIMEOUT: "timeout"}
 
 
 @dataclass(frozen=True)
@@ -131,12 +134,13 @@ def _failure_message(report: pytest.TestReport) -> str:
     return str(report.longrepr or "failed").strip().splitlines()[-1] if report.longrepr else "failed"
 
 
-def short_circuit(item: pytest.Item, verdict: Verdict, noun: str, nodeid: str, rest: str) -> NoReturn:
-    """End ``item`` at once with ``verdict``, not run, after an earlier crash or timeout in
-    ``nodeid`` (``timeout after an earlier timeout in <nodeid>: <rest>``), declared as a value."""
+def short_circuit(item: pytest.Item, verdict: Verdict, nodeid: str, rest: str) -> NoReturn:
+    """End ``item`` at once with ``verdict`` (crashed or timeout), not run, after the same
+    verdict in ``nodeid`` (``timeout after an earlier timeout in <nodeid>: <rest>``), declared
+    as a value."""
     __tracebackhide__ = True
     declare(item.user_properties, verdict)
-    pytest.fail(f"{verdict} after an earlier {noun} in {nodeid}: {rest}", pytrace=False)
+    pytest.fail(f"{verdict} after an earlier {SHORT_CIRCUIT_CAUSES[verdict]} in {nodeid}: {rest}", pytrace=False)
 
 
 def _unexpected_pass(reason: str) -> str:

@@ -169,7 +169,7 @@ def _fixed_dtype(item: pytest.Item) -> str:
     return str(marker.args[0]) if marker else "-"
 
 
-def _cell_key(item: pytest.Item) -> CaseKey | None:
+def _case_key(item: pytest.Item) -> CaseKey | None:
     callspec = getattr(item, "callspec", None)
     if callspec is None or "qbackend" not in callspec.params:
         return None
@@ -217,7 +217,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     drop: list[pytest.Item] = []
     claims_cache: dict[Any, Any] = {}
     for item in items:
-        key = _cell_key(item)
+        key = _case_key(item)
         if key is not None:
             if not _selected(item, key, config):
                 drop.append(item)

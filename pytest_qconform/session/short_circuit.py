@@ -32,7 +32,6 @@ from pytest_qconform.vocabulary import Verdict
 
 DEFAULT_RULE = RULES[0]
 _WORKER_KEY = "qconform_trips_file"
-_NOUN: dict[str, str] = {Verdict.CRASHED: "crash", Verdict.TIMEOUT: "timeout"}
 
 
 class ShortCircuit:
@@ -62,7 +61,7 @@ class ShortCircuit:
     def trip(self, case: outcomes.Case) -> None:
         """Record a crashed or timeout case: the first of its key trips it. (A case this ended
         at once has a key already tripped, or one that device_loss.py ends in its place.)"""
-        if self.rule == "continue" or case.verdict not in _NOUN:
+        if self.rule == "continue" or case.verdict not in outcomes.SHORT_CIRCUIT_CAUSES:
             return
         key = self._key(case.backend, case.operation)
         if key in self.trips:
@@ -99,7 +98,6 @@ class ShortCircuit:
         outcomes.short_circuit(
             item,
             Verdict(trip["verdict"]),
-            _NOUN[trip["verdict"]],
             trip["nodeid"],
             f"not run: {scope} end at once (--qconform-after-crash={self.rule}; 'continue' runs them)",
         )

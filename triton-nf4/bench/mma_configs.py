@@ -69,7 +69,6 @@ def main() -> int:
             state = q.handle
             exact = kernels.dequantize_4bit(state.packed, state.absmax, out_dtype=torch.float32, **state.kernel_args())
             count = bench.copies_for(n * k // 2 + n * k // 16, facts.cache_bytes)
-            states = [state] + [copy.deepcopy(state) for _ in range(count - 1)]
             bqs = [bq] + [copy.deepcopy(bq) for _ in range(count - 1)]
             xs = [torch.randn(rows, k, generator=gen, device=device).to(dtype) for _ in range(count)]
             groups = -(-rows // 8)
@@ -88,7 +87,7 @@ def main() -> int:
                     # reused, with its split sums' tickets. kernels.gemv_4bit builds a plan per
                     # call, zeroing new tickets each time: a launch in the device time of every
                     # split configuration (about 3 us at 8192^2, 4 rows; bench/notes.md v18).
-                    fresh = [copy.deepcopy(s) for s in states]
+                    fresh = [copy.deepcopy(state) for _ in range(count)]
 
                     def call(i: int, fresh=fresh, xs=xs) -> torch.Tensor:
                         return ours.linear(xs[i], fresh[i], None)
