@@ -190,6 +190,17 @@ def prompts(lengths: tuple[int, ...], seed: int, device: torch.device) -> tuple[
     return ids.to(device), mask.to(device)
 
 
+def check_cache_filled(qcheck, cache, positions: int) -> None:
+    """The KV cache a workload passed holds every position the model ran on. A model that
+    does not take the keyword the cache came in (transformers 5.24 prefers ``cache=`` and
+    plans to remove ``past_key_values=``; a forward with ``**kwargs`` drops a name it does
+    not know, and a compiled one does so silently) decodes each step without its context:
+    its logits are finite and every layer call is still right, so only the cache shows it."""
+    qcheck.equal(
+        int(cache.get_seq_length()), positions, "positions held by the KV cache the workload passed (ignored: 0)"
+    )
+
+
 def lora_targets(model: torch.nn.Module, facet: LayerFacet) -> list[str]:
     """The module names (last part) of the quantized layers: what a user lists in
     ``LoraConfig.target_modules`` for this family."""

@@ -30,6 +30,7 @@ from ._layers import check_requantized, lora_delta, needs, require_layer_claim, 
 from ._workloads import (
     LoraCalls,
     accumulated_lora_gradients,
+    check_cache_filled,
     check_first_adamw_step,
     lora_layers,
     lora_targets,
@@ -41,7 +42,8 @@ WORKLOAD_AXES = ("model", "format", "hqq_axis", "dtype")
 NEW_TOKENS = 3
 LONG_PREFILL = 96
 RANK, ALPHA = 4, 8
-SERVED_LENGTH, CACHE_LENGTH, DECODE_STEPS = 5, 16, 2  # compiled and captured serving: static KV cache
+SERVED_LENGTH, CACHE_LENGTH = 5, 16  # compiled and captured serving: static KV cache
+DECODE_STEPS = 2  # decode steps after a prefill, in each serving workload
 WARMUP_CALLS = 2  # eager decode steps on a side stream before a capture, as torch.cuda.graphs documents
 
 
@@ -73,10 +75,16 @@ def test_generate(qtarget, qbackend, qdevice, qcheck, qwatch, tmp_path, spec, mo
     long_ids, long_mask = prompts((LONG_PREFILL,), seed=311, device=qdevice)
     with qwatch(lm, {qbackend.name: facet}):
         out = lm.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            pad_token_id=0,
+            return_dict_in_generate=True,
         )
         lm.generate(input_ids=long_ids, attention_mask=long_mask, max_new_tokens=1, do_sample=False, pad_token_id=0)
-    qcheck.equal(tuple(out.shape), (3, 7 + NEW_TOKENS), "generate's output shape")
+    qcheck.equal(tuple(out.sequences.shape), (3, 7 + NEW_TOKENS), "generate's output shape")
+    check_cache_filled(qcheck, out.past_key_values, 7 + NEW_TOKENS - 1)  # the last token is not fed back
 
 
 @workload("serving")
@@ -91,7 +99,7 @@ def test_serving(qtarget, qbackend, qdevice, qcheck, qwatch, tmp_path, spec, mod
         with torch.cuda.stream(stream) if stream is not None else nullcontext():
             out = lm(input_ids=ids, attention_mask=mask, use_cache=True)
             cache = out.past_key_values
-            for _ in range(2):
+            for _ in range(DECODE_STEPS):
                 token = out.logits[:, -1:].argmax(-1)
                 mask = torch.cat([mask, torch.ones_like(token)], dim=1)
                 out = lm(input_ids=token, attention_mask=mask, past_key_values=cache, use_cache=True)
@@ -99,6 +107,7 @@ def test_serving(qtarget, qbackend, qdevice, qcheck, qwatch, tmp_path, spec, mod
         if stream is not None:
             torch.cuda.current_stream(qdevice).wait_stream(stream)
     qcheck.equal(bool(torch.isfinite(out.logits).all()), True, "the served logits are finite")
+    check_cache_filled(qcheck, cache, ids.shape[1] + DECODE_STEPS)
 
 
 def _static_cache(lm, ids):
@@ -155,6 +164,7 @@ def test_compiled_serving(qtarget, qbackend, qdevice, qcheck, qwatch, qprofile, 
     qcheck.describe(graph_breaks=breaks)  # the backend's own (the oracle's hooks break no graph)
     qcheck.equal(_judged(oracle, "compiled") > 0, True, "calls judged as compiled (dynamo compiled the layers)")
     qcheck.equal(bool(torch.isfinite(logits).all()), True, "the served logits are finite")
+    check_cache_filled(qcheck, cache, SERVED_LENGTH + DECODE_STEPS)
 
 
 @workload("captured", model=("llama", "qwen2"))
@@ -162,31 +172,37 @@ def test_captured_decode(qtarget, qbackend, qdevice, qcheck, qwatch, tmp_path, s
     """The decode step as serving engines run it (vLLM and SGLang capture it): a static KV
     cache, eager warm-up steps on a side stream, the step captured in a CUDA graph, then
     replayed for each new token with the token and its position copied into the graph's
-    static inputs. A call made during the capture has no values yet; the oracle judges it on
-    the values the last replay left (``oracle.settle()``). On a GPU only."""
+    static inputs. The warm-ups run on a cache of their own, prefilled alike: transformers'
+    ``StaticCache`` writes each step at its own running length (a device counter, which a
+    replay advances too), not at ``cache_position``, so warm-ups on the served cache would
+    leave their tokens in it and shift every replayed step's keys past its mask. A call made
+    during the capture has no values yet; the oracle judges it on the values the last replay
+    left (``oracle.settle()``). On a GPU only."""
     if qdevice.type != "cuda":
         skip_other_device("GPU only: a CUDA graph captures GPU kernels, this run computes on the CPU")
     facet, _, lm = _workload(qtarget, qbackend, qdevice, qcheck, tmp_path, spec, model, dtype)
     lm.eval()
     ids, _ = prompts((SERVED_LENGTH, SERVED_LENGTH), seed=331, device=qdevice)
     cache, positions = _static_cache(lm, ids)
+    scratch, _ = _static_cache(lm, ids)  # the warm-ups'
     with qwatch(lm, {qbackend.name: facet}) as oracle, torch.inference_mode():
         out = lm(input_ids=ids, past_key_values=cache, cache_position=positions, use_cache=True)
         token = out.logits[:, -1:].argmax(-1)  # the graph's static inputs
         position = torch.tensor([SERVED_LENGTH], device=qdevice)
 
-        def step():
-            return lm(input_ids=token, past_key_values=cache, cache_position=position, use_cache=True).logits
+        def step(kv):
+            return lm(input_ids=token, past_key_values=kv, cache_position=position, use_cache=True).logits
 
         side = torch.cuda.Stream(qdevice)
         side.wait_stream(torch.cuda.current_stream(qdevice))
         with torch.cuda.stream(side):
-            for _ in range(WARMUP_CALLS):  # they write the cache at `position`: the replays write it again
-                step()
+            lm(input_ids=ids, past_key_values=scratch, cache_position=positions, use_cache=True)
+            for _ in range(WARMUP_CALLS):
+                step(scratch)
         torch.cuda.current_stream(qdevice).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            logits = step()
+            logits = step(cache)
         for _ in range(DECODE_STEPS):
             graph.replay()
             token.copy_(logits[:, -1:].argmax(-1))
@@ -195,6 +211,7 @@ def test_captured_decode(qtarget, qbackend, qdevice, qcheck, qwatch, tmp_path, s
         judged = oracle.settle()
     qcheck.equal(judged > 0 and _judged(oracle, "captured") == judged, True, "captured calls judged after replay")
     qcheck.equal(bool(torch.isfinite(logits).all()), True, "the replayed logits are finite")
+    check_cache_filled(qcheck, cache, SERVED_LENGTH + DECODE_STEPS)
 
 
 @pytest.mark.qconform_axes(*WORKLOAD_AXES, "checkpointing")
