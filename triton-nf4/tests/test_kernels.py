@@ -423,7 +423,7 @@ def test_tensor_core_split_sums_are_added_in_split_order_by_the_last_program(mon
     from qconform_triton_nf4.kernels import nf4_gemv, nf4_mma
 
     monkeypatch.setattr(nf4_gemv, "INTERPRETED_MMA_ROWS", (4, nf4_mma.MAX_ROWS))
-    config = (1, 2, 64)  # 2 warps, as many splits as the 8 chunks allow: 4
+    config = (1, 2, 64)  # 2 warps, as many splits as K's 8 units allow: 4
     monkeypatch.setattr(
         nf4_mma, "_GPU_CONFIG" if DEVICE.type == "cuda" else "_INTERPRETER_CONFIG", dict.fromkeys(range(1, 5), config)
     )
@@ -440,7 +440,8 @@ def test_tensor_core_split_sums_are_added_in_split_order_by_the_last_program(mon
             return launch
 
     monkeypatch.setattr(nf4_mma, "_gemm_4bit_mma_kernel", Spy())
-    N, K = 40, 512
+    N = 40
+    K = 512 * (4 if DEVICE.type == "cuda" else 1)  # 8 units: chunks, on a GPU runs of 4 (ABSMAX_QUADS)
     packed, state, kw = quantize((N, K), "nf4", 64, False, seed=3)
     gen = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, K, generator=gen).to(x_dtype).to(DEVICE)

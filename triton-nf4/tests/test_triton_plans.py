@@ -176,6 +176,23 @@ def test_plans_follow_the_layout_and_copies_start_without_them(quantized) -> Non
     assert torch.equal(backend.dequantize(twin, torch.bfloat16), backend.dequantize(q, torch.bfloat16))
 
 
+def test_x_8_bytes_off_16_takes_its_own_plan_with_the_same_bits(quantized) -> None:
+    """The tensor-core kernel reads x in 16-byte loads where x is 16-byte aligned, else in
+    8-byte loads; on a GPU a 16-byte load 8 bytes off is a misaligned-address fault. x of
+    the same shape and strides 8 bytes off takes its own plan, in either order, and both
+    loads give the same bits."""
+    backend, q = quantized
+    q = copy.deepcopy(q)
+    storage = torch.randn(4 * 256 + 4, generator=torch.Generator().manual_seed(3)).to(DEVICE, torch.bfloat16)
+    aligned, off = storage[: 4 * 256].view(4, 256), storage[4:].view(4, 256)
+    assert aligned.data_ptr() % 16 == 0 and off.data_ptr() % 16 == 8
+    first = backend.matmul(aligned, q, None, torch.bfloat16)
+    shifted = backend.matmul(off, q, None, torch.bfloat16)
+    assert len(q.handle.plans) == 2
+    assert torch.equal(shifted, backend.matmul(off.clone(), q, None, torch.bfloat16))
+    assert torch.equal(first, backend.matmul(aligned, q, None, torch.bfloat16))
+
+
 def test_gradient_still_flows_through_the_autograd_function(quantized) -> None:
     backend, q = quantized
     x = torch.randn(3, 256).to(DEVICE, torch.float32).requires_grad_()

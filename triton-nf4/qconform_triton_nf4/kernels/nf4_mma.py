@@ -26,6 +26,13 @@ and SPLIT programs along the grid's second axis, take turns over the chunks; the
 sums are added in the program, the splits' by the last program of each tile to arrive
 (``_sum_tile_splits``), in split order.
 
+Loads (v19; the kernel is bound by L1's data pipe, bench/notes.md v11): a warp's weight
+bytes for its next chunk are loaded an iteration ahead, marked ``evict_first`` (read once;
+L1 is kept for x, which every program reads); x, where 16-byte aligned, in two 16-byte
+loads a row instead of four 8-byte ones; and, at blocks of 64 columns or more, the warps
+take runs of 4 consecutive chunks, whose absmax one load brings (lane t of each row loads
+chunk t's) and a shuffle hands out, instead of one load per chunk.
+
 NVIDIA only: the products (``mma.sync``), the code lookups (a warp shuffle, as in
 ``nf4_gemv``) and the bf16/fp16 packing (``cvt.rn``) are inline PTX, and the matmul route
 sends only NVIDIA GPUs of compute capability 8.0+ here (``mma_route_ok``; ROCm never runs
@@ -99,6 +106,28 @@ def _code_value(lane_code, shifted):
         "shfl.sync.idx.b32 $0, $1, $2, 0x1f, -1;",
         "=r,r,r",
         [lane_code, shifted],
+        dtype=tl.int32,
+        is_pure=True,
+        pack=1,
+    ).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _chunk_of(i, first, stride, ABSMAX_QUADS: tl.constexpr):
+    """The chunk a warp takes in its iteration ``i`` (``first``: split * NUM_WARPS + warp):
+    every ``stride``-th chunk, or runs of 4 chunks every ``stride``-th run."""
+    if ABSMAX_QUADS:
+        return 4 * (first + (i // 4) * stride) + i % 4
+    return first + i * stride
+
+
+@triton.jit
+def _lane_value(value, source):
+    """fp32 ``value`` of lane ``source`` of this warp (a warp shuffle)."""
+    return tl.inline_asm_elementwise(
+        "shfl.sync.idx.b32 $0, $1, $2, 0x1f, -1;",
+        "=r,r,r",
+        [value.to(tl.int32, bitcast=True), source],
         dtype=tl.int32,
         is_pure=True,
         pack=1,
@@ -185,29 +214,34 @@ def _emulated_products(w, quads, c0, c1, c2, c3, NUM_WARPS: tl.constexpr, X_FP16
 
 
 @triton.jit
-def _tile_loads(
-    pairs_ptr,
+def _tile_units(pairs_ptr, row0, row1, c, t, valid, K):
+    """Chunk ``c`` of a lane's two weight rows (int64 rows, clamped): its 8 packed bytes of
+    each (8 * t .. 8 * t + 7 of the chunk's 32), zeros where not ``valid``. Read once and
+    never again: ``evict_first`` keeps L1 for x, which every program reads (bench/notes.md
+    v19)."""
+    at = 4 * c + t
+    unit0 = tl.load(pairs_ptr + row0 * (K // 16) + at, mask=valid, other=0, eviction_policy="evict_first")
+    unit1 = tl.load(pairs_ptr + row1 * (K // 16) + at, mask=valid, other=0, eviction_policy="evict_first")
+    return unit0, unit1
+
+
+@triton.jit
+def _row_scales(
     absmax_ptr,
     nested_absmax_ptr,
     nested_code_ptr,
     offset,
     row0,
     row1,
-    c,
-    t,
+    column,
     valid,
     K,
     BLOCKSIZE: tl.constexpr,
     NESTED_BLOCKSIZE: tl.constexpr,
     DOUBLE_QUANT: tl.constexpr,
 ):
-    """Chunk ``c`` of a lane's two weight rows (int64 rows, clamped): its 8 packed bytes of
-    each (8 * t .. 8 * t + 7 of the chunk's 32) and their absmax (one block: 16 columns
-    starting on a multiple of 16 never straddle one). Zeros where not ``valid``."""
-    at = 4 * c + t
-    unit0 = tl.load(pairs_ptr + row0 * (K // 16) + at, mask=valid, other=0)
-    unit1 = tl.load(pairs_ptr + row1 * (K // 16) + at, mask=valid, other=0)
-    column = _CHUNK * c + 16 * t
+    """The absmax of the blocks holding ``column`` in a lane's two weight rows, 0 where not
+    ``valid``."""
     scale0 = load_block_absmax(
         absmax_ptr,
         (row0 * K + column) // BLOCKSIZE,
@@ -228,14 +262,33 @@ def _tile_loads(
         NESTED_BLOCKSIZE,
         DOUBLE_QUANT,
     )
-    return unit0, unit1, scale0, scale1
+    return scale0, scale1
 
 
 @triton.jit
-def _x_loads(x_quads, x_row, x_ok, c, t):
+def _load_pair(ptr, ok):
+    """The two int64 at ``ptr`` (16-byte aligned) in one 16-byte load, zeros where not ``ok``."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $3, 0; mov.b64 $0, 0; mov.b64 $1, 0; @p ld.global.v2.b64 {$0, $1}, [$2]; }",
+        "=l,=l,l,r",
+        [ptr.to(tl.int64), ok.to(tl.int32)],
+        dtype=(tl.int64, tl.int64),
+        is_pure=True,
+        pack=1,
+    )
+
+
+@triton.jit
+def _x_loads(x_quads, x_row, x_ok, c, t, X_16B: tl.constexpr):
     """B's registers for the chunk's 4 products from one row of x (``x_row``, in int64
-    quads): columns 16 t + 4 q .. + 3 for q = 0..3, zeros where not ``x_ok``."""
+    quads): columns 16 t + 4 q .. + 3 for q = 0..3, zeros where not ``x_ok``. X_16B: in
+    two 16-byte loads (x 16-byte aligned, PTX), which halve the L1 wavefronts of x's loads
+    (each touches one line per row of x either way); else four 8-byte loads."""
     at = x_row + 16 * c + 4 * t
+    if X_16B:
+        q0, q1 = _load_pair(x_quads + at, x_ok)
+        q2, q3 = _load_pair(x_quads + at + 2, x_ok)
+        return q0, q1, q2, q3
     return (
         tl.load(x_quads + at, mask=x_ok, other=0),
         tl.load(x_quads + at + 1, mask=x_ok, other=0),
@@ -421,14 +474,21 @@ def _gemm_4bit_mma_kernel(
     NUM_WARPS: tl.constexpr,
     SPLIT_SUMS: tl.constexpr,
     PTX: tl.constexpr,
+    X_16B: tl.constexpr,
+    ABSMAX_QUADS: tl.constexpr,
 ):
     """Weight rows ``16 * ROW_TILES * pid0 ..`` against every row of x (at most 8 *
     X_GROUPS; two row tiles take at most two groups), over the chunks of split pid1 (chunks
-    pid1 * NUM_WARPS + warp, then every NUM_WARPS * splits). One split: bias and rounding here; several: fp32 sums into
-    ``work_ptr`` [splits, M, N], and the last split of a tile to arrive (a ticket from
-    ``ticket_ptr``, one int32 per tile, zero before the launch and left zero) adds the
-    tile's splits in split order, the bias, and rounds (``_sum_tile_splits``)."""
+    pid1 * NUM_WARPS + warp, then every NUM_WARPS * splits; ABSMAX_QUADS: runs of 4
+    consecutive chunks so counted, and each run's absmax loaded once: lane t of a row loads
+    its run's chunk t's, and a shuffle hands each chunk's to the row's 4 lanes, a quarter of
+    the absmax loads; blocks of 64 columns or more, one row tile). One split: bias and
+    rounding here; several: fp32 sums into ``work_ptr`` [splits, M, N], and the last split
+    of a tile to arrive (a ticket from ``ticket_ptr``, one int32 per tile, zero before the
+    launch and left zero) adds the tile's splits in split order, the bias, and rounds
+    (``_sum_tile_splits``)."""
     tl.static_assert(ROW_TILES == 1 or X_GROUPS <= 2, "two row tiles hold accumulators for two groups of x")
+    tl.static_assert(not ABSMAX_QUADS or (ROW_TILES == 1 and BLOCKSIZE >= _CHUNK), "a run's absmax: one per chunk")
     lane = tl.arange(0, 32 * NUM_WARPS) * one
     warp = lane // 32
     g = (lane % 32) // 4
@@ -450,41 +510,71 @@ def _gemm_4bit_mma_kernel(
     xd_row = (g + 24).to(tl.int64) * quads_per_x_row
     chunks = K // _CHUNK
     stride = NUM_WARPS * splits
-    iterations = tl.cdiv(chunks, stride)
+    if ABSMAX_QUADS:
+        iterations = tl.cdiv(tl.cdiv(chunks, 4), stride) * 4
+    else:
+        iterations = tl.cdiv(chunks, stride)
     zero = tl.zeros(lane.shape, dtype=tl.float32)
     d0, d1, d2, d3, e0, e1, e2, e3 = zero, zero, zero, zero, zero, zero, zero, zero
     f0, f1, f2, f3, h0, h1, h2, h3 = zero, zero, zero, zero, zero, zero, zero, zero
     p0, p1, p2, p3, r0, r1, r2, r3 = zero, zero, zero, zero, zero, zero, zero, zero
+    run_scale0, run_scale1 = zero, zero
+    first = split * NUM_WARPS + warp
+    c_next = _chunk_of(0, first, stride, ABSMAX_QUADS)
+    next0, next1 = _tile_units(pairs_ptr, row0, row1, tl.minimum(c_next, chunks - 1), t, c_next < chunks, K)
     for i in range(0, iterations):
-        c = split * NUM_WARPS + warp + i * stride
+        c = _chunk_of(i, first, stride, ABSMAX_QUADS)
+        if ABSMAX_QUADS:
+            run = c - i % 4  # the run's first chunk
+            if i % 4 == 0:
+                run_scale0, run_scale1 = _row_scales(
+                    absmax_ptr,
+                    nested_absmax_ptr,
+                    nested_code_ptr,
+                    offset,
+                    row0,
+                    row1,
+                    _CHUNK * tl.minimum(run + t, chunks - 1),
+                    run + t < chunks,
+                    K,
+                    BLOCKSIZE,
+                    NESTED_BLOCKSIZE,
+                    DOUBLE_QUANT,
+                )
         valid = c < chunks
         c = tl.minimum(c, chunks - 1)
-        xa = _x_loads(x_quads, xa_row, valid & (g < M), c, t)
+        xa = _x_loads(x_quads, xa_row, valid & (g < M), c, t, X_16B)
         xb = xa
         xc = xa
         xd = xa
         if X_GROUPS >= 2:
-            xb = _x_loads(x_quads, xb_row, valid & (g + 8 < M), c, t)
+            xb = _x_loads(x_quads, xb_row, valid & (g + 8 < M), c, t, X_16B)
         if X_GROUPS >= 3:
-            xc = _x_loads(x_quads, xc_row, valid & (g + 16 < M), c, t)
+            xc = _x_loads(x_quads, xc_row, valid & (g + 16 < M), c, t, X_16B)
         if X_GROUPS >= 4:
-            xd = _x_loads(x_quads, xd_row, valid & (g + 24 < M), c, t)
-        unit0, unit1, scale0, scale1 = _tile_loads(
-            pairs_ptr,
-            absmax_ptr,
-            nested_absmax_ptr,
-            nested_code_ptr,
-            offset,
-            row0,
-            row1,
-            c,
-            t,
-            valid,
-            K,
-            BLOCKSIZE,
-            NESTED_BLOCKSIZE,
-            DOUBLE_QUANT,
-        )
+            xd = _x_loads(x_quads, xd_row, valid & (g + 24 < M), c, t, X_16B)
+        unit0, unit1 = next0, next1  # loaded an iteration ahead, zeros where not valid
+        c_next = _chunk_of(i + 1, first, stride, ABSMAX_QUADS)
+        next0, next1 = _tile_units(pairs_ptr, row0, row1, tl.minimum(c_next, chunks - 1), t, c_next < chunks, K)
+        if ABSMAX_QUADS:
+            holder = lane % 32 - t + i % 4  # the lane of this row that loaded chunk c's absmax
+            scale0 = _lane_value(run_scale0, holder)
+            scale1 = _lane_value(run_scale1, holder)
+        else:
+            scale0, scale1 = _row_scales(
+                absmax_ptr,
+                nested_absmax_ptr,
+                nested_code_ptr,
+                offset,
+                row0,
+                row1,
+                _CHUNK * c + 16 * t,
+                valid,
+                K,
+                BLOCKSIZE,
+                NESTED_BLOCKSIZE,
+                DOUBLE_QUANT,
+            )
         d0, d1, d2, d3, e0, e1, e2, e3, p0, p1, p2, p3, r0, r1, r2, r3 = _tile_products(
             unit0,
             unit1,
@@ -518,16 +608,15 @@ def _gemm_4bit_mma_kernel(
             PTX,
         )
         if ROW_TILES == 2:
-            unit2, unit3, scale2, scale3 = _tile_loads(
-                pairs_ptr,
+            unit2, unit3 = _tile_units(pairs_ptr, row2, row3, c, t, valid, K)
+            scale2, scale3 = _row_scales(
                 absmax_ptr,
                 nested_absmax_ptr,
                 nested_code_ptr,
                 offset,
                 row2,
                 row3,
-                c,
-                t,
+                _CHUNK * c + 16 * t,
                 valid,
                 K,
                 BLOCKSIZE,
@@ -653,12 +742,12 @@ def weight_readable(packed: torch.Tensor, K: int) -> bool:
     return K % CHUNK == 0 and packed.data_ptr() % 8 == 0 and packed.numel() % 8 == 0
 
 
-def splits_for(tiles: int, num_warps: int, warps_per_sm: int, chunks: int, multiprocessors: int) -> int:
+def splits_for(tiles: int, num_warps: int, warps_per_sm: int, units: int, multiprocessors: int) -> int:
     """K splits so that the grid's ``tiles * splits`` programs of ``num_warps`` warps give
     about ``warps_per_sm`` warps to each multiprocessor, each warp still taking at least
-    one chunk."""
+    one of K's ``units`` (chunks, or runs of 4 chunks with ABSMAX_QUADS)."""
     wanted = max(1, round(warps_per_sm * multiprocessors / (tiles * num_warps)))
-    return max(1, min(wanted, chunks // num_warps, 64))
+    return max(1, min(wanted, units // num_warps, 64))
 
 
 def gemm_4bit_mma(
@@ -725,7 +814,8 @@ def plan_gemm_4bit_mma(
     else:
         row_tiles, num_warps, warps_per_sm = _GPU_CONFIG[x_groups]
     tiles = math.ceil(N / (16 * row_tiles))
-    splits = splits_for(tiles, num_warps, warps_per_sm, K // CHUNK, multiprocessors)
+    absmax_quads = ptx and blocksize >= CHUNK and row_tiles == 1
+    splits = splits_for(tiles, num_warps, warps_per_sm, K // CHUNK // (4 if absmax_quads else 1), multiprocessors)
     bf16_bits = x2.dtype == torch.bfloat16 and interpreter_active()
     stride_xm = x2.stride(0) if M > 1 else K
     pairs = packed.view(torch.int64)
@@ -745,6 +835,8 @@ def plan_gemm_4bit_mma(
             NUM_WARPS=num_warps,
             SPLIT_SUMS=splits > 1,
             PTX=ptx,
+            X_16B=ptx and x2.data_ptr() % 16 == 0 and stride_xm % 8 == 0,
+            ABSMAX_QUADS=absmax_quads,
             num_warps=num_warps,
         ),
     )
