@@ -394,20 +394,18 @@ def _tile_products(
 def _store_sums(
     out_ptr,
     bias_ptr,
-    acc,
+    y,
     n,
     m,
     M,
     N,
-    NUM_WARPS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SPLIT_SUMS: tl.constexpr,
     BF16_BITS: tl.constexpr,
 ):
-    """Sum one accumulator over the warps and store it at rows ``m`` of x, weight rows ``n``
-    (both [32], by lane): the fp32 sum (SPLIT_SUMS: ``out_ptr`` is this split's [M, N]
-    slab) or, plus the bias, rounded to the output dtype."""
-    y = tl.sum(tl.reshape(acc, (NUM_WARPS, 32)), axis=0)
+    """Store sums ``y`` (added over the warps) at rows ``m`` of x, weight rows ``n`` (all
+    three of one shape): the fp32 sum (SPLIT_SUMS: ``out_ptr`` is this split's [M, N] slab)
+    or, plus the bias, rounded to the output dtype."""
     ok = (n < N) & (m < M)
     if SPLIT_SUMS:
         tl.store(out_ptr + m.to(tl.int64) * N + n, y, mask=ok)
@@ -433,16 +431,34 @@ def _store_tile(
     HAS_BIAS: tl.constexpr,
     SPLIT_SUMS: tl.constexpr,
     BF16_BITS: tl.constexpr,
+    PTX: tl.constexpr,
 ):
     """One (16 weight rows, 8 rows of x) tile: lane (g, t) holds D rows g, g + 8 (weight rows
-    ``first_row + g``, + 8) and columns 2t, 2t + 1 (rows ``first_m + 2 t``, + 1 of x)."""
+    ``first_row + g``, + 8) and columns 2t, 2t + 1 (rows ``first_m + 2 t``, + 1 of x). Each
+    accumulator is summed over the warps and stored; without PTX (the interpreter) the four
+    at once, one sum, bias load and store instead of four (the same sums: each adds the
+    warps' values of one element, in warp order)."""
     lane = tl.arange(0, 32)
     n = first_row + lane // 4
     m = first_m + 2 * (lane % 4)
-    _store_sums(out_ptr, bias_ptr, d0, n, m, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS)
-    _store_sums(out_ptr, bias_ptr, d1, n, m + 1, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS)
-    _store_sums(out_ptr, bias_ptr, d2, n + 8, m, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS)
-    _store_sums(out_ptr, bias_ptr, d3, n + 8, m + 1, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS)
+    if PTX:
+        _store_sums(out_ptr, bias_ptr, _warp_sum(d0, NUM_WARPS), n, m, M, N, HAS_BIAS, SPLIT_SUMS, BF16_BITS)
+        _store_sums(out_ptr, bias_ptr, _warp_sum(d1, NUM_WARPS), n, m + 1, M, N, HAS_BIAS, SPLIT_SUMS, BF16_BITS)
+        _store_sums(out_ptr, bias_ptr, _warp_sum(d2, NUM_WARPS), n + 8, m, M, N, HAS_BIAS, SPLIT_SUMS, BF16_BITS)
+        _store_sums(out_ptr, bias_ptr, _warp_sum(d3, NUM_WARPS), n + 8, m + 1, M, N, HAS_BIAS, SPLIT_SUMS, BF16_BITS)
+    else:
+        tile = tl.join(tl.join(d0, d1), tl.join(d2, d3))  # [lanes, x row + e, weight row + 8 r]
+        y = tl.sum(tl.reshape(tile, (NUM_WARPS, 32, 2, 2)), axis=0)
+        step = tl.arange(0, 2)
+        rows = n[:, None, None] + 8 * step[None, None, :]
+        x_rows = m[:, None, None] + step[None, :, None]
+        _store_sums(out_ptr, bias_ptr, y, rows, x_rows, M, N, HAS_BIAS, SPLIT_SUMS, BF16_BITS)
+
+
+@triton.jit
+def _warp_sum(acc, NUM_WARPS: tl.constexpr):
+    """One accumulator ([32 * NUM_WARPS], by lane) added over the warps: [32]."""
+    return tl.sum(tl.reshape(acc, (NUM_WARPS, 32)), axis=0)
 
 
 @triton.jit(do_not_specialize=["M", "N", "one"])
@@ -659,18 +675,20 @@ def _gemm_4bit_mma_kernel(
         out = work_ptr + split.to(tl.int64) * M * N
     else:
         out = out_ptr
-    _store_tile(out, bias_ptr, d0, d1, d2, d3, first_row, 0, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS)
+    _store_tile(out, bias_ptr, d0, d1, d2, d3, first_row, 0, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS, PTX)
     if X_GROUPS >= 2:
-        _store_tile(out, bias_ptr, e0, e1, e2, e3, first_row, 8, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS)
+        _store_tile(out, bias_ptr, e0, e1, e2, e3, first_row, 8, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS, PTX)
     if X_GROUPS >= 3:
-        _store_tile(out, bias_ptr, p0, p1, p2, p3, first_row, 16, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS)
+        _store_tile(out, bias_ptr, p0, p1, p2, p3, first_row, 16, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS, PTX)
     if X_GROUPS >= 4:
-        _store_tile(out, bias_ptr, r0, r1, r2, r3, first_row, 24, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS)
+        _store_tile(out, bias_ptr, r0, r1, r2, r3, first_row, 24, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS, PTX)
     if ROW_TILES == 2:
-        _store_tile(out, bias_ptr, f0, f1, f2, f3, first_row + 16, 0, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS)
+        _store_tile(
+            out, bias_ptr, f0, f1, f2, f3, first_row + 16, 0, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS, PTX
+        )
         if X_GROUPS >= 2:
             _store_tile(
-                out, bias_ptr, h0, h1, h2, h3, first_row + 16, 8, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS
+                out, bias_ptr, h0, h1, h2, h3, first_row + 16, 8, M, N, NUM_WARPS, HAS_BIAS, SPLIT_SUMS, BF16_BITS, PTX
             )
     if SPLIT_SUMS:
         # Every warp's partial sums stored before one thread takes the tile's ticket (release,
