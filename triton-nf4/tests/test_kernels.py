@@ -479,29 +479,33 @@ def test_split_sums_are_added_from_zero_in_split_order() -> None:
 
 
 @pytest.mark.parametrize(
-    "n, k, multiprocessors, warps_per_sm, splits",
+    "n, k, multiprocessors, warps_per_sm, run, splits",
     [
         (
             8192,
             8192,
             132,
             32,
+            1,
             2,
         ),  # 512 programs of 4 warps: 2 splits give 31 warps per SM (was 32 splits: 1 chunk each)
-        (14336, 4096, 132, 32, 1),  # 896 programs already give 27 warps per SM
-        (4096, 4096, 132, 32, 4),  # 256 programs: 4 splits, 8 chunks per warp
-        (256, 8192, 132, 64, 32),  # a narrow weight: capped where each warp keeps one chunk (128 chunks / 4 warps)
+        (14336, 4096, 132, 32, 1, 1),  # 896 programs already give 27 warps per SM
+        (4096, 4096, 132, 32, 1, 4),  # 256 programs: 4 splits, 8 chunks per warp
+        (256, 8192, 132, 64, 1, 32),  # a narrow weight: capped where each warp keeps one chunk (128 chunks / 4 warps)
+        (256, 8192, 132, 64, 4, 8),  # the same in runs of 4 chunks (ABSMAX_QUADS): one run per warp
+        (4096, 4096, 132, 32, 4, 4),  # runs: 16 of them, 4 splits still give each warp one
     ],
 )
-def test_tensor_core_splits_fill_the_gpu_once(n, k, multiprocessors, warps_per_sm, splits):
+def test_tensor_core_splits_fill_the_gpu_once(n, k, multiprocessors, warps_per_sm, run, splits):
     """K is split only as far as the grid needs to give each multiprocessor about
     ``warps_per_sm`` warps: the tiles along N count (a split count taken from the warps
     per program alone made every warp take one 64-column chunk and write fp32 partial
-    sums: 87 us instead of 56 at 8192^2 and 16 rows on the H100, bench/notes.md v13)."""
+    sums: 87 us instead of 56 at 8192^2 and 16 rows on the H100, bench/notes.md v13), and
+    every warp keeps at least one unit of K (a chunk, or a run of 4 on a GPU)."""
     from qconform_triton_nf4.kernels import nf4_mma
 
     tiles = math.ceil(n / 16)
-    got = nf4_mma.splits_for(tiles, 4, warps_per_sm, k // nf4_mma.CHUNK, multiprocessors)
+    got = nf4_mma.splits_for(tiles, 4, warps_per_sm, k // nf4_mma.CHUNK // run, multiprocessors)
     assert got == splits
 
 
