@@ -391,6 +391,12 @@ def _tile_products(
 
 
 @triton.jit
+def _warp_sum(acc, NUM_WARPS: tl.constexpr):
+    """One accumulator ([32 * NUM_WARPS], by lane) added over the warps: [32]."""
+    return tl.sum(tl.reshape(acc, (NUM_WARPS, 32)), axis=0)
+
+
+@triton.jit
 def _store_sums(
     out_ptr,
     bias_ptr,
@@ -453,12 +459,6 @@ def _store_tile(
         rows = n[:, None, None] + 8 * step[None, None, :]
         x_rows = m[:, None, None] + step[None, :, None]
         _store_sums(out_ptr, bias_ptr, y, rows, x_rows, M, N, HAS_BIAS, SPLIT_SUMS, BF16_BITS)
-
-
-@triton.jit
-def _warp_sum(acc, NUM_WARPS: tl.constexpr):
-    """One accumulator ([32 * NUM_WARPS], by lane) added over the warps: [32]."""
-    return tl.sum(tl.reshape(acc, (NUM_WARPS, 32)), axis=0)
 
 
 @triton.jit(do_not_specialize=["M", "N", "one"])
