@@ -441,7 +441,7 @@ def test_tensor_core_split_sums_are_added_in_split_order_by_the_last_program(mon
 
     monkeypatch.setattr(nf4_mma, "_gemm_4bit_mma_kernel", Spy())
     N = 40
-    K = 512 * (4 if DEVICE.type == "cuda" else 1)  # 8 units: chunks, on a GPU runs of 4 (ABSMAX_QUADS)
+    K = 512 * (nf4_mma.RUN if DEVICE.type == "cuda" else 1)  # 8 units: chunks, on a GPU runs (ABSMAX_QUADS)
     packed, state, kw = quantize((N, K), "nf4", 64, False, seed=3)
     gen = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, K, generator=gen).to(x_dtype).to(DEVICE)

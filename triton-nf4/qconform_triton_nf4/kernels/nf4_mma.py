@@ -68,6 +68,8 @@ from qconform_triton_nf4.kernels.nf4_dequant import (
 MAX_ROWS = 32  # four groups of 8 rows of x (B is 8 columns wide)
 CHUNK = 64  # columns of K per warp step: 4 products of 16 columns
 _CHUNK = tl.constexpr(CHUNK)  # the same, readable inside the kernels
+RUN = 4  # chunks of a run (ABSMAX_QUADS): one per lane t of a weight row, each loading one absmax
+_RUN = tl.constexpr(RUN)
 # (ROW_TILES, num_warps, warps per multiprocessor the split aims at) by groups of 8 rows
 # of x: the GPU's choice from bench/notes.md v11, v13, v15 and v16 (H100, bf16, device us;
 # v16 swept ``bench/mma_configs.py``). One group (2-8 rows): (1, 4, 32), 8192^2 4 rows 35.6.
@@ -117,7 +119,7 @@ def _chunk_of(i, first, stride, ABSMAX_QUADS: tl.constexpr):
     """The chunk a warp takes in its iteration ``i`` (``first``: split * NUM_WARPS + warp):
     every ``stride``-th chunk, or runs of 4 chunks every ``stride``-th run."""
     if ABSMAX_QUADS:
-        return 4 * (first + (i // 4) * stride) + i % 4
+        return _RUN * (first + (i // _RUN) * stride) + i % _RUN
     return first + i * stride
 
 
@@ -527,7 +529,7 @@ def _gemm_4bit_mma_kernel(
     chunks = K // _CHUNK
     stride = NUM_WARPS * splits
     if ABSMAX_QUADS:
-        iterations = tl.cdiv(tl.cdiv(chunks, 4), stride) * 4
+        iterations = tl.cdiv(tl.cdiv(chunks, _RUN), stride) * _RUN
     else:
         iterations = tl.cdiv(chunks, stride)
     zero = tl.zeros(lane.shape, dtype=tl.float32)
@@ -541,8 +543,8 @@ def _gemm_4bit_mma_kernel(
     for i in range(0, iterations):
         c = _chunk_of(i, first, stride, ABSMAX_QUADS)
         if ABSMAX_QUADS:
-            run = c - i % 4  # the run's first chunk
-            if i % 4 == 0:
+            run = c - i % _RUN  # the run's first chunk
+            if i % _RUN == 0:
                 run_scale0, run_scale1 = _row_scales(
                     absmax_ptr,
                     nested_absmax_ptr,
@@ -573,7 +575,7 @@ def _gemm_4bit_mma_kernel(
         c_next = _chunk_of(i + 1, first, stride, ABSMAX_QUADS)
         next0, next1 = _tile_units(pairs_ptr, row0, row1, tl.minimum(c_next, chunks - 1), t, c_next < chunks, K)
         if ABSMAX_QUADS:
-            holder = lane % 32 - t + i % 4  # the lane of this row that loaded chunk c's absmax
+            holder = lane % 32 - t + i % _RUN  # the lane of this row that loaded chunk c's absmax
             scale0 = _lane_value(run_scale0, holder)
             scale1 = _lane_value(run_scale1, holder)
         else:
@@ -833,7 +835,7 @@ def plan_gemm_4bit_mma(
         row_tiles, num_warps, warps_per_sm = _GPU_CONFIG[x_groups]
     tiles = math.ceil(N / (16 * row_tiles))
     absmax_quads = ptx and blocksize >= CHUNK and row_tiles == 1
-    splits = splits_for(tiles, num_warps, warps_per_sm, K // CHUNK // (4 if absmax_quads else 1), multiprocessors)
+    splits = splits_for(tiles, num_warps, warps_per_sm, K // CHUNK // (RUN if absmax_quads else 1), multiprocessors)
     bf16_bits = x2.dtype == torch.bfloat16 and interpreter_active()
     stride_xm = x2.stride(0) if M > 1 else K
     pairs = packed.view(torch.int64)
