@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from qconform_triton_nf4.kernels.nf4_dequant import SUPPORTED_BLOCKSIZES, check_launchable
+from qconform_triton_nf4.kernels.nf4_dequant import SUPPORTED_BLOCKSIZES, check_launchable, interpreter_active
 
 IN_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -97,6 +97,31 @@ def code_boundaries(code: torch.Tensor) -> CodeBoundaries:
     )
 
 
+@triton.jit
+def _threshold(exact):
+    """The least fp32 value above ``exact`` (float64, any shape): rounded to nearest, which
+    may lie below it, then one fp32 step up where it does not lie above."""
+    rounded = exact.to(tl.float32)
+    bits = rounded.to(tl.int32, bitcast=True)
+    next_up = (bits + tl.where(rounded < 0, -1, 1)).to(tl.float32, bitcast=True)
+    return tl.where(rounded.to(tl.float64) <= exact, next_up, rounded)
+
+
+@triton.jit
+def _emulated_ranks(w, scale, midpoints_ptr, NUM_MIDPOINTS: tl.constexpr):
+    """The interpreter's ranks of ``w`` ([R, B] fp32, per-block ``scale`` [R, 1] float64):
+    every midpoint's threshold at once ([R, 16], the compiled loop's arithmetic) and one
+    comparison of [R, B, 16], summed. Why: in Triton's interpreter every operation costs
+    about the same at any width, and the compiled loop's 15 steps of 8 operations were most
+    of a launch (a cProfile of the triton-nf4 suites: 998 quantize launches, 115 of 383 s).
+    A 4-bit table has at most 15 midpoints; the 16th lane is masked out."""
+    k = tl.arange(0, 16)
+    used = k < NUM_MIDPOINTS
+    threshold = _threshold(tl.load(midpoints_ptr + k, mask=used, other=0.0)[None, :] * scale)  # [R, 16]
+    above = (w[:, :, None] >= threshold[:, None, :]) & used[None, None, :]
+    return tl.sum(above.to(tl.int32), axis=2)
+
+
 # Lengths are not specialized (as in nf4_dequant): a conformance run draws many lengths.
 @triton.jit(do_not_specialize=["numel", "num_blocks"])
 def _quantize_4bit_kernel(
@@ -115,6 +140,7 @@ def _quantize_4bit_kernel(
     SIGNED_ZERO: tl.constexpr,
     BF16_BITS: tl.constexpr,
     MASKED: tl.constexpr,
+    EMULATED: tl.constexpr,
 ):
     # A [blocks, blocksize] tile of elements; int64 only for the program's base offset.
     pid = tl.program_id(0)
@@ -145,14 +171,12 @@ def _quantize_4bit_kernel(
     # and becomes the least fp32 value above it, so that per element one fp32 comparison
     # decides exactly: w > m * absmax  <=>  w >= threshold (w is an fp32 value).
     scale = absmax.to(tl.float64)[:, None]  # [R, 1]
-    rank = tl.zeros((BLOCKS_PER_PROGRAM, BLOCKSIZE), dtype=tl.int32)
-    for k in tl.static_range(NUM_MIDPOINTS):
-        exact = tl.load(midpoints_ptr + k) * scale
-        rounded = exact.to(tl.float32)  # to nearest; may lie below the exact product
-        bits = rounded.to(tl.int32, bitcast=True)
-        next_up = (bits + tl.where(rounded < 0, -1, 1)).to(tl.float32, bitcast=True)
-        threshold = tl.where(rounded.to(tl.float64) <= exact, next_up, rounded)
-        rank += (w >= threshold).to(tl.int32)
+    if EMULATED:
+        rank = _emulated_ranks(w, scale, midpoints_ptr, NUM_MIDPOINTS)
+    else:
+        rank = tl.zeros((BLOCKS_PER_PROGRAM, BLOCKSIZE), dtype=tl.int32)
+        for k in tl.static_range(NUM_MIDPOINTS):
+            rank += (w >= _threshold(tl.load(midpoints_ptr + k) * scale)).to(tl.int32)
     rank = tl.where(scale > 0, rank, zero_rank)  # an all-zero block scales to 0
     codes = tl.load(rank_codes_ptr + rank)
     if SIGNED_ZERO:
@@ -217,6 +241,7 @@ def quantize_4bit(
         SIGNED_ZERO=boundaries.negative_zero_code >= 0,
         BF16_BITS=bf16_bits,
         MASKED=numel % (blocks_per_program * blocksize) != 0,
+        EMULATED=interpreter_active(),
         num_warps=num_warps,
     )
     if device.type == "meta":  # the compile check's replay: launches are captured, there are no values
