@@ -30,7 +30,15 @@ from pytest_qconform.cases.strategies import (
     with_examples,
 )
 
-from ._cases import SMALL_BATCH_SHAPES, dtype_id, output_columns, reference_decode, require_claim, weight_error
+from ._cases import (
+    SMALL_BATCH_SHAPES,
+    dtype_id,
+    has_distinct_at_least,
+    output_columns,
+    reference_decode,
+    require_claim,
+    weight_error,
+)
 
 MATMUL_DISTRIBUTIONS = ("normal", "outliers", "zero_blocks")  # the distribution axis' values here
 # The axes of the activation and the bias, which select a matmul's route and its kernel's
@@ -82,7 +90,7 @@ def check_product(qbackend, qdevice, qcheck, compute_dtype, x_dtype, quantized, 
     # weight's own rounding to the compute dtype is not shared between them: a weight of fewer
     # distinct magnitudes than columns (FP4 at blocksize 4096: 8 codes x 2 scales) rounds the same
     # few values in every column, and their common direction is the correct kernel's, not a bias.
-    independent = torch.unique(w_exact.abs()).numel() >= y.shape[-1]
+    independent = has_distinct_at_least(w_exact.abs(), y.shape[-1])
     qcheck.within(
         y,
         y_exact,

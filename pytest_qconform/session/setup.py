@@ -11,7 +11,7 @@ from pytest_qconform.backends import adapter_rules
 from pytest_qconform.hardware import startup_notes
 from pytest_qconform.hardware.probe import BackendStatus, probe_hardware
 from pytest_qconform.hardware.targets import build_targets
-from pytest_qconform.session import inductor_warmup, state
+from pytest_qconform.session import allocator, inductor_warmup, state
 
 
 def _select_backends(config: pytest.Config, factories: dict) -> dict:
@@ -73,6 +73,8 @@ def start_session(config: pytest.Config) -> None:
     on the H100 host, docs/run-times.md) would only hold the workers' start back."""
     profile = _profile(config)  # bad input stops the run before anything is probed
     _workers_share_the_cpus(config)
+    if not _starts_workers(config):  # a process that runs checks (a controller runs none)
+        config.stash[state.ALLOCATOR] = allocator.keep_freed_memory()
     simulate = config.getoption("qconform_simulate")
     try:
         with startup_notes.captured() as notes:

@@ -23,6 +23,8 @@ CASES = pytest.StashKey[dict[str, Case]]()
 REPORT_PATH = pytest.StashKey[str | None]()
 # The backend check a pytest-xdist controller has not run yet (setup.start_session), else None.
 PENDING_BACKEND_CHECK = pytest.StashKey[Callable[[], None] | None]()
+# What the session did to this process' malloc (session.allocator); unset in a pytest-xdist controller.
+ALLOCATOR = pytest.StashKey[str]()
 
 
 def probe(config: pytest.Config) -> Probe:
