@@ -128,6 +128,29 @@ def test_a_run_on_more_devices_does_not_supersede_a_one_device_run():
     assert m.entry(ROW, "sm90").verdicts == ("pass",) and m.entry(OTHER_ROW, "sm90").verdicts == ("pass",)
 
 
+def test_cpu_runs_on_two_vector_isas_both_count_and_the_runs_table_names_each():
+    """bitsandbytes' CPU kernels take other paths on AVX512 and AVX2 (its known failures are
+    the AVX512 machine's): a newer AVX2 run of the same host and versions does not supersede
+    the AVX512 run, their differing verdicts show as a disagreement, and the runs table says
+    which ISA each run had."""
+    runs = []
+    for created, capability, verdict in (
+        ("2025-01-01T00:00:00Z", "AVX512", "known-failure"),
+        ("2025-02-01T00:00:00Z", "AVX2", "pass"),
+    ):
+        run = report(created, [cell(verdict=verdict)], source=f"{capability}.json", arch="x86_64")
+        run.probe.update(device_kind="cpu", device_name="x86_64", cuda=None, cpu_capability=capability)
+        runs.append(run)
+    m = merge(runs)
+    assert m.superseded == () and len(m.runs) == 2
+    assert not m.entry(ROW, "x86_64").agreed
+    text = to_markdown(m)
+    assert "| x86_64 | h100-a | x86_64 (AVX512) |" in text and "| x86_64 | h100-a | x86_64 (AVX2) |" in text
+    same = report("2025-03-01T00:00:00Z", [cell()], source="again.json", arch="x86_64")
+    same.probe.update(device_kind="cpu", device_name="x86_64", cuda=None, cpu_capability="AVX2")
+    assert [(s.old.label, s.new.label) for s in merge([*runs, same]).superseded] == [("AVX2.json", "again.json")]
+
+
 @pytest.mark.parametrize("differs", [{"host": "h100-b"}, {"torch": "2.12.0"}])  # bnb versions: test_matrix_versions
 def test_different_host_or_versions_both_count_and_disagreement_is_shown(differs):
     first = report("2025-01-01T00:00:00Z", [cell(verdict="pass")], source="a.json")

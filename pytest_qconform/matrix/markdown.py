@@ -13,7 +13,7 @@ from typing import Any
 
 from pytest_qconform.hardware.archs import KNOWN_ARCHS
 from pytest_qconform.matrix.known_repros import NOT_RUN_PREFIX
-from pytest_qconform.matrix.model import Entry, Matrix, MatrixError, known_archs, natural_key
+from pytest_qconform.matrix.model import Entry, Matrix, MatrixError, device_label, known_archs, natural_key
 from pytest_qconform.matrix.summary import DISAGREE, Summary, SummaryEntry, summarize
 from pytest_qconform.matrix.versions import contract_revisions, other_differences, ranges
 from pytest_qconform.report.atomic import write_text_atomically
@@ -107,7 +107,7 @@ def _versions_table(matrix: Matrix) -> list[str]:
             [
                 run.arch,
                 run.host,
-                p["device_name"],
+                device_label(p),
                 str(p["torch"]),
                 str(p.get("triton") or "-"),
                 accel_version(p),

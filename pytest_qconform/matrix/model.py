@@ -104,13 +104,32 @@ def _backend_versions(report: RunReport) -> tuple[tuple[str, str | None], ...]:
 
 
 def machine_key(report: RunReport) -> tuple[Any, ...]:
-    """What makes two reports measurements of the same thing: arch, host, every version and
-    the number of devices the run had (a two-GPU run's multi-device cells and a one-GPU run's
+    """What makes two reports measurements of the same thing: arch, host, every version, the
+    number of devices the run had (a two-GPU run's multi-device cells and a one-GPU run's
     cells are other measurements, so neither supersedes the other; reports without the
-    count are one-device runs)."""
+    count are one-device runs) and, on a CPU, the vector ISA torch dispatched to (AVX512 or
+    AVX2: bitsandbytes' CPU kernels take other paths on each, and their known failures are
+    the AVX512 machine's, so a run on one ISA does not supersede a run on the other)."""
     p = report.probe
     devices = p.get("device_count") or 1
-    return (report.arch, report.host, p.get("torch"), p.get("cuda"), p.get("hip"), _backend_versions(report), devices)
+    return (
+        report.arch,
+        report.host,
+        p.get("torch"),
+        p.get("cuda"),
+        p.get("hip"),
+        _backend_versions(report),
+        devices,
+        p.get("cpu_capability"),
+    )
+
+
+def device_label(probe: dict[str, Any]) -> str:
+    """The device a run had; on a CPU with the vector ISA torch dispatched to, which decides
+    bitsandbytes' CPU paths (and so why two CPU runs of the same versions may disagree)."""
+    name = str(probe["device_name"])
+    capability = probe.get("cpu_capability")
+    return f"{name} ({capability})" if probe.get("device_kind") == "cpu" and capability else name
 
 
 def _run_order(report: RunReport) -> tuple[Any, ...]:

@@ -34,7 +34,7 @@ from pytest_qconform.hardware.targets import hardware_marker_names
 from pytest_qconform.matrix.heatmap import HEAT_COLORS, OTHER_COLOR, WORDS, versions_label
 from pytest_qconform.matrix.known_repros import NOT_RUN_PREFIX, registry_repros, repro_for
 from pytest_qconform.matrix.markdown import LEGEND_WORDS, accel_version, known_failure_text
-from pytest_qconform.matrix.model import Entry, Matrix, known_archs, natural_key
+from pytest_qconform.matrix.model import Entry, Matrix, device_label, known_archs, natural_key
 from pytest_qconform.matrix.summary import DISAGREE, summarize
 from pytest_qconform.matrix.trend import trends, verdicts_by_version
 from pytest_qconform.matrix.versions import contract_revisions, other_differences, ranges
@@ -127,7 +127,7 @@ def _run(run: RunReport, stale: bool) -> dict[str, Any]:
         "host": run.host,
         "created": run.created,
         "stale": stale,
-        "device": str(probe.get("device_name", "")),
+        "device": device_label(probe) if "device_name" in probe else "",
         "torch": str(probe.get("torch") or "-"),
         "triton": str(probe.get("triton") or "-"),
         "accelerator": accel_version(probe),
