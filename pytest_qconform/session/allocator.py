@@ -6,9 +6,9 @@ Why: by default glibc serves a block above its mmap threshold (128 KiB, rising t
 is new memory again, which the kernel faults in and zeroes page by page. The checks
 allocate and free large tensors over and over (a weight 151936 x 64 wide, HQQ's optimizer
 iterating over it, float64 references of it). One HQQ lm_head-width check took 9.2 s, with
-4.2 million page faults and 11.3 s of system time; with freed memory kept, 4.0 s, 0.66
-million faults and 2.3 s. The default run on the 2-core machine went from 172 to 139 s wall
-(docs/run-times.md). Verdicts do not depend on it: where a block comes from changes no
+4.2 million page faults and 11.3 s of system time; with freed memory kept, 4.1 s, 0.65
+million faults and 2.3 s. The default run on the 2-core machine: 169-190 s wall before,
+151-173 s after (docs/run-times.md). Verdicts do not depend on it: where a block comes from changes no
 value. The cost: a process holds on to the most it had allocated at once, until it exits.
 
 Left as it is: a process whose malloc its user configured (glibc's ``MALLOC_*_``
