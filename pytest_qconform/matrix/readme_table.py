@@ -80,7 +80,9 @@ def readme_table(matrix: Matrix) -> str:
     lines += [
         "",
         "Cells (operation · format · dtype) per verdict of the newest backend version; `≥ v`: where several "
-        "versions ran, the floor from which every passing cell passes. A backend links to its cells in "
+        "versions ran, the floor from which every passing cell passes; runs disagree: runs of the same "
+        "versions on that arch gave other verdicts (on a CPU, runs on other vector ISAs: the runs table in "
+        f"{full} names each run's). A backend links to its cells in "
         f"[{full}]({full})." + (f" Not run yet: {', '.join(not_run)}." if not_run else ""),
     ]
     return "\n".join(lines) + "\n"

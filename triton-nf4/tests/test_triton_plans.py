@@ -181,16 +181,17 @@ def test_x_8_bytes_off_16_takes_its_own_plan_with_the_same_bits(quantized) -> No
     8-byte loads; on a GPU a 16-byte load 8 bytes off is a misaligned-address fault. x of
     the same shape and strides 8 bytes off takes its own plan, in either order, and both
     loads give the same bits."""
-    backend, q = quantized
-    q = copy.deepcopy(q)
+    backend, original = quantized
     storage = torch.randn(4 * 256 + 4, generator=torch.Generator().manual_seed(3)).to(DEVICE, torch.bfloat16)
     aligned, off = storage[: 4 * 256].view(4, 256), storage[4:].view(4, 256)
     assert aligned.data_ptr() % 16 == 0 and off.data_ptr() % 16 == 8
-    first = backend.matmul(aligned, q, None, torch.bfloat16)
-    shifted = backend.matmul(off, q, None, torch.bfloat16)
-    assert len(q.handle.plans) == 2
-    assert torch.equal(shifted, backend.matmul(off.clone(), q, None, torch.bfloat16))
-    assert torch.equal(first, backend.matmul(aligned, q, None, torch.bfloat16))
+    for order in ((aligned, off), (off, aligned)):
+        q = copy.deepcopy(original)
+        first = [backend.matmul(x, q, None, torch.bfloat16) for x in order]
+        assert len(q.handle.plans) == 2
+        shifted = backend.matmul(off, q, None, torch.bfloat16)
+        assert torch.equal(shifted, backend.matmul(off.clone(), q, None, torch.bfloat16))  # 8- and 16-byte loads
+        assert all(torch.equal(y, backend.matmul(x, q, None, torch.bfloat16)) for x, y in zip(order, first))
 
 
 def test_gradient_still_flows_through_the_autograd_function(quantized) -> None:
