@@ -99,7 +99,7 @@ def test_merge_makes_sorted_rows_and_arch_columns():
 def test_versions_table_shows_each_columns_versions():
     text = to_markdown(merge([report(arch="gfx942", host="mi300", torch="2.12.0"), report()]))
     assert (
-        "| arch | host | device | torch | triton | cuda/hip | bitsandbytes | hqq | suite | created | report |" in text
+        "| target | host | device | torch | triton | cuda/hip | bitsandbytes | hqq | suite | created | report |" in text
     )
     assert "| gfx942 | mi300 | device gfx942 | 2.12.0 | - | hip 6.4 | 0.50.2 | 0.2.8 | - |" in text
     assert "| sm90 | h100-a | device sm90 | 2.13.0 | - | cuda 12.8 | 0.50.2 | 0.2.8 | - |" in text
@@ -128,27 +128,83 @@ def test_a_run_on_more_devices_does_not_supersede_a_one_device_run():
     assert m.entry(ROW, "sm90").verdicts == ("pass",) and m.entry(OTHER_ROW, "sm90").verdicts == ("pass",)
 
 
-def test_cpu_runs_on_two_vector_isas_both_count_and_the_runs_table_names_each():
-    """bitsandbytes' CPU kernels take other paths on AVX512 and AVX2 (its known failures are
-    the AVX512 machine's): a newer AVX2 run of the same host and versions does not supersede
-    the AVX512 run, their differing verdicts show as a disagreement, and the runs table says
-    which ISA each run had."""
-    runs = []
-    for created, capability, verdict in (
-        ("2025-01-01T00:00:00Z", "AVX512", "known-failure"),
-        ("2025-02-01T00:00:00Z", "AVX2", "pass"),
-    ):
-        run = report(created, [cell(verdict=verdict)], source=f"{capability}.json", arch="x86_64")
-        run.probe.update(device_kind="cpu", device_name="x86_64", cuda=None, cpu_capability=capability)
-        runs.append(run)
+def cpu_report(created: str, cells: list[dict], capability: str | None, host: str = "h100-a") -> RunReport:
+    """A CPU run's report on x86_64; ``capability``: the vector ISA torch dispatched to (None:
+    a report older than the probe's ``cpu_capability``)."""
+    run = report(created, cells, source=f"{capability}-{host}-{created[:10]}.json", arch="x86_64", host=host)
+    run.probe.update(device_kind="cpu", device_name="x86_64", cuda=None, cpu_capability=capability)
+    return run
+
+
+def test_cpu_runs_on_two_vector_isas_are_two_targets_that_do_not_disagree():
+    """bitsandbytes' CPU kernels take other paths on AVX512 and AVX2, and its known failures
+    are scoped to AVX512: two runs of one host and versions on the two ISAs are two columns
+    (the committed reports' 93 "runs disagree" cells were this), neither supersedes the other,
+    and each column says its own verdict, in MATRIX.md, the summary, the README table and the
+    heatmap's boxes. A newer run on one ISA still supersedes that ISA's older run."""
+    from pytest_qconform.matrix.readme_table import readme_table
+
+    runs = [
+        cpu_report("2025-01-01T00:00:00Z", [cell(verdict="known-failure")], "AVX512"),
+        cpu_report("2025-02-01T00:00:00Z", [cell(verdict="pass")], "AVX2"),
+    ]
     m = merge(runs)
-    assert m.superseded == () and len(m.runs) == 2
-    assert not m.entry(ROW, "x86_64").agreed
+    assert m.columns == ("x86_64 (AVX2)", "x86_64 (AVX512)") and m.superseded == () and len(m.runs) == 2
+    assert m.entry(ROW, "x86_64 (AVX512)").verdicts == ("known-failure",)
+    assert m.entry(ROW, "x86_64 (AVX2)").verdicts == ("pass",)
+    assert all(entry.agreed for entry in m.entries.values())
+    assert m.arch_of("x86_64 (AVX2)") == "x86_64" and m.arch_of("sm90") == "sm90"
     text = to_markdown(m)
-    assert "| x86_64 | h100-a | x86_64 (AVX512) |" in text and "| x86_64 | h100-a | x86_64 (AVX2) |" in text
-    same = report("2025-03-01T00:00:00Z", [cell()], source="again.json", arch="x86_64")
-    same.probe.update(device_kind="cpu", device_name="x86_64", cuda=None, cpu_capability="AVX2")
-    assert [(s.old.label, s.new.label) for s in merge([*runs, same]).superseded] == [("AVX2.json", "again.json")]
+    assert not [line for line in text.splitlines() if line.startswith("|") and "≠" in line]
+    assert "**Disagreements**" not in text
+    assert "| bitsandbytes | matmul | nf4-b64-dq | bf16 | ✅ 0.31 | ⚠️ 0.31 |" in text
+    assert (
+        "| x86_64 (AVX512) | h100-a | x86_64 (AVX512) |" in text
+        and "| x86_64 (AVX2) | h100-a | x86_64 (AVX2) |" in text
+    )
+    assert "| operation | bitsandbytes · x86_64 (AVX2) | bitsandbytes · x86_64 (AVX512) |" in text
+    table = readme_table(m)
+    assert table.startswith("| backend | x86_64 (AVX2) | x86_64 (AVX512) |\n") and "disagree ·" not in table
+    assert [e.worst for e in summarize(m).entries.values()] == ["pass", "known-failure"]
+    same = cpu_report("2025-03-01T00:00:00Z", [cell()], "AVX2")
+    assert [(s.old.label, s.new.label) for s in merge([*runs, same]).superseded] == [(runs[1].label, same.label)]
+
+
+def test_two_runs_of_one_isa_that_differ_still_disagree():
+    """ "Runs disagree" keeps its meaning inside a target: two AVX2 runs (two hosts, so both
+    count) with other verdicts for a cell show both, named, in the AVX2 column only."""
+    m = merge(
+        [
+            cpu_report("2025-01-01T00:00:00Z", [cell(verdict="fail", multiple=3.0)], "AVX2", host="a"),
+            cpu_report("2025-01-02T00:00:00Z", [cell(verdict="pass")], "AVX2", host="b"),
+            cpu_report("2025-01-03T00:00:00Z", [cell(verdict="pass")], "AVX512", host="a"),
+        ]
+    )
+    assert not m.entry(ROW, "x86_64 (AVX2)").agreed and m.entry(ROW, "x86_64 (AVX512)").agreed
+    text = to_markdown(m)
+    assert "- bitsandbytes · matmul · nf4-b64-dq · bf16 on x86_64 (AVX2): `AVX2-a-2025-01-01.json`: fail" in text
+    assert "on x86_64 (AVX512)" not in text
+    assert summarize(m).entry(ROW[:2], "x86_64 (AVX2)").worst == "disagree"
+
+
+def test_a_cpu_report_without_its_isa_is_the_plain_machines_column():
+    """A CPU report older than the probe's ``cpu_capability`` does not say which ISA it ran on:
+    it is neither ISA's measurement, so it gets the plain machine's column (``x86_64``) and
+    disagrees with no ISA's run. A GPU's column stays its arch, though its host's ISA is
+    recorded too (the kernels a backend launches are chosen per arch)."""
+    gpu = report("2025-01-01T00:00:00Z", [cell()], source="gpu.json")
+    gpu.probe["cpu_capability"] = "AVX512"
+    m = merge(
+        [
+            cpu_report("2025-01-01T00:00:00Z", [cell(verdict="fail", multiple=2.0)], None),
+            cpu_report("2025-01-02T00:00:00Z", [cell(verdict="pass")], "AVX2"),
+            gpu,
+        ]
+    )
+    assert m.columns == ("sm90", "x86_64", "x86_64 (AVX2)") and m.superseded == ()
+    assert all(entry.agreed for entry in m.entries.values())
+    assert m.entry(ROW, "x86_64").verdicts == ("fail",) and m.entry(ROW, "x86_64 (AVX2)").verdicts == ("pass",)
+    assert "| x86_64 | h100-a | x86_64 |" in to_markdown(m)
 
 
 @pytest.mark.parametrize("differs", [{"host": "h100-b"}, {"torch": "2.12.0"}])  # bnb versions: test_matrix_versions
@@ -262,6 +318,51 @@ def test_heatmap_png_is_written_and_deterministic(tmp_path):
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["b.png", "matrix.png"]  # no temp files
     empty = render_heatmap(merge([]), tmp_path / "empty.png")
     assert empty.read_bytes().startswith(b"\x89PNG")
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """A PNG's width and height in pixels (its IHDR chunk)."""
+    return struct.unpack(">II", path.read_bytes()[16:24])
+
+
+def test_the_committed_reports_heatmap_is_at_most_max_height_px_tall(tmp_path):
+    """reports/matrix.png was 4136 pixels tall (40 rows a panel): a README reader scrolled
+    through it. With namespaced operations folded it must stay within MAX_HEIGHT_PX, with a
+    column per target (AVX512 and AVX2 apart)."""
+    pytest.importorskip("matplotlib")
+    from pytest_qconform.matrix.heatmap import MAX_HEIGHT_PX
+    from pytest_qconform.matrix.model import find_report_files
+
+    folder = Path(__file__).resolve().parent.parent / "reports"
+    reports = [read_report(p) for p in find_report_files([folder]) if "sections" not in p.parts]
+    m = merge(reports)
+    assert {"x86_64 (AVX512)", "x86_64 (AVX2)"} <= set(m.columns)
+    height = png_size(render_heatmap(m, tmp_path / "matrix.png"))[1]
+    assert height <= MAX_HEIGHT_PX, f"the heatmap is {height} px tall; fold more of it (heatmap.py's docstring)"
+
+
+def test_a_family_of_operations_is_one_heatmap_row_however_many_it_holds(tmp_path):
+    """``workload:generate``, ``workload:serving``, ...: one row per namespace and backend, whose
+    box sums the family's cells and is coloured by their worst verdict, so a suite that adds
+    checks to a family does not add height; each operation keeps its own row in MATRIX.md."""
+    pytest.importorskip("matplotlib")
+    from pytest_qconform.matrix.heatmap import heatmap_row, row_label
+
+    def family(n: int) -> list[RunReport]:
+        cells = [cell(("hqq", "matmul", "hqq4-g64", "bf16"))]
+        cells += [
+            cell(("hqq", f"workload:w{i}", "hqq4-g64", "bf16"), "known-failure" if i == 1 else "pass") for i in range(n)
+        ]
+        return [report(cells=cells)]
+
+    heights = [png_size(render_heatmap(merge(family(n)), tmp_path / f"{n}.png"))[1] for n in (1, 12)]
+    assert heights[0] == heights[1]
+    folded = summarize(merge(family(12)), operation_of=heatmap_row).entry(("hqq", "workload"), "sm90")
+    assert folded.counts == (("known-failure", 1), ("pass", 11)) and folded.worst == "known-failure"
+    assert row_label("workload", {f"workload:w{i}" for i in range(12)}) == "workload: 12 operations"
+    assert row_label("workload", {"workload:w0"}) == "workload:w0"  # one: its own name
+    assert row_label("matmul", {"matmul"}) == "matmul" and heatmap_row("matmul") == "matmul"
+    assert "| hqq | workload:w11 | hqq4-g64 | bf16 |" in to_markdown(merge(family(12)))
 
 
 # ---------------------------------------------------------------- README

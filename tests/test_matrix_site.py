@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from test_matrix import OTHER_ROW, ROW, cell, report
+from test_matrix import OTHER_ROW, ROW, cell, cpu_report, report
 
 from pytest_qconform.matrix.cli import main, merge
 from pytest_qconform.matrix.known_repros import registry_repros, repro_for
@@ -73,6 +73,29 @@ def test_a_failing_cell_offers_its_stored_repro_first_then_a_rerun():
     assert repros[1]["command"] == (
         "pytest --qconform -m sm90 --qconform-backend=bitsandbytes --qconform-format=nf4 --qconform-dtype=bf16"
     )
+
+
+def test_a_cpu_isa_is_a_column_of_the_page_and_its_rerun_takes_the_machines_marker():
+    """The page's columns, cells and runs are the model's targets (``x86_64 (AVX2)`` beside
+    ``x86_64 (AVX512)``, no disagreement between them); a cell's rerun selects the machine's
+    marker (``-m x86_64``), the one the CPU's tests carry, whatever its ISA."""
+    m = merge(
+        [
+            cpu_report("2025-01-01T00:00:00Z", [cell(ROW, "known-failure")], "AVX512"),
+            cpu_report("2025-01-02T00:00:00Z", [cell(ROW, "pass")], "AVX2"),
+        ]
+    )
+    data = page_data(m, repros={})
+    assert data["columns"] == data["options"]["arch"] == ["x86_64 (AVX2)", "x86_64 (AVX512)"]
+    assert {(e["arch"], e["state"]) for e in data["entries"]} == {
+        ("x86_64 (AVX2)", "pass"),
+        ("x86_64 (AVX512)", "known-failure"),
+    }
+    assert [r["arch"] for r in data["runs"]] == ["x86_64 (AVX2)", "x86_64 (AVX512)"]
+    assert {o["arch"] for o in data["overview"]} == {"x86_64 (AVX2)", "x86_64 (AVX512)"}
+    assert {e["repros"][-1]["command"] for e in data["entries"]} == {
+        "pytest --qconform -m x86_64 --qconform-backend=bitsandbytes --qconform-format=nf4 --qconform-dtype=bf16"
+    }
 
 
 def test_rerun_command_leaves_out_what_no_option_selects():

@@ -5,7 +5,7 @@ browsable page (``site``) and the step summary.
 CLI: ``python -m pytest_qconform.matrix.cli [PATHS...] [--readme README.md]
 [--out reports/MATRIX.md] [--png reports/matrix.png] [--site reports/site/index.html]
 [--step-summary] [--ignore-invalid] [--max-age-days N]``:
-the README gets the compact table (a row per backend, a column per arch), the step summary
+the README gets the compact table (a row per backend, a column per target), the step summary
 the summary (``matrix_summary``, one screen), the
 ``--out`` file the full per-cell table as well (``matrix_markdown``), the PNG the summary
 heatmap (``heatmap``), the ``--site`` file the page (all of it, filterable, one HTML file). Stale reports (older than ``--max-age-days``) and empty reports (zero

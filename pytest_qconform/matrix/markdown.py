@@ -13,7 +13,7 @@ from typing import Any
 
 from pytest_qconform.hardware.archs import KNOWN_ARCHS
 from pytest_qconform.matrix.known_repros import NOT_RUN_PREFIX
-from pytest_qconform.matrix.model import Entry, Matrix, MatrixError, device_label, known_archs, natural_key
+from pytest_qconform.matrix.model import Entry, Matrix, MatrixError, device_label, known_archs, natural_key, target
 from pytest_qconform.matrix.summary import DISAGREE, Summary, SummaryEntry, summarize
 from pytest_qconform.matrix.versions import contract_revisions, other_differences, ranges
 from pytest_qconform.report.atomic import write_text_atomically
@@ -40,7 +40,7 @@ SYMBOLS: dict[str, str] = {
 LEGEND_WORDS: dict[str, str] = {
     "known-failure": "known failure",
     "not-claimed": "the backend claims nothing the check needs",
-    DISAGREE: "runs on the arch disagree",
+    DISAGREE: "runs of one target disagree",
 }
 
 
@@ -88,7 +88,7 @@ def accel_version(probe: dict[str, Any]) -> str:
 
 def _versions_table(matrix: Matrix) -> list[str]:
     backends = sorted({name for run in matrix.runs for name in run.probe["backends"]})
-    header = ["arch", "host", "device", "torch", "triton", "cuda/hip", *backends, "suite", "created", "report"]
+    header = ["target", "host", "device", "torch", "triton", "cuda/hip", *backends, "suite", "created", "report"]
     stale = {id(run) for run in matrix.stale}
     rows = []
     for run in matrix.runs:
@@ -105,7 +105,7 @@ def _versions_table(matrix: Matrix) -> list[str]:
         suite = f"{run.suite.version} r{run.suite.contract_revision}" if run.suite else "-"
         rows.append(
             [
-                run.arch,
+                target(run),
                 run.host,
                 device_label(p),
                 str(p["torch"]),
@@ -174,7 +174,12 @@ def _notes(matrix: Matrix, sections: Sequence[Section]) -> list[str]:
         if not e.agreed
     ]
     if disagreements:
-        out += ["", "**Disagreements** (runs on the same arch that give different verdicts; neither is picked):", ""]
+        out += [
+            "",
+            "**Disagreements** (runs of the same target, an arch or a CPU's machine and vector ISA, that give "
+            "different verdicts; neither is picked):",
+            "",
+        ]
         for row, arch, entry in disagreements:
             said = ", ".join(f"`{src}`: {v}" for v, src in zip(entry.verdicts, entry.sources))
             out.append(f"- {' · '.join(row)} on {arch}: {said}")
@@ -195,7 +200,7 @@ def _notes(matrix: Matrix, sections: Sequence[Section]) -> list[str]:
             "counted: rerun them, or remove them if that runner is gone):",
             "",
         ]
-        out += [f"- `{r.label}` ({r.arch}, created {r.created})" for r in matrix.stale]
+        out += [f"- `{r.label}` ({target(r)}, created {r.created})" for r in matrix.stale]
     if matrix.empty:
         out += [
             "",
@@ -204,7 +209,7 @@ def _notes(matrix: Matrix, sections: Sequence[Section]) -> list[str]:
             "",
         ]
         out += [
-            f"- `{r.label}` ({r.arch}, {r.created})"
+            f"- `{r.label}` ({target(r)}, {r.created})"
             + (f": {len(r.benchmarks)} benchmarks only" if r.benchmarks else ": nothing at all")
             for r in matrix.empty
         ]
@@ -216,7 +221,7 @@ def _notes(matrix: Matrix, sections: Sequence[Section]) -> list[str]:
         ]
     if matrix.simulated:
         out += ["", "**Excluded simulated reports** (simulated probe: nothing was computed on the device):", ""]
-        out += [f"- `{r.label}` ({r.arch}, {r.created})" for r in matrix.simulated]
+        out += [f"- `{r.label}` ({target(r)}, {r.created})" for r in matrix.simulated]
     return out
 
 
@@ -304,7 +309,12 @@ _NO_RUNS = (
 
 
 def _runs_and_summary(matrix: Matrix) -> list[str]:
-    out = ["**Runs** (one row per counted report: the versions behind each arch column)", ""]
+    out = [
+        "**Runs** (one row per counted report: the versions behind each column; a column is a target, a GPU's "
+        "arch or a CPU's machine and the vector ISA torch dispatched to, as bitsandbytes takes other CPU paths "
+        "on each)",
+        "",
+    ]
     out += _versions_table(matrix)
     out += ["", *versions_markdown(matrix)]
     out += ["", "**Summary** (operation × backend · arch; the newest backend version's verdicts)", ""]

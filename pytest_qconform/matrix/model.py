@@ -1,7 +1,8 @@
 """Merge many runners' reports into one compatibility matrix (the data: rows, columns,
 entries, superseded and simulated reports). The CLI that writes it is ``matrix``.
 
-Rows are (backend, operation, format, dtype), columns are archs. The merge never
+Rows are (backend, operation, format, dtype), columns are targets (``target``): a GPU's
+arch, or a CPU's machine and the vector ISA torch dispatched to (``x86_64 (AVX2)``). The merge never
 hides evidence: a report replaced by a newer one of the same machine and versions is
 listed as superseded, runs that disagree on a cell show the disagreement instead of
 one of them, and simulated-probe reports (nothing was computed) are excluded with a
@@ -25,7 +26,7 @@ import math
 import os
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +79,7 @@ class Matrix:
     """The merged result. ``entries`` maps (row, arch) to an Entry; missing means no run covered it."""
 
     rows: tuple[CellKey, ...]
-    columns: tuple[str, ...]
+    columns: tuple[str, ...]  # targets (``target``), in ``natural_key`` order
     entries: dict[tuple[CellKey, str], Entry]
     runs: tuple[RunReport, ...]
     superseded: tuple[Supersession, ...]
@@ -86,9 +87,15 @@ class Matrix:
     empty: tuple[RunReport, ...] = ()  # reports with no judged cell (none, or only not-claimed ones): not merged
     stale: tuple[RunReport, ...] = ()  # counted reports older than max_age_days
     max_age_days: float | None = None
+    column_archs: dict[str, str] = field(default_factory=dict)  # each column's arch (its hardware marker)
 
     def entry(self, row: CellKey, arch: str) -> Entry | None:
+        """The entry of ``row`` in the column ``arch`` (a target: ``sm90``, ``x86_64 (AVX2)``)."""
         return self.entries.get((row, arch))
+
+    def arch_of(self, column: str) -> str:
+        """The arch (``x86_64``) of a column (``x86_64 (AVX2)``): its ``-m`` marker, its facts."""
+        return self.column_archs.get(column, column)
 
 
 # ---------------------------------------------------------------- merging
@@ -132,8 +139,26 @@ def device_label(probe: dict[str, Any]) -> str:
     return f"{name} ({capability})" if probe.get("device_kind") == "cpu" and capability else name
 
 
+def target(report: RunReport) -> str:
+    """The column a report's cells go to: what decides which code the backends ran.
+
+    On a GPU, its arch (``sm90``): the kernels a backend launches are chosen per arch, and
+    the host CPU's vector ISA (which GPU reports record too) takes no part in them. On a
+    CPU, the machine and the vector ISA torch dispatched to (``x86_64 (AVX512)``,
+    ``x86_64 (AVX2)``): bitsandbytes' CPU kernels take other paths on each, and its known
+    failures are scoped to one (``known_failures.toml``'s ``cpu_capability``), so runs on
+    two ISAs are two targets whose verdicts may differ, not runs that disagree. A CPU report
+    that does not record the ISA (older than the probe's ``cpu_capability``) goes to the
+    plain machine's column (``x86_64``): its ISA is unknown, so it is compared with neither.
+    """
+    capability = report.probe.get("cpu_capability")
+    if report.probe.get("device_kind") == "cpu" and capability:
+        return f"{report.arch} ({capability})"
+    return report.arch
+
+
 def _run_order(report: RunReport) -> tuple[Any, ...]:
-    return (natural_key(report.arch), report.host, report.created_at, report.label)
+    return (natural_key(target(report)), report.host, report.created_at, report.label)
 
 
 def is_stale(report: RunReport, now: _dt.datetime, max_age_days: float) -> bool:
@@ -174,7 +199,7 @@ def merge(
     per_cell: dict[tuple[CellKey, str], list[tuple[str, Any, str, str, str | None]]] = {}
     for report in counted:
         for cell in report.cells:
-            per_cell.setdefault((cell.key, report.arch), []).append(
+            per_cell.setdefault((cell.key, target(report)), []).append(
                 (
                     cell.verdict,
                     cell.worst_error_multiple,
@@ -201,12 +226,22 @@ def merge(
         )
 
     rows = tuple(sorted({row for row, _ in entries}))
-    columns = tuple(sorted({r.arch for r in counted}, key=natural_key))
+    column_archs = {target(r): r.arch for r in counted}
+    columns = tuple(sorted(column_archs, key=natural_key))
     now = now or _dt.datetime.now(_dt.UTC)
     stale = tuple(r for r in counted if max_age_days is not None and is_stale(r, now, max_age_days))
     empty.sort(key=_run_order)
     return Matrix(
-        rows, columns, entries, tuple(counted), tuple(superseded), tuple(simulated), tuple(empty), stale, max_age_days
+        rows,
+        columns,
+        entries,
+        tuple(counted),
+        tuple(superseded),
+        tuple(simulated),
+        tuple(empty),
+        stale,
+        max_age_days,
+        column_archs,
     )
 
 

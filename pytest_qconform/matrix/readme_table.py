@@ -1,4 +1,5 @@
-"""The README's compact matrix: one row per backend, one column per arch run.
+"""The README's compact matrix: one row per backend, one column per target run (a GPU's arch,
+or a CPU's machine and vector ISA: ``model.target``).
 
 Each box says how many of the backend's cells on that arch (every operation, format and dtype,
 the newest backend version's verdicts) passed, are known failures, failed, or could not run,
@@ -76,13 +77,14 @@ def readme_table(matrix: Matrix) -> str:
     for backend in backends:
         boxes = [_box(_counts(matrix, backend, arch), versions.get((backend, arch))) for arch in archs]
         lines.append(f"| [{backend}]({full}#{section_anchor(backend)}) | " + " | ".join(boxes) + " |")
-    not_run = [arch for arch in sorted(known_archs(), key=natural_key) if arch not in archs]
+    run_archs = {matrix.arch_of(column) for column in archs}
+    not_run = [arch for arch in sorted(known_archs(), key=natural_key) if arch not in run_archs]
     lines += [
         "",
         "Cells (operation · format · dtype) per verdict of the newest backend version; `≥ v`: where several "
         "versions ran, the floor from which every passing cell passes; runs disagree: runs of the same "
-        "versions on that arch gave other verdicts (on a CPU, runs on other vector ISAs: the runs table in "
-        f"{full} names each run's). A backend links to its cells in "
+        "versions on that column gave other verdicts. A CPU's column is its machine and the vector ISA torch "
+        "dispatched to (bitsandbytes takes other CPU paths on AVX512 and AVX2). A backend links to its cells in "
         f"[{full}]({full})." + (f" Not run yet: {', '.join(not_run)}." if not_run else ""),
     ]
     return "\n".join(lines) + "\n"

@@ -34,7 +34,7 @@ from pytest_qconform.hardware.targets import hardware_marker_names
 from pytest_qconform.matrix.heatmap import HEAT_COLORS, OTHER_COLOR, WORDS, versions_label
 from pytest_qconform.matrix.known_repros import NOT_RUN_PREFIX, registry_repros, repro_for
 from pytest_qconform.matrix.markdown import LEGEND_WORDS, accel_version, known_failure_text
-from pytest_qconform.matrix.model import Entry, Matrix, device_label, known_archs, natural_key
+from pytest_qconform.matrix.model import Entry, Matrix, device_label, known_archs, natural_key, target
 from pytest_qconform.matrix.summary import DISAGREE, summarize
 from pytest_qconform.matrix.trend import trends, verdicts_by_version
 from pytest_qconform.matrix.versions import contract_revisions, other_differences, ranges
@@ -97,7 +97,8 @@ def _known(reason: str) -> dict[str, Any]:
 def _repros(row: CellKey, arch: str, entry: Entry, cells: dict[str, Any], repros: dict[str, str]) -> list[dict]:
     """The commands a reader can run for this cell, the most precise first: the first
     failing case's (stored in the report), the known failure's (the registry), then the
-    cell's checks re-run (``rerun_command``)."""
+    cell's checks re-run (``rerun_command``). ``arch``: the column's arch (``x86_64`` for the
+    column ``x86_64 (AVX2)``), whose marker the rerun takes."""
     found: list[dict[str, str]] = []
     for source in entry.sources:
         cell = cells.get(source)
@@ -123,7 +124,7 @@ def _run(run: RunReport, stale: bool) -> dict[str, Any]:
     }
     return {
         "label": run.label,
-        "arch": run.arch,
+        "arch": target(run),  # the column it counts in
         "host": run.host,
         "created": run.created,
         "stale": stale,
@@ -216,7 +217,7 @@ def _entries(matrix: Matrix, repros: dict[str, str]) -> list[dict[str, Any]]:
                 ],
                 "by_version": [[version, verdict] for version, verdict in verdicts_by_version(entry)],
                 "known": known,
-                "repros": _repros(row, arch, entry, cells, repros),
+                "repros": _repros(row, matrix.arch_of(arch), entry, cells, repros),
             }
         )
     return out
@@ -277,9 +278,9 @@ def _notes(matrix: Matrix) -> dict[str, Any]:
     return {
         "not_run_yet": [a for a in sorted(known_archs(), key=natural_key) if a not in run_archs],
         "superseded": [[s.old.label, s.old.created, s.new.label] for s in matrix.superseded],
-        "simulated": [[r.label, r.arch, r.created] for r in matrix.simulated],
-        "empty": [[r.label, r.arch, r.created, len(r.benchmarks)] for r in matrix.empty],
-        "stale": [[r.label, r.arch, r.created] for r in matrix.stale],
+        "simulated": [[r.label, target(r), r.created] for r in matrix.simulated],
+        "empty": [[r.label, target(r), r.created, len(r.benchmarks)] for r in matrix.empty],
+        "stale": [[r.label, target(r), r.created] for r in matrix.stale],
         "max_age_days": matrix.max_age_days,
         "contract_revisions": (
             [[rev, labels] for rev, labels in sorted(revisions.items(), key=lambda kv: -1 if kv[0] is None else kv[0])]

@@ -15,7 +15,7 @@ adds a count rather than a code path.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from pytest_qconform.matrix.model import Entry, Matrix, natural_key
@@ -79,10 +79,15 @@ def _worst_multiple(values: Iterable[float]) -> float | None:
     return next((v for v in present if v != v), max(present))  # NaN is the worst of all
 
 
-def summarize(matrix: Matrix) -> Summary:
+def summarize(matrix: Matrix, operation_of: Callable[[str], str] | None = None) -> Summary:
+    """Fold the matrix's cells into one entry per (backend, operation) and column.
+    ``operation_of``: the summary row an operation goes to (default: its own); the heatmap
+    folds namespaced operations (``multi-gpu:matmul``) into their namespace's row. Known
+    failures stay grouped by the cells' own operations."""
     grouped: dict[tuple[SummaryKey, str], list[tuple[CellKey, Entry]]] = {}
     for (row, arch), entry in matrix.entries.items():
-        grouped.setdefault(((row[0], row[1]), arch), []).append((row, entry))
+        operation = row[1] if operation_of is None else operation_of(row[1])
+        grouped.setdefault(((row[0], operation), arch), []).append((row, entry))
     entries: dict[tuple[SummaryKey, str], SummaryEntry] = {}
     known: dict[tuple[str, str, str, str], list[str]] = {}
     for key, found in grouped.items():

@@ -5,7 +5,7 @@ each cell's history (``Entry.history``) says which version gave which verdict. A
 *works* in a version when it passed there, and *fails* when it failed, crashed, timed
 out or hit a known failure (not a pass); skipped, unavailable and not-claimed cells say
 nothing about the version. Then, per arch and backend (and per operation, for the
-heatmap):
+heatmap; an "arch" here is a matrix column, ``model.target``: a CPU's ISA is part of it):
 
 - **floor**: the lowest tested version from which on every cell that works in the newest
   version also worked in every newer tested version. It is a floor only when some cell
@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from pytest_qconform.matrix.model import Entry, Matrix, natural_key
+from pytest_qconform.matrix.model import Entry, Matrix, natural_key, target
 from pytest_qconform.report.cells import FAILING_VERDICTS
 from pytest_qconform.report.run_report import RunReport
 from pytest_qconform.report.versions import PROBE_KEYS, backend_version, version_key
@@ -162,9 +162,10 @@ def ranges(matrix: Matrix, by_operation: bool = False) -> tuple[VersionRange, ..
 
 
 def other_differences(matrix: Matrix, arch: str, backend: str) -> tuple[str, ...]:
-    """The probe versions (torch, triton, ...) that differ between the runs of ``arch`` that
-    hold cells of ``backend`` with different backend versions: ``torch 2.12.0 / 2.13.0``."""
-    runs = [run for run in matrix.runs if run.arch == arch and any(c.backend == backend for c in run.cells)]
+    """The probe versions (torch, triton, ...) that differ between the runs of the column
+    ``arch`` (a target: ``sm90``, ``x86_64 (AVX2)``) that hold cells of ``backend`` with
+    different backend versions: ``torch 2.12.0 / 2.13.0``."""
+    runs = [run for run in matrix.runs if target(run) == arch and any(c.backend == backend for c in run.cells)]
     if len({backend_version(run, backend) for run in runs}) < 2:
         return ()
     out = []

@@ -372,7 +372,7 @@ function renderTrend() {
 function renderRuns() {
   const backends = [...new Set(DATA.runs.flatMap((r) => Object.keys(r.backends)))].sort();
   document.getElementById("runs-body").replaceChildren(table(
-    ["arch", "host", "device", "torch", "triton", "cuda/hip", ...backends, "suite", "created", "report"],
+    ["target", "host", "device", "torch", "triton", "cuda/hip", ...backends, "suite", "created", "report"],
     DATA.runs.map((r) => [r.arch, r.host, r.device, r.torch, r.triton, r.accelerator, ...backends.map((b) => r.backends[b] || "-"),
       r.suite, r.created + (r.stale ? " (stale)" : ""), r.label])));
 }
