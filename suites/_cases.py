@@ -103,6 +103,15 @@ def block_ids(packed: Packed) -> torch.Tensor:
     return unit[element_block].reshape(tuple(packed.shape))
 
 
+def distinct_scales(packed: Packed) -> int:
+    """How many distinct scales the weight decodes with (``block_ids``' units): each is
+    rounded once where the backend decodes it, and every block sharing it shares that
+    rounding. bitsandbytes' absmax is counted without expanding it to every element."""
+    if isinstance(packed, PackedBnb4):
+        return int(torch.unique(bnb4.decode_absmax(packed)).numel())
+    return int(block_ids(packed).max().item()) + 1
+
+
 def has_distinct_at_least(values: torch.Tensor, count: int) -> bool:
     """Whether ``values`` hold at least ``count`` distinct values. A prefix's distinct
     values are the whole's too, so the first ``16 * count`` and ``64 * count`` values are

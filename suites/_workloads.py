@@ -29,6 +29,7 @@ from ._layers import needs
 
 VOCAB = 128
 PAD = 0  # the pad token id: never drawn as a prompt token
+SOURCE_SEED = 211  # the seed of the float checkpoint quantized_model quantizes (its source)
 
 
 def float_model(family: str, dtype: torch.dtype, seed: int) -> torch.nn.Module:
@@ -123,7 +124,7 @@ def quantized_model(
     dtype: torch.dtype,
     device: torch.device,
     tmp_path,
-    seed: int = 211,
+    seed: int = SOURCE_SEED,
     device_map: dict[str, str] | None = None,
 ) -> torch.nn.Module:
     """``float_model(family)`` quantized by the backend (see the module docstring), on

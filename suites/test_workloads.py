@@ -9,7 +9,14 @@ ran in (no grad, inference mode, autocast, recomputation under gradient checkpoi
 (``workload:<pipeline>``); the report's ``calls`` section lists the contexts judged per
 backend. What the workload itself must do beyond its calls (adapters that receive a
 gradient, an optimizer update that follows from it, a reloaded model that computes what
-the saved one did) is checked here too.
+the saved one did) is checked here too. Each workload ends with truths from outside its
+layers, the float checkpoint it was built from: provenance (``_provenance.check_provenance``:
+every 4-bit layer holds its source weight's quantization to nearest, or the bytes it saved,
+or its merge's target, and every other tensor its source's) and the model-level check
+(``_replay.check_model_replay``): its model's logits against a float64 replay of the layers'
+own bytes and the source checkpoint's other tensors, as close as torch's dense model on the
+same decoded weights, which sees what no single call shows (an embedding, norm, lm_head or
+bias that is not the source's; errors that compound across layers).
 
 Instances: the ``model`` axis with the backend's formats and dtypes; in the ``ci``
 profile each value once (every pipeline runs on every backend, each family, format and
@@ -27,11 +34,15 @@ from pytest_qconform.session.outcomes import skip_other_device
 
 from ._cases import reference_decode
 from ._layers import check_requantized, lora_delta, needs, require_layer_claim, snapshot, snapshot_differences
+from ._provenance import check_provenance, merge_targets, snapshot_model, source_checkpoint
+from ._replay import check_model_replay
 from ._workloads import (
+    SOURCE_SEED,
     LoraCalls,
     accumulated_lora_gradients,
     check_cache_filled,
     check_first_adamw_step,
+    float_model,
     lora_layers,
     lora_targets,
     prompts,
@@ -51,6 +62,24 @@ def _workload(qtarget, qbackend, qdevice, qcheck, tmp_path, spec, model, dtype, 
     facet, caps = require_layer_claim(qbackend, qtarget, spec, dtype, **claims)
     lm = quantized_model(qcheck, facet, caps, spec, model, dtype, qdevice, tmp_path)
     return facet, caps, lm
+
+
+def _check_outside_truth(
+    qcheck, facet, lm, model, dtype, ids, mask, *, grad: bool = False, logits=None, saved=None, derived=None
+) -> None:
+    """The workload's model ``lm`` (in eval mode) against truths from outside its layers,
+    the float checkpoint ``quantized_model`` quantized (rebuilt from its seed):
+
+    - provenance (``_provenance.check_provenance``): every 4-bit layer holds its source
+      weight's quantization to nearest (or ``saved``'s bytes, or a merge's ``derived``
+      target's), every other tensor its source's, ties kept;
+    - the model-level check (``_replay.check_model_replay``) on one forward of ``ids``: its
+      logits against the float64 replay of its own bytes and of its source, as close as
+      torch's dense model on the same decoded weights."""
+    with torch.random.fork_rng(devices=[]):  # float_model seeds the global generator: the workload's stays
+        source = float_model(model, dtype, SOURCE_SEED)
+    check_provenance(qcheck, facet, lm, source_checkpoint(source), saved=saved, derived=derived, what="the workload")
+    check_model_replay(qcheck, facet, lm, source, ids, mask, grad=grad, logits=logits)
 
 
 def workload(pipeline: str, **only: tuple):
@@ -85,6 +114,7 @@ def test_generate(qtarget, qbackend, qdevice, qcheck, qwatch, tmp_path, spec, mo
         lm.generate(input_ids=long_ids, attention_mask=long_mask, max_new_tokens=1, do_sample=False, pad_token_id=0)
     qcheck.equal(tuple(out.sequences.shape), (3, ids.shape[1] + NEW_TOKENS), "generate's output shape")
     check_cache_filled(qcheck, out.past_key_values, ids.shape[1] + NEW_TOKENS - 1)  # the last token is not fed back
+    _check_outside_truth(qcheck, facet, lm, model, dtype, ids, mask)
 
 
 @workload("serving")
@@ -93,12 +123,13 @@ def test_serving(qtarget, qbackend, qdevice, qcheck, qwatch, tmp_path, spec, mod
     then decode steps of one token per request, on a side stream where there is a GPU."""
     facet, _, lm = _workload(qtarget, qbackend, qdevice, qcheck, tmp_path, spec, model, dtype)
     lm.eval()
-    ids, mask = prompts((6, 3, 1), seed=313, device=qdevice)
+    ids, prompt_mask = prompts((6, 3, 1), seed=313, device=qdevice)
+    mask = prompt_mask
     stream = torch.cuda.Stream(qdevice) if qdevice.type == "cuda" else None
     with qwatch(lm, {qbackend.name: facet}), torch.inference_mode():
         with torch.cuda.stream(stream) if stream is not None else nullcontext():
             out = lm(input_ids=ids, attention_mask=mask, use_cache=True)
-            cache = out.past_key_values
+            prefill_logits, cache = out.logits, out.past_key_values
             for _ in range(DECODE_STEPS):
                 token = out.logits[:, -1:].argmax(-1)
                 mask = torch.cat([mask, torch.ones_like(token)], dim=1)
@@ -108,6 +139,7 @@ def test_serving(qtarget, qbackend, qdevice, qcheck, qwatch, tmp_path, spec, mod
             torch.cuda.current_stream(qdevice).wait_stream(stream)
     qcheck.equal(bool(torch.isfinite(out.logits).all()), True, "the served logits are finite")
     check_cache_filled(qcheck, cache, ids.shape[1] + DECODE_STEPS)
+    _check_outside_truth(qcheck, facet, lm, model, dtype, ids, prompt_mask, logits=prefill_logits)
 
 
 def _static_cache(lm, ids):
@@ -146,7 +178,7 @@ def test_compiled_serving(qtarget, qbackend, qdevice, qcheck, qwatch, qprofile, 
     torch._dynamo.reset()  # this instance's graphs, not an earlier instance's cached code
     torch._dynamo.utils.counters.clear()
     compiled = torch.compile(lm, dynamic=False)
-    ids, _ = prompts((SERVED_LENGTH, SERVED_LENGTH), seed=317, device=qdevice)
+    ids, prompt_mask = prompts((SERVED_LENGTH, SERVED_LENGTH), seed=317, device=qdevice)
     cache, positions = _static_cache(lm, ids)
     try:
         with qwatch(lm, {qbackend.name: facet}) as oracle, torch.no_grad():
@@ -165,6 +197,7 @@ def test_compiled_serving(qtarget, qbackend, qdevice, qcheck, qwatch, qprofile, 
     qcheck.equal(_judged(oracle, "compiled") > 0, True, "calls judged as compiled (dynamo compiled the layers)")
     qcheck.equal(bool(torch.isfinite(logits).all()), True, "the served logits are finite")
     check_cache_filled(qcheck, cache, SERVED_LENGTH + DECODE_STEPS)
+    _check_outside_truth(qcheck, facet, lm, model, dtype, ids, prompt_mask)  # the eager model, after its compiled use
 
 
 @workload("captured", model=("llama", "qwen2"))
@@ -182,7 +215,7 @@ def test_captured_decode(qtarget, qbackend, qdevice, qcheck, qwatch, tmp_path, s
         skip_other_device("GPU only: a CUDA graph captures GPU kernels, this run computes on the CPU")
     facet, _, lm = _workload(qtarget, qbackend, qdevice, qcheck, tmp_path, spec, model, dtype)
     lm.eval()
-    ids, _ = prompts((SERVED_LENGTH, SERVED_LENGTH), seed=331, device=qdevice)
+    ids, prompt_mask = prompts((SERVED_LENGTH, SERVED_LENGTH), seed=331, device=qdevice)
     cache, positions = _static_cache(lm, ids)
     scratch, _ = _static_cache(lm, ids)  # the warm-ups'
     with qwatch(lm, {qbackend.name: facet}) as oracle, torch.inference_mode():
@@ -212,6 +245,7 @@ def test_captured_decode(qtarget, qbackend, qdevice, qcheck, qwatch, tmp_path, s
     qcheck.equal(judged > 0 and _judged(oracle, "captured") == judged, True, "captured calls judged after replay")
     qcheck.equal(bool(torch.isfinite(logits).all()), True, "the replayed logits are finite")
     check_cache_filled(qcheck, cache, SERVED_LENGTH + DECODE_STEPS)
+    _check_outside_truth(qcheck, facet, lm, model, dtype, ids, prompt_mask)  # the eager model, after its captured use
 
 
 @pytest.mark.qconform_axes(*WORKLOAD_AXES, "checkpointing")
@@ -264,6 +298,13 @@ def test_qlora_training_step(qtarget, qbackend, qdevice, qcheck, qwatch, tmp_pat
     before = {name: (p.detach().double().clone(), p.grad.detach().double().clone()) for name, p in adapters.items()}
     optimizer.step()
     check_first_adamw_step(qcheck, adapters, before, lr, eps)
+    # The frozen base after the step (adapters disabled; prepare_model_for_kbit_training's fp32
+    # norms and embeddings), in eval mode (GPT-2's dropout) and with grad, so that its layers take
+    # the path the step ran (without grad, bitsandbytes' CPU inference kernel: the other workloads'
+    # known failures).
+    lm.eval()
+    with lm.disable_adapter():
+        _check_outside_truth(qcheck, facet, lm, model, dtype, *micro_batches[0], grad=True)
 
 
 def _check_lora_gradients(qcheck, facet, lora_calls, device) -> None:
@@ -315,6 +356,7 @@ def test_save_and_load(qtarget, qbackend, qdevice, qcheck, qwatch, tmp_path, spe
     ids, mask = prompts((6, 4), seed=503, device=qdevice)
     with torch.no_grad():
         saved_logits = lm(input_ids=ids, attention_mask=mask).logits
+    saved_bytes = snapshot_model(facet, lm)
     lm.save_pretrained(tmp_path / "quantized")
     loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "quantized", device_map=str(qdevice))
     loaded.eval()
@@ -327,6 +369,7 @@ def test_save_and_load(qtarget, qbackend, qdevice, qcheck, qwatch, tmp_path, spe
     with qwatch(loaded, {qbackend.name: facet}), torch.no_grad():
         logits = loaded(input_ids=ids, attention_mask=mask).logits
     qcheck.equal(torch.equal(logits, saved_logits), True, "the reloaded model's logits equal the saved model's")
+    _check_outside_truth(qcheck, facet, loaded, model, dtype, ids, mask, logits=logits, saved=saved_bytes)
 
 
 @pytest.mark.qconform_axes(*WORKLOAD_AXES, model=("llama", "qwen2", "gpt2"))
@@ -349,6 +392,7 @@ def test_merge_save_and_load(qtarget, qbackend, qdevice, qcheck, qwatch, tmp_pat
     layers = {name.removeprefix("base_model.model."): m for name, m in lora_layers(lm, facet).items()}
     deltas = {name: lora_delta(module, ALPHA / RANK) for name, module in layers.items()}
     before = {name: facet.packed(module.get_base_layer()) for name, module in layers.items()}
+    derived = merge_targets(layers, before, ALPHA / RANK, 1.0)  # what each merged layer must hold
     biases = {name: facet.bias(module.get_base_layer()) for name, module in layers.items()}
     merged = lm.merge_and_unload()
     modules = dict(merged.named_modules())
@@ -378,3 +422,5 @@ def test_merge_save_and_load(qtarget, qbackend, qdevice, qcheck, qwatch, tmp_pat
     else:
         with qwatch(merged, {qbackend.name: facet}), torch.no_grad():
             merged(input_ids=ids, attention_mask=mask)
+    # the requantized bytes decoded, every other tensor from the source (the merge changed none)
+    _check_outside_truth(qcheck, facet, merged, model, dtype, ids, mask, logits=logits, derived=derived)

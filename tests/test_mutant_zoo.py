@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 from zoo import (
+    BAD_DATA_SUITES,
     DISTRIBUTED_SUITES,
     KERNEL_MUTANTS,
     KERNEL_SUITES,
@@ -34,6 +35,7 @@ from zoo import (
     MULTI_GPU_SUITES,
     MUTANTS,
     PATH_SUITES,
+    PROVENANCE_SUITES,
     USER_INPUT_SUITES,
     WORKLOAD_SUITES,
 )
@@ -48,6 +50,8 @@ GROUPS = {
     "workloads": WORKLOAD_SUITES,
     "multi-gpu": MULTI_GPU_SUITES,
     "distributed": DISTRIBUTED_SUITES,
+    "bad-data": BAD_DATA_SUITES,
+    "provenance": PROVENANCE_SUITES,  # issue 50, item 1
 }
 
 
@@ -280,6 +284,7 @@ EXPECTED_OPERATIONS = {
         "lifecycle",
         "workload:generate",
         "workload:serving",
+        "provenance",
     }
     | ({"distributed:ddp", "distributed:fsdp"} if GROUP_RUNS_HERE["distributed"] else set())
     | ({"captured", "workload:compiled", "workload:captured"} if GPU else set())

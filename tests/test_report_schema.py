@@ -3,6 +3,7 @@ writes and by the committed ones, and able to fail (``check`` names the first vi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -10,12 +11,14 @@ import pytest
 
 from pytest_qconform.report import gate
 from pytest_qconform.report.calls import CallCoverage
+from pytest_qconform.report.cells import Cell
 from pytest_qconform.report.coverage import Coverage
 from pytest_qconform.report.published_schema import SCHEMA_FILE, generate, violation
 from pytest_qconform.report.records import dump, load
 from pytest_qconform.report.run_report import read_report
 from pytest_qconform.report.schema import SchemaError
 from pytest_qconform.report.storage import ReportsFolder
+from pytest_qconform.vocabulary import Verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS_COPY = ROOT / "docs" / "report.schema.json"
@@ -45,9 +48,22 @@ def test_the_schema_names_every_record_and_version() -> None:
     } <= set(schema["$defs"])
     assert schema["discriminator"]["propertyName"] == "schema_version"
     assert "pass" in schema["$defs"]["Verdict"]["enum"]
-    assert set(schema["$defs"]["Cell"]["required"]) == set(schema["$defs"]["Cell"]["properties"]), (
-        "every key is written"
+    cell = schema["$defs"]["Cell"]
+    assert set(cell["required"]) == set(cell["properties"]) - set(Cell.OPTIONAL_KEYS), (
+        "every key is written, but the optional ones added after the cell's first version"
     )
+    assert Cell.OPTIONAL_KEYS == ("worst_comparative_ratio",)
+
+
+def test_a_cell_writes_its_comparative_ratio_only_where_one_was_measured() -> None:
+    """Contract revision 8's optional key: a cell without a ratio is written as before (old
+    reports read back as written), one with a ratio carries it, ``inf`` as the string."""
+    bare = Cell("b", "matmul", "nf4-b64", "bf16", Verdict.PASS)
+    assert "worst_comparative_ratio" not in dump(bare)
+    compared = dataclasses.replace(bare, worst_comparative_ratio=float("inf"))
+    assert dump(compared)["worst_comparative_ratio"] == "inf"
+    assert load(Cell, dump(compared), "cells[0]").worst_comparative_ratio == float("inf")
+    assert violation(json.dumps({**_committed(), "cells": [dump(compared)]})) is None
 
 
 def test_a_report_a_run_writes_validates(fake_backend_project: pytest.Pytester) -> None:

@@ -3,6 +3,7 @@ plain computation does."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -24,3 +25,50 @@ def test_distinct_count_by_prefixes_agrees_with_unique(distinct, length, count, 
     if seed % 3 == 0:  # the new values only at the end: the prefixes hold one value
         values = torch.cat([torch.zeros(length), torch.arange(distinct).double()])
     assert has_distinct_at_least(values.reshape(-1, 1), count) == (torch.unique(values).numel() >= count)
+
+
+def test_distinct_scales_counts_block_ids_units():
+    """bitsandbytes' count without expanding absmax to every element: the same as
+    ``block_ids``' units, with and without double quantization."""
+    pytest.importorskip("bitsandbytes")
+    from pytest_qconform.suites._cases import block_ids, distinct_scales
+
+    from pytest_qconform.backends import registry
+    from pytest_qconform.backends.spec import QuantSpec
+    from pytest_qconform.cases.strategies import WeightCase
+
+    backend = registry.create("bitsandbytes")
+    for double_quant in (False, True):
+        packed = backend.export_packed(
+            backend.quantize(WeightCase((64, 128), "outliers", 0).make(), QuantSpec("nf4", 64, double_quant))
+        )
+        assert distinct_scales(packed) == int(block_ids(packed).max()) + 1
+
+
+def test_shared_scale_roundings_bias_the_columns_of_a_correct_product():
+    """Issue 53's thorough-only verdict, in numbers: the exact product of bitsandbytes' own
+    fp32 weights, dequantized from a double-quantized absmax, errs toward zero in 80% of 64
+    output columns (its 48 distinct absmax values are each rounded once and shared by their
+    blocks), so the columns are not independent units and the matmul check votes them only
+    when the weight has at least as many distinct scales as columns; without double
+    quantization (128 distinct fp32 absmax, stored exactly) the votes are balanced."""
+    pytest.importorskip("bitsandbytes")
+    from pytest_qconform.reference import bounds, faithful
+    from pytest_qconform.suites._cases import distinct_scales
+
+    from pytest_qconform.backends import registry
+    from pytest_qconform.backends.spec import QuantSpec
+    from pytest_qconform.cases.strategies import WeightCase
+
+    backend = registry.create("bitsandbytes")
+    weight = WeightCase((64, 128), "outliers", 0).make()
+    x = torch.randn(300, 128, generator=torch.Generator().manual_seed(0), dtype=torch.float64).float().double()
+    toward = {}
+    for double_quant in (False, True):
+        quantized = backend.quantize(weight, QuantSpec("nf4", 64, double_quant))
+        packed = backend.export_packed(quantized)
+        exact = x @ faithful.decode(packed, torch.device("cpu")).T
+        product = x @ backend.dequantize(quantized, torch.float32).double().T  # no rounding but the weight's
+        toward[double_quant] = (bounds.rounding_direction(product, exact, torch.arange(64))[0], distinct_scales(packed))
+    assert toward[True][0] > bounds.ROUNDING_DIRECTION_LIMIT - 0.05 and toward[True][1] < 64
+    assert abs(toward[False][0] - 0.5) < 0.15 and toward[False][1] >= 64

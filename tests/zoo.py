@@ -1261,3 +1261,197 @@ class QuantStateNotBroadcast(_LayerMutant):
 
 
 MUTANTS = MUTANTS + (LaunchesOnTheCurrentDevice, CachesTheFirstDevice, QuantStateNotBroadcast)
+
+
+# -- issue 50, item 3: bad data gets a clear answer (suites/test_bad_data.py) ----------------------------------
+# The bad-data suite (a ``-k`` name), run against these mutants and the correct backends only.
+BAD_DATA_SUITES: tuple[str, ...] = ("test_bad_data.py",)
+
+
+class QuantizesNaNAsFinite(TorchNF4Backend):
+    """A quantizer that sanitizes its input first (``nan_to_num`` before the absmax, as
+    code that guards a division writes it): NaN is stored as 0 and inf as the dtype's
+    largest value, finite, normal-looking bytes; a diverged weight becomes a healthy one."""
+
+    name = "mutant-quantizes-nan-as-finite"
+    catches = "nonfinite-quantize"
+    suites = BAD_DATA_SUITES
+
+    def quantize(self, weight, spec):
+        return super().quantize(torch.nan_to_num(weight), spec)
+
+
+class PerBatchActivationScale(TorchNF4Backend):
+    """A matmul that scales the whole batch by one power of two from its largest finite |x|
+    (a per-tensor dynamic activation scale, as fp8 and int8 kernels compute one, whose max
+    skips NaN and inf as a GPU's fmax reduction does), exact for a healthy batch and for a
+    NaN row (which stays in its own row): one row of huge finite values underflows every
+    other row's result."""
+
+    name = "mutant-per-batch-activation-scale"
+    catches = "row-isolation"
+    suites = BAD_DATA_SUITES
+
+    def matmul(self, x, q, bias, compute_dtype):
+        magnitudes = x.detach().abs()
+        largest = torch.where(torch.isfinite(magnitudes), magnitudes, 0).amax().to(compute_dtype)
+        scale = torch.exp2(torch.floor(torch.log2(largest.clamp_min(1.0))))  # only ever down: finite, >= 1
+        w = self.dequantize(q, compute_dtype)
+        y = F.linear(x.to(compute_dtype) / scale, w) * scale
+        return (y + bias.to(compute_dtype) if bias is not None else y).to(x.dtype)
+
+
+class LoadFillsShortStateWithZeros(TorchNF4Backend):
+    """A loader that pads a missing or short packed weight or absmax with zeros (and cuts
+    a long one to size) instead of refusing: a checkpoint cut short loads, and the lost
+    blocks decode to zeros."""
+
+    name = "mutant-load-fills-with-zeros"
+    catches = "corrupt-checkpoint"
+    suites = BAD_DATA_SUITES
+
+    def load(self, state, device):
+        state = dict(state)
+        numel = math.prod(int(n) for n in state["shape"]) if "shape" in state else 0
+        blocks = -(-numel // int(state.get("blocksize", torch.tensor(64))))
+        for key, size, dtype in (("packed", (numel + 1) // 2, torch.uint8), ("absmax", blocks, torch.float32)):
+            given = state.get(key, torch.zeros(0, dtype=dtype)).reshape(-1)
+            given = given.view(torch.uint8) if key == "packed" else given
+            state[key] = torch.cat([given, given.new_zeros(max(0, size - given.numel()))])[:size]
+        return super().load(state, device)
+
+
+MUTANTS = MUTANTS + (QuantizesNaNAsFinite, PerBatchActivationScale, LoadFillsShortStateWithZeros)
+
+
+# -- issue 50, item 1: provenance (bytes that went wrong between the source and the layer) ---------------------
+# The provenance suite (a ``-k`` name), run against these mutants and the correct backend only. Each
+# mutant's layer computes right from the bytes it holds (the call-site oracle agrees with it); only
+# the bytes' origin is wrong, which only a truth outside the layer (its source checkpoint) shows.
+PROVENANCE_SUITES: tuple[str, ...] = ("test_provenance.py",)
+
+
+class _DeepcopySharesStateLinear(FunctionalLinear):
+    def __deepcopy__(self, memo):
+        import copy
+
+        for buffer in self._buffers.values():  # "the 4-bit state is frozen: share it, copy the rest"
+            if buffer is not None:
+                memo[id(buffer)] = buffer
+        clone = type(self).__new__(type(self))
+        memo[id(self)] = clone
+        clone.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return clone
+
+    def _load_from_state_dict(self, state_dict, prefix, *args):
+        torch.nn.Module._load_from_state_dict(self, state_dict, prefix, *args)  # in place, as nn.Module loads
+        self._rebuild()
+
+
+class DeepcopySharesQuantState(_LayerMutant):
+    """A layer whose ``copy.deepcopy`` shares its quantization buffers with the original
+    (frozen bytes, why copy them) and that loads a checkpoint in place, as ``nn.Module``
+    does: a DPO reference model made by ``deepcopy``, then another checkpoint loaded into
+    it, rewrites the policy's 4-bit weights. Each model computes right from what it holds."""
+
+    name = "mutant-deepcopy-shares-quant-state"
+    catches = "provenance"
+    suites = PROVENANCE_SUITES
+    layer_class = _DeepcopySharesStateLinear
+
+
+class _ShapeKeyedLoadLinear(FunctionalLinear):
+    def _load_from_state_dict(self, state_dict, prefix, *args):
+        super()._load_from_state_dict(state_dict, prefix, *args)
+        # a loader that keys its quant-state staging by tensor shape, not by name: each layer gets
+        # the absmax of the layer of its shape loaded before it (q_proj's in k_proj)
+        staged = self.backend.__dict__.setdefault("staged_absmax_by_shape", {})
+        key = (self.out_features, self.in_features, tuple(self._buffers[PREFIX + "absmax"].shape))
+        previous, staged[key] = staged.get(key), self._buffers[PREFIX + "absmax"].clone()
+        if previous is not None:
+            self._buffers[PREFIX + "absmax"] = previous.to(self._buffers[PREFIX + "absmax"].device)
+            self._rebuild()
+
+
+class LoadTakesNeighbourAbsmax(_LayerMutant):
+    """A checkpoint loader whose quant-state staging is keyed by shape: every layer loaded
+    after another of its shape decodes its own codes with that neighbour's absmax (finite,
+    normal-looking weights of the right scale); the layer checkpoint suites load one layer
+    at a time and never see it, and every call agrees with the bytes."""
+
+    name = "mutant-load-takes-neighbour-absmax"
+    catches = "provenance"
+    suites = PROVENANCE_SUITES
+    layer_class = _ShapeKeyedLoadLinear
+
+
+MUTANTS = MUTANTS + (DeepcopySharesQuantState, LoadTakesNeighbourAbsmax)
+
+
+# -- issue 50, item 2: comparative accuracy beside the worst-case bound (call level) --------------------------------
+
+
+class Bf16RunningSumOverLongRows(TorchNF4Backend):
+    """A reduced-precision accumulator: the K-tiled kernel this backend takes for rows of 256
+    and more keeps its running sum in the compute dtype (bf16 or fp16), adding exact fp32 sums
+    of 4 products at a time, as a kernel with a 16-bit accumulator register does. Every
+    element stays inside the worst-case bound (``bounds.matmul_bound`` allows every rounding
+    to err one way); its error is ~4 times torch's own ``F.linear`` at K = 256, which only the
+    comparative check (``reference.comparative``) says."""
+
+    name = "mutant-bf16-running-sum"
+    catches = "matmul"
+    LONG_ROWS = 256
+    TILE = 4
+
+    def matmul(self, x, q, bias, compute_dtype):
+        k = x.shape[-1]
+        if compute_dtype not in (torch.bfloat16, torch.float16) or k < self.LONG_ROWS or k % self.TILE:
+            return super().matmul(x, q, bias, compute_dtype)
+        w = self.dequantize(q, compute_dtype)
+        tiles = (x.to(compute_dtype).float().unsqueeze(-2) * w.float()).reshape(
+            *x.shape[:-1], w.shape[0], -1, self.TILE
+        )
+        tile_sums = tiles.sum(-1)  # exact fp32 products, each tile summed in fp32
+        y = torch.zeros(tile_sums.shape[:-1], dtype=compute_dtype, device=x.device)
+        for j in range(tile_sums.shape[-1]):  # the running sum, rounded to the compute dtype at every tile
+            y = y + tile_sums[..., j].to(compute_dtype)
+        return (y + bias.to(compute_dtype) if bias is not None else y).to(x.dtype)
+
+
+MUTANTS = MUTANTS + (Bf16RunningSumOverLongRows,)
+
+
+# -- issue 50, at the model level: a tensor that is not a 4-bit layer, loaded wrong ----------------------------
+# Only the whole-model check (suites/_replay.py: the logits against a float64 replay of the layers' own
+# bytes and the source checkpoint's other tensors) sees it: every 4-bit call is right against its own bytes.
+
+
+class QuantizedLoadLeavesLmHeadUntied(LibraryMutant):
+    """transformers#43429's class (Ministral-3 generated gibberish: its tied-weights mapping was
+    empty, so the checkpoint's missing ``lm_head.weight`` was initialized afresh instead of tied
+    to the embedding), planted into transformers for loads with a quantization config: GPT-2's
+    lm_head is left at a random initialization. Every 4-bit layer computes right from its
+    bytes, the logits are finite, a QLoRA step trains its adapters right; the model's output
+    is noise."""
+
+    name = "mutant-lib-quantized-load-unties-lm-head"
+    catches = "workload:qlora-step"
+    selection = "test_qlora_training_step and gpt2"
+    expect = r"model replay: the quantized model's logits err"
+
+    @staticmethod
+    def plant() -> None:
+        import transformers
+
+        original = transformers.PreTrainedModel.get_expanded_tied_weights_keys
+
+        def get_expanded_tied_weights_keys(self, *args, **kwargs):
+            if getattr(self.config, "quantization_config", None) is not None:
+                return {}
+            return original(self, *args, **kwargs)
+
+        transformers.PreTrainedModel.get_expanded_tied_weights_keys = get_expanded_tied_weights_keys
+
+
+LIBRARY_MUTANTS = LIBRARY_MUTANTS + (QuantizedLoadLeavesLmHeadUntied,)

@@ -70,6 +70,21 @@ WORKLOAD_MODELS: tuple[str, ...] = ("llama", "qwen2", "gpt2", "moe")
 # Gradient checkpointing as transformers runs it: torch.utils.checkpoint with and without
 # use_reentrant (two code paths: a reentrant backward recomputes under no outer graph).
 CHECKPOINTING: tuple[str, ...] = ("non-reentrant", "reentrant")
+# What a user does to a quantized model between building it and using it, after which every
+# 4-bit layer must still hold its source's bytes (suites/test_provenance.py): load, copy, cast.
+# (PEFT's transitions and device moves are that suite's own tests: not every layer claims them.)
+# In this order, the ci profile's one instance of each (the model families cycling) pairs GPT-2
+# (tied lm_head, Conv1D) with the pre-quantized checkpoint and deepcopy, and the MoE with the build.
+TRANSITIONS: tuple[str, ...] = (
+    "load-state-dict-assign",
+    "state-dict-copy",
+    "pre-quantized",
+    "built",
+    "meta-then-load",
+    "load-state-dict",
+    "deepcopy",
+    "dtype-round-trips",
+)
 
 _STORAGE_LABELS = {torch.uint8: "u8", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
@@ -179,6 +194,7 @@ AXES: dict[str, Axis] = {
         Axis("weight_layout", "the memory layout of the weight handed to quantize", lambda caps, bf16: WEIGHT_LAYOUTS),
         Axis("model", "the model family a workload runs (suites/_workloads.py)", lambda caps, bf16: WORKLOAD_MODELS),
         Axis("checkpointing", "gradient checkpointing's variant in a training step", lambda caps, bf16: CHECKPOINTING),
+        Axis("transition", "what a user does to a quantized model before using it", lambda caps, bf16: TRANSITIONS),
     )
 }
 
@@ -354,6 +370,7 @@ def default_row(check: CheckAxes) -> dict[str, Any]:
         "weight_layout": "transposed",
         "model": WORKLOAD_MODELS[0],
         "checkpointing": CHECKPOINTING[0],
+        "transition": TRANSITIONS[0],
     }
     return {name: check.only.get(name, (defaults[name],))[0] for name in check.names}
 

@@ -5,13 +5,33 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Annotated, ClassVar
 
-from pydantic import with_config
+from pydantic import Field, WithJsonSchema, with_config
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 from typing_extensions import TypedDict  # pydantic reads typing.TypedDict only from Python 3.12
 
 from pytest_qconform.report.records import RECORD_CONFIG, Count, EveryKeyWritten, Multiple, Name, Text
 from pytest_qconform.vocabulary import FAILING, VERDICT_ORDER, CellKey, Verdict
+
+# A test's comparative ratios (``reference.comparative``: its error against torch's own dense op on
+# the same weights), in its user_properties; the cell keeps the worst.
+COMPARATIVE_PROPERTY = "qconform_comparative"
+
+# The comparative ratio, written as a multiple is (a non-finite one as the string "inf" or "nan").
+Ratio = Annotated[
+    Multiple,
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "number"}, {"enum": ["inf", "nan"], "type": "string"}, {"type": "null"}],
+            "description": (
+                "worst comparative ratio: the backend's error at the 90th percentile over torch's own dense op's "
+                "on the same decoded weights in the same dtypes (reference/comparative.py; above 3 fails); "
+                "null: nothing compared"
+            ),
+        }
+    ),
+]
 
 # Folding precedence, worst first: a cell is as bad as its worst case. A crash or a
 # timeout hides what the remaining cases would have said, so they outrank a plain
@@ -38,8 +58,12 @@ class Cell(EveryKeyWritten):
     ``worst_error_multiple`` is the worst error as a multiple of its derived bound
     (<= 1 is within bound; null where nothing was measured); ``first_failure`` carries the
     message and a repro command of the first failing case; ``reason`` explains skipped,
-    unavailable, not-claimed and known-failure.
+    unavailable, not-claimed and known-failure. ``worst_comparative_ratio`` (optional, contract
+    revision 8): the worst ratio of the backend's error to torch's own dense op's on the same
+    weights (``reference.comparative``), beside the bound's multiple; null where none was compared.
     """
+
+    OPTIONAL_KEYS: ClassVar[tuple[str, ...]] = ("worst_comparative_ratio",)  # absent in reports before revision 8
 
     backend: Name
     operation: Name
@@ -50,6 +74,8 @@ class Cell(EveryKeyWritten):
     worst_error_multiple: Multiple = None
     first_failure: FirstFailure | None = None
     reason: Text = ""
+    # Written only where a ratio was measured: a report of checks without one reads back as it was written.
+    worst_comparative_ratio: Ratio = Field(default=None, exclude_if=lambda ratio: ratio is None)
 
     @property
     def key(self) -> CellKey:
@@ -70,7 +96,8 @@ def fold_cell(cells: Iterable[Cell]) -> Cell:
     """Fold the cells of many test cases with one (backend, operation, format, dtype) into one.
 
     Verdict: the first of ``VERDICTS`` present (crashed > timeout > fail > known-failure >
-    pass > skipped > unavailable). Cases: summed. Worst multiple: the maximum (NaN wins).
+    pass > skipped > unavailable). Cases: summed. Worst multiple and worst comparative ratio:
+    each the maximum (NaN wins).
     First failure: that of the first cell, in the given order, that carries one. Reason:
     that of the first cell whose verdict is the folded verdict.
     """
@@ -91,4 +118,5 @@ def fold_cell(cells: Iterable[Cell]) -> Cell:
         worst_error_multiple=_worst(cell.worst_error_multiple for cell in cells),
         first_failure=failure,
         reason=reason,
+        worst_comparative_ratio=_worst(cell.worst_comparative_ratio for cell in cells),
     )

@@ -9,6 +9,7 @@ import torch
 
 from pytest_qconform.backends.base import Backend
 from pytest_qconform.hardware.targets import Target
+from pytest_qconform.reference.comparative import Comparison
 from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 from pytest_qconform.session import outcomes, state
 from pytest_qconform.vocabulary import Verdict
@@ -101,6 +102,30 @@ class Checker:
 
     def record_multiple(self, multiple: float) -> None:
         self._item.user_properties.append((outcomes.MULTIPLE_PROPERTY, float(multiple)))
+
+    def record_comparative(self, ratio: float) -> None:
+        """A comparative ratio (``reference.comparative``) for the cell's worst, beside the multiple."""
+        from pytest_qconform.report.cells import COMPARATIVE_PROPERTY
+
+        self._item.user_properties.append((COMPARATIVE_PROPERTY, float(ratio)))
+
+    def comparative(self, found: Comparison, what: str, *, dense_op: str = "F.linear") -> float | None:
+        """Assert the backend's error is no more than ``COMPARATIVE_FACTOR`` times torch's own
+        dense op's on the same decoded weights (``found``: ``reference.comparative``'s
+        ``comparative_linear`` or ``comparative_ratio``), at the 90th percentile of errors
+        relative to ``|x||W|^T + |b|``; record the ratio for the cell; return it (None: too
+        few elements to compare, the worst-case bound alone judges). Call after ``within``:
+        a result outside its bound fails with the bound's message first."""
+        if found.ratio is None:
+            return None
+        self.record_comparative(found.ratio if found.ratio == found.ratio else float("inf"))
+        if found.failed:
+            raise AssertionError(
+                f"{what}: within its worst-case bound, but {found.describe(dense_op)}: less accurate than the "
+                "dense op on the same weights in the same dtypes (reduced-precision accumulation or products?); "
+                + self._where()
+            )
+        return found.ratio
 
     def within(
         self,
@@ -220,6 +245,8 @@ def qwatch(request: pytest.FixtureRequest, qcheck: Checker):
         request.node.user_properties.append((CALLS_PROPERTY, oracle.summary()))
         if oracle.verdicts:
             qcheck.record_multiple(float(oracle.worst_multiple or 0.0))
+        if oracle.worst_comparative is not None:
+            qcheck.record_comparative(oracle.worst_comparative)
 
     @contextmanager
     def watching(model: torch.nn.Module, backends: Any = None, *, first_calls: int = FIRST_CALLS):

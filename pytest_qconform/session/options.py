@@ -23,6 +23,7 @@ from pytest_qconform.hardware.probe import SIMULATE_ENV
 # local run is scratch, not evidence. reports/ holds only what someone chose to merge into the
 # matrix, so a report gets there by a deliberate copy.
 from pytest_qconform.report.storage import LOCAL_REPORT_DIR
+from pytest_qconform.session import instance_slice
 from pytest_qconform.vocabulary import DtypeLabel
 
 DTYPE_NAMES: tuple[str, ...] = tuple(label.value for label in DtypeLabel)
@@ -105,6 +106,17 @@ def _options() -> tuple[tuple[str, dict[str, Any]], ...]:
                 type=choice(PROFILES),
                 metavar="{ci,thorough}",
                 help="hypothesis profile: ci (fast, default) or thorough (nightly); ini qconform_profile",
+            ),
+        ),
+        (
+            "--qconform-slice",
+            dict(
+                default=None,
+                type=instance_slice.parse,
+                metavar="N/M[@KEY]",
+                help="run N of every M instances, chosen by a hash of KEY (default: today's UTC "
+                "date) and each test id: a reproducible, daily rotated slice (e.g. of the thorough "
+                "profile in a CPU job); the summary says how many ran and how to replay the slice",
             ),
         ),
         (

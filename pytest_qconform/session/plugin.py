@@ -240,6 +240,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     from pytest_qconform.session import applicability
 
     applicability.deselect(config, items)
+    from pytest_qconform.session import instance_slice
+
+    instance_slice.select(config, items)
     from pytest_qconform.benchmark import harness as bench
 
     bench.order_items(items)

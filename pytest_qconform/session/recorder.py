@@ -3,14 +3,16 @@ the run report at the end."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
+import math
 import time
 from pathlib import Path
 from typing import cast
 
 import pytest
 
-from pytest_qconform.session import outcomes, stale_known_failures, state
+from pytest_qconform.session import instance_slice, outcomes, stale_known_failures, state
 from pytest_qconform.session.applicability import NOT_HERE, from_worker
 from pytest_qconform.vocabulary import CaseKey, CellKey, Verdict
 
@@ -58,6 +60,7 @@ class RunRecorder:
     def pytest_testnodedown(self, node, error) -> None:  # pytest-xdist, controller: a worker finished
         output = getattr(node, "workeroutput", None) or {}
         from_worker(self.config, output)
+        instance_slice.from_worker(self.config, output)
         stale_known_failures.from_worker(self.config, output)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -80,7 +83,7 @@ class RunRecorder:
             identity = outcomes.identity_of(report)
             if identity is not None:
                 self.identities[report.nodeid] = identity
-            case = outcomes.case_from_report(report)
+            case = _with_comparative(outcomes.case_from_report(report), report)
             if case is None and report.skipped and identity is not None:
                 self.uncounted_skips.append(outcomes.skip_reason(report))
         if case is not None:
@@ -215,6 +218,9 @@ class RunRecorder:
         not_here = self.config.stash.get(NOT_HERE, None)
         if not_here is not None and not_here.total:
             tr.write_line(not_here.line())
+        sliced = self.config.stash.get(instance_slice.SLICE, None)
+        if sliced is not None:
+            tr.write_line(sliced.line())
         stale = stale_known_failures.summary_line(self.config.stash.get(stale_known_failures.STALE, ()))
         if stale:
             tr.write_line(stale, yellow=True)
@@ -234,6 +240,20 @@ class RunRecorder:
         path = self.config.stash.get(state.REPORT_PATH, None)
         if path:
             tr.write_line(f"qconform report: {path}")
+
+
+def _with_comparative(case: outcomes.Case | None, report: pytest.TestReport) -> outcomes.Case | None:
+    """``case`` with the worst comparative ratio its test recorded (``Checker.comparative``,
+    ``reference.comparative``) in its cell, beside the bound's multiple; NaN counts as worst."""
+    if case is None:
+        return None
+    from pytest_qconform.report.cells import COMPARATIVE_PROPERTY
+
+    ratios = [float(cast(float, value)) for name, value in report.user_properties if name == COMPARATIVE_PROPERTY]
+    if not ratios:
+        return case
+    worst = math.nan if any(math.isnan(r) for r in ratios) else max(ratios)
+    return dataclasses.replace(case, cell=dataclasses.replace(case.cell, worst_comparative_ratio=worst))
 
 
 def _timeout_limit(config: pytest.Config) -> float | None:

@@ -5,7 +5,7 @@ An entry is judged only where it could have matched: its backend is under test a
 its version range holds that version, its arch and CPU capability are this run's, and its
 check ran (some collected test of its backend has a matching operation: a run of one suite
 file judges the entries of that file's checks only). A run narrowed by ``-k``,
-``--qconform-format`` or ``--qconform-dtype`` judges none: it leaves out instances an
+``--qconform-format``, ``--qconform-dtype`` or ``--qconform-slice`` judges none: it leaves out instances an
 entry may be written for.
 """
 
@@ -57,6 +57,7 @@ def _narrowed(config: pytest.Config) -> bool:
         config.getoption("keyword", "")
         or config.getoption("qconform_format", None)
         or config.getoption("qconform_dtype", None)
+        or config.getoption("qconform_slice", None)
     )
 
 

@@ -14,6 +14,14 @@ The hooks look only: the library computes on exactly the tensors the model passe
 eager call that records a graph gets autograd aliases of its input and output, as a full
 backward hook gives them: the same memory, strides, offset and dtype.)
 
+Beside the worst-case bound, a second truth: torch's own dense op (``F.linear`` for the
+forward, ``matmul`` for ``dx = dy W``) on the same decoded weight in the same dtypes, run
+on the call's device under ``no_grad`` on copies (the library's tensors are only read). A
+call within its bound whose error is more than ``comparative.COMPARATIVE_FACTOR`` times
+torch's at the 90th percentile fails with its own message (``reference.comparative``: the
+statistic, its factor and why; a call of fewer than ``MIN_ELEMENTS`` outputs is not
+compared). Each verdict carries its ratio; ``worst_comparative`` goes into the cell.
+
 Beyond the numbers, each call's contract: the output's shape ``(*x.shape[:-1], N)``, its
 device (the input's) and its dtype (the input's; under autocast the autocast dtype is
 also allowed), and stored bytes that decode to finite values. Never both sides wrong: a
@@ -48,7 +56,7 @@ import torch
 from torch.utils.hooks import BackwardHook
 
 from pytest_qconform.backends.layers import LayerFacet
-from pytest_qconform.reference import bounds, faithful, linear
+from pytest_qconform.reference import bounds, comparative, faithful, linear
 from pytest_qconform.watch.context import CallContext
 
 FIRST_CALLS = 2  # judged calls per layer and context signature (every new row count besides)
@@ -64,6 +72,7 @@ class CallVerdict:
     context: CallContext
     multiple: float  # worst error as a multiple of its bound (inf: a contract or finiteness failure)
     message: str = ""  # why it failed; empty when it passed
+    comparative: float | None = None  # its error over torch's dense op's (reference.comparative); None: not compared
 
     @property
     def passed(self) -> bool:
@@ -91,6 +100,7 @@ class _Decoded:
     weight: torch.Tensor  # float64 (N, K) on the call's device
     finite: bool
     errors: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)  # layer_weight_error per compute dtype
+    decode_errors: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)  # weight_error per compute dtype
 
 
 def _fingerprint(packed: Any) -> str:
@@ -285,11 +295,13 @@ class CallOracle:
         return len(self.verdicts) - before
 
     def _judge(self, watched: _Watched, call: int, context: CallContext, judge: Any) -> None:
+        ratio: float | None = None
         try:
-            multiple, message = judge()
+            multiple, message, *compared = judge()
+            ratio = compared[0] if compared else None
         except Exception as exc:  # noqa: BLE001 - a call the oracle cannot judge is a failed call, named
             multiple, message = math.inf, f"the oracle could not judge this call: {type(exc).__name__}: {exc}"
-        self.verdicts.append(CallVerdict(watched.name, watched.backend, call, context, multiple, message))
+        self.verdicts.append(CallVerdict(watched.name, watched.backend, call, context, multiple, message, ratio))
 
     # -- judging ----------------------------------------------------------------------------------
 
@@ -322,6 +334,20 @@ class CallOracle:
             error = error + bounds.rounding_bound(decoded.weight.abs() + error, compute)
         return error
 
+    def _decode_error(
+        self, packed: Any, decoded: _Decoded, layer_dtype: torch.dtype, compute: torch.dtype
+    ) -> torch.Tensor:
+        """The comparative check's allowance for the format's own decode roundings: ``E`` of the
+        dequantize-then-multiply model (``bounds.weight_error``), not the bound's wider one that
+        also covers bitsandbytes' fused gemv rounding its code table (``layer_weight_error``):
+        a gemv that rounds its weights three times is within a factor of torch's one rounding."""
+        if layer_dtype not in decoded.decode_errors:
+            decoded.decode_errors[layer_dtype] = bounds.weight_error(packed, decoded.weight, layer_dtype)
+        error = decoded.decode_errors[layer_dtype]
+        if compute != layer_dtype:  # autocast rounds the dequantized weight once more
+            error = error + bounds.rounding_bound(decoded.weight.abs() + error, compute)
+        return error
+
     def _judge_forward(
         self,
         watched: _Watched,
@@ -330,7 +356,7 @@ class CallOracle:
         y: Any,
         compute: torch.dtype,
         context: CallContext,
-    ) -> tuple[float, str]:
+    ) -> tuple[float, str] | tuple[float, str, float | None]:
         facet = watched.facet
         packed, decoded = self._decode(facet, module, x.device)
         n, k = decoded.weight.shape
@@ -354,20 +380,18 @@ class CallOracle:
         b64 = bias.detach().double().to(x.device) if bias is not None else None
         x64 = x.detach().double()
         exact = linear.linear(x64, w, b64)
-        bound = bounds.matmul_bound(
-            x64,
-            w,
-            b64,
-            compute,
-            y.dtype,
-            w_error=self._weight_error(packed, decoded, layer_dtype, compute),
-            exact=exact,
-        )
-        return self._compare(y, exact, _rounded_through(bound, exact, compute, y.dtype), "forward")
+        w_error = self._weight_error(packed, decoded, layer_dtype, compute)
+        bound = bounds.matmul_bound(x64, w, b64, compute, y.dtype, w_error=w_error, exact=exact)
+        multiple, message = self._compare(y, exact, _rounded_through(bound, exact, compute, y.dtype), "forward")
+        if message:
+            return multiple, message
+        decode_error = self._decode_error(packed, decoded, layer_dtype, compute)
+        found = comparative.comparative_linear(y, x, w, b64, exact, compute, w_error=decode_error)
+        return self._compare_dense(found, multiple, "forward", "F.linear")
 
     def _judge_backward(
         self, watched: _Watched, module: torch.nn.Module, dy: torch.Tensor, dx: torch.Tensor, compute: torch.dtype
-    ) -> tuple[float, str]:
+    ) -> tuple[float, str] | tuple[float, str, float | None]:
         facet = watched.facet
         packed, decoded = self._decode(facet, module, dy.device)
         if not decoded.finite:
@@ -379,10 +403,27 @@ class CallOracle:
         layer_dtype = facet.compute_dtype(module) or dx.dtype
         dy64 = dy.detach().double()
         exact = dy64 @ w
-        bound = bounds.grad_bound(
-            dy64, w, compute, dx.dtype, w_error=self._weight_error(packed, decoded, layer_dtype, compute)
-        )
-        return self._compare(dx, exact, _rounded_through(bound, exact, compute, dx.dtype), "dx = dy W")
+        w_error = self._weight_error(packed, decoded, layer_dtype, compute)
+        bound = bounds.grad_bound(dy64, w, compute, dx.dtype, w_error=w_error)
+        multiple, message = self._compare(dx, exact, _rounded_through(bound, exact, compute, dx.dtype), "dx = dy W")
+        if message:
+            return multiple, message
+        dense = comparative.dense_grad_input(dy, w, compute, dx.dtype)
+        decode_error = self._decode_error(packed, decoded, layer_dtype, compute).T
+        found = comparative.comparative_linear(dx, dy, w.T, None, exact, compute, w_error=decode_error, dense=dense)
+        return self._compare_dense(found, multiple, "dx = dy W", "matmul")
+
+    @staticmethod
+    def _compare_dense(
+        found: comparative.Comparison, multiple: float, what: str, dense_op: str
+    ) -> tuple[float, str, float | None]:
+        """Within its bound; now against torch's own dense op on the same decoded weight in the
+        same dtypes (``reference.comparative``): a call more than ``COMPARATIVE_FACTOR`` times
+        less accurate fails with its own message. Too few elements: not compared (None)."""
+        if not found.failed:
+            return multiple, "", found.ratio
+        message = f"{what}: within its worst-case bound ({multiple:.3g} x), but {found.describe(dense_op)}"
+        return multiple, message, found.ratio
 
     @staticmethod
     def _compare(actual: torch.Tensor, exact: torch.Tensor, bound: torch.Tensor, what: str) -> tuple[float, str]:
@@ -410,6 +451,11 @@ class CallOracle:
     @property
     def worst_multiple(self) -> float | None:
         return max((v.multiple for v in self.verdicts), default=None)
+
+    @property
+    def worst_comparative(self) -> float | None:
+        """The worst comparative ratio of the judged calls (None: none was compared)."""
+        return max((v.comparative for v in self.verdicts if v.comparative is not None), default=None)
 
     @property
     def layers(self) -> int:

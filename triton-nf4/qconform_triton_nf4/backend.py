@@ -477,6 +477,23 @@ class TritonNf4Backend(Backend):
         quant_type = _QUANT_TYPES[int(state["quant_type"])]
         blocksize = int(state["blocksize"])
         shape = tuple(int(n) for n in state["shape"].reshape(-1).tolist())
+        numel = 1
+        for n in shape:
+            numel *= n
+        blocks = -(-numel // blocksize)
+        sizes = {  # a checkpoint cut short, or another layer's tensor, is refused here, not at a kernel
+            "packed": (state["packed"].numel() * state["packed"].element_size(), -(-numel // 2)),
+            "absmax": (state["absmax"].numel(), blocks),
+            "code": (state["code"].numel(), 16),
+        }
+        if nested:
+            sizes["nested_absmax"] = (nested["nested_absmax"].numel(), -(-blocks // nested["nested_blocksize"]))
+        for key, (found, needed) in sizes.items():
+            if found != needed:
+                raise ValueError(
+                    f"{where}: checkpoint's {key} has {found} entries (bytes, for packed); a weight of shape "
+                    f"{shape} in blocks of {blocksize} needs {needed}"
+                )
         loaded = Nf4State(
             quant_type,
             blocksize,

@@ -205,6 +205,7 @@ class TorchNF4Backend(Backend):
     def load(self, state: dict[str, torch.Tensor], device: torch.device) -> Quantized:
         if "blocksize" not in state:
             raise ValueError(f"{self.name}: checkpoint has no blocksize; refusing to guess the platform default")
+        self.validate(state)
         handle = {k: v.to(device) for k, v in state.items() if k not in ("blocksize", "shape", "quant_type", "offset")}
         handle["blocksize"] = int(state["blocksize"])
         handle["quant_type"] = "nf4" if int(state["quant_type"]) == 0 else "fp4"
@@ -215,6 +216,30 @@ class TorchNF4Backend(Backend):
             handle["quant_type"], handle["blocksize"], "nested_absmax" in handle, quant_storage=handle["packed"].dtype
         )
         return Quantized(self.name, spec, shape, torch.device(device), handle)
+
+    def validate(self, state: dict[str, torch.Tensor]) -> None:
+        """Refuse a state whose tensors are missing or not the sizes its shape and blocksize
+        need (a checkpoint cut short, another layer's tensor), naming the tensor."""
+        missing = [key for key in ("packed", "code", "absmax", "shape", "quant_type") if key not in state]
+        if "nested_absmax" in state:
+            missing += [key for key in ("nested_code", "offset") if key not in state]
+        if missing:
+            raise ValueError(f"{self.name}: checkpoint lacks {missing}")
+        shape = tuple(int(n) for n in state["shape"].reshape(-1))
+        blocks = -(-math.prod(shape) // int(state["blocksize"]))
+        sizes = {
+            "packed": (state["packed"].numel() * state["packed"].element_size(), -(-math.prod(shape) // 2), "bytes"),
+            "absmax": (state["absmax"].numel(), blocks, "entries"),
+            "code": (state["code"].numel(), 16, "entries"),
+        }
+        if "nested_absmax" in state:
+            sizes["nested_absmax"] = (state["nested_absmax"].numel(), -(-blocks // NESTED_BLOCKSIZE), "entries")
+        for key, (found, needed, unit) in sizes.items():
+            if found != needed:
+                raise ValueError(
+                    f"{self.name}: checkpoint's {key} has {found} {unit}; a weight of shape {shape} "
+                    f"in blocks of {int(state['blocksize'])} needs {needed}"
+                )
 
     # -- layer facet -------------------------------------------------------------------------
     def layers(self):
