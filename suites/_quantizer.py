@@ -74,9 +74,16 @@ def check_codes_and_absmax(qbackend, qcheck, spec: QuantSpec, weight: torch.Tens
         nested_map = torch.as_tensor(np.asarray(packed.nested_code), dtype=torch.float64)
         normalized = (ref_absmax.cpu() - float(packed.offset)) / nested
         bound = nested * 2 * _half_gaps(nested_map, normalized) + 4 * U32 * ref_absmax.cpu().abs()
+        # The worst block's normalized value and the nested code stored for it, in the message: a
+        # known failure is scoped by that condition (the CPU quantizer's smallest codes, issue 53).
+        worst = int(torch.argmax((got_absmax.double() - ref_absmax.cpu()).abs() / bound.clamp_min(1e-300)))
+        scale = float(nested[worst]) or 1.0  # one block: its nested absmax is 0, and so its code
+        stored = (float(got_absmax[worst]) - float(packed.offset)) / scale
+        what = f"blockwise absmax (double-quantized; worst block {worst}: normalized {float(normalized[worst]):.4g} stored as nested code {stored:.4g})"
     else:
         bound = bounds.rounding_bound(ref_absmax.cpu(), torch.float32)
-    qcheck.within(got_absmax, ref_absmax.cpu(), bound, "blockwise absmax")
+        what = "blockwise absmax"
+    qcheck.within(got_absmax, ref_absmax.cpu(), bound, what)
     # Round trip: within half the code interval, times the stored absmax.
     decoded = reference_decode(packed, torch.device("cpu")).reshape(-1)
     stored_absmax = got_absmax.repeat_interleave(spec.blocksize)[:case_numel]

@@ -1,6 +1,7 @@
 """The known-failure registry: parsing (errors name file and line) and strict xfail in runs."""
 
 import json
+import shutil
 
 import pytest
 
@@ -260,3 +261,25 @@ def test_a_missing_runner_file_is_an_error(fake_backend_project: pytest.Pytester
     )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--qconform-known-failures: no such file: nope.toml*"])
+
+
+def test_an_entry_scoped_by_message_judges_the_failure_not_the_instance(fake_backend_project: pytest.Pytester) -> None:
+    """A ``message`` entry names a condition of drawn values: a failure whose message matches
+    is a known failure, another failure stays a failure, and a pass (the condition not drawn)
+    is a pass, not an unexpected one."""
+    matching = entry(message='"wrong numbers"')
+    result, cells = run_with(fake_backend_project, matching + "\n" + entry(check='"quantize"', message='"x"'))
+    result.assert_outcomes(xfailed=1, passed=1, skipped=2)
+    assert cells[("fake", "dequantize")]["verdict"] == "known-failure"
+    assert cells[("fake", "quantize")]["verdict"] == "pass"
+
+    shutil.rmtree(fake_backend_project.path / "out")  # run_with reads the one report there
+    result, cells = run_with(fake_backend_project, entry(message='"other numbers"'))
+    result.assert_outcomes(failed=1, passed=1, skipped=2)
+    assert cells[("fake", "dequantize")]["verdict"] == "fail"
+    result.stdout.fnmatch_lines(["*AssertionError: wrong numbers*"])
+
+
+def test_a_message_that_is_no_regular_expression_names_its_line() -> None:
+    with pytest.raises(KnownFailuresError, match=r"t\.toml:\d+: message '\(' is not a regular expression"):
+        parse(entry(message='"("'), "t.toml")

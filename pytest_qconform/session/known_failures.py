@@ -4,7 +4,10 @@ Each entry is keyed by backend, backend version range (PEP 440), arch/family/kin
 check (the matrix operation), optionally narrowed by format, dtype and test-name globs.
 A match marks the test ``xfail(strict=True)``: the failure shows as ``known-failure``
 in the matrix, and an unexpected pass is a ``fail`` of the run (the message says it
-passed unexpectedly) so a fix upstream surfaces and the entry gets removed. A known
+passed unexpectedly) so a fix upstream surfaces and the entry gets removed. An entry with a
+``message`` (a regular expression) names a condition of the values a test draws instead:
+its instances are expected failures only when they fail with a matching message, and
+their passes are passes (``judge_by_message``). A known
 failure never hides a new one: only the listed check of the listed backend is marked.
 
 The files are read once, at start-up (``read_at_startup``): a malformed entry stops the run
@@ -18,6 +21,7 @@ from __future__ import annotations
 import fnmatch
 import re
 import tomllib
+from collections.abc import Generator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -32,7 +36,7 @@ from pytest_qconform.vocabulary import CaseKey
 
 PACKAGED = "pytest_qconform/session/known_failures.toml"
 REQUIRED = ("backend", "versions", "arch", "check", "reason", "link", "repro")
-OPTIONAL = ("format", "dtype", "test", "cpu_capability", "ends_process")
+OPTIONAL = ("format", "dtype", "test", "cpu_capability", "ends_process", "message")
 ANY = "*"
 
 # This module's own session state: the entries read at start-up (kept here, beside the
@@ -65,6 +69,9 @@ class KnownFailure:
     # "yes": the failure ends the process (a library that calls exit()), so the test is
     # reported as a known failure without being run: run, it would take the session down.
     ends_process: str = "no"
+    # A regular expression the failure's message must match (``re.search``): for a condition of
+    # the values a test draws (not of its instance), see ``apply``. Empty: every failure.
+    message: str = ""
     source: str = ""  # "file:line" of the entry, for messages
 
     def matches(
@@ -179,8 +186,17 @@ def _parse_entry(raw: dict, source: str, lines: list[str], span: tuple[int, int]
         test=raw.get("test", ANY),
         cpu_capability=raw.get("cpu_capability", ANY),
         ends_process=raw.get("ends_process", "no"),
+        message=_pattern(raw.get("message", ""), where("message")),
         source=where(),
     )
+
+
+def _pattern(text: str, where: str) -> str:
+    try:
+        re.compile(text)
+    except re.error as exc:
+        raise KnownFailuresError(f"{where}: message {text!r} is not a regular expression: {exc}") from None
+    return text
 
 
 def parse(text: str, source: str) -> tuple[KnownFailure, ...]:
@@ -255,8 +271,12 @@ def apply(config: pytest.Config, items: list[pytest.Item]) -> None:
         for i, entry in enumerate(entries):
             if entry.matches(key, status.version if status else None, markers, item.name, probe.cpu_capability):
                 item.add_marker(
-                    pytest.mark.xfail(strict=True, reason=entry.xfail_reason(), run=entry.ends_process != "yes")
+                    pytest.mark.xfail(
+                        strict=not entry.message, reason=entry.xfail_reason(), run=entry.ends_process != "yes"
+                    )
                 )
+                if entry.message:
+                    item.stash[_MESSAGE] = entry.message
                 item.repr_failure = _native_repr_failure(item)  # type: ignore[method-assign]
                 matched.add(i)
                 break
@@ -276,3 +296,35 @@ def _native_repr_failure(item: pytest.Item):
         return item._repr_failure_py(excinfo, style="native")
 
     return repr_failure
+
+
+_MESSAGE = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Registered as a plugin under ``--qconform``: known failures scoped by their failure's
+    message, judged on the report pytest's xfail handling made (a ``tryfirst`` wrapper's
+    code after its ``yield`` runs last)."""
+    report = yield
+    judge_by_message(item, call, report)
+    return report
+
+
+def judge_by_message(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport) -> None:
+    """An entry with a ``message`` names a condition of the values a test draws, which the
+    test's id cannot say (hypothesis draws other values in each profile): its instance is an
+    expected failure only when it fails with a message that matches. A failure with another
+    message stays a failure (with its own traceback), and a pass is a pass: the condition was
+    not drawn, which is no sign of a fix."""
+    pattern = item.stash.get(_MESSAGE, None)
+    if pattern is None or report.when != "call" or not hasattr(report, "wasxfail"):
+        return
+    if report.passed:
+        del report.wasxfail
+    elif report.skipped and call.excinfo is not None and not re.search(pattern, str(call.excinfo.value)):
+        del report.wasxfail
+        report.outcome = "failed"
+        report.longrepr = item.repr_failure(call.excinfo)

@@ -92,6 +92,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.import_plugin("pytest_qconform.session.oom")
     config.pluginmanager.import_plugin("pytest_qconform.session.device_loss")
     config.pluginmanager.import_plugin("pytest_qconform.session.declared_skips")
+    config.pluginmanager.import_plugin("pytest_qconform.session.known_failures")  # its makereport wrapper
     from pytest_qconform.session.recorder import SHORT_CIRCUIT_PLUGIN, RunRecorder
     from pytest_qconform.session.short_circuit import ShortCircuit
 
