@@ -112,11 +112,22 @@ def test_a_known_failure_shows_its_reason_link_and_registry_repro():
     assert entry["repros"][0] == {"kind": "known-failure", "source": m.runs[0].label, "command": "python -c 'print(1)'"}
 
 
-def test_known_failure_repros_match_the_exact_text_only():
+def test_known_failure_repros_match_the_exact_text_or_a_narrowed_entry_of_the_same_link():
     repros = registry_repros(KNOWN_TOML)
     assert repro_for(KNOWN_REASON, repros) == "python -c 'print(1)'"
     assert repro_for("[NOTRUN] " + KNOWN_REASON, repros) == "python -c 'print(1)'"  # an entry that ends the process
-    assert repro_for(KNOWN_REASON.replace("wrong values", "other values"), repros) is None  # edited since
+    # edited since the report was written: the link's only entry is still its entry
+    assert repro_for(KNOWN_REASON.replace("wrong values", "other values"), repros) == "python -c 'print(1)'"
+    assert repro_for(KNOWN_REASON.replace("issue/1", "issue/2"), repros) is None  # another link
+    start = "the CUDA kernel flushes every subnormal result to zero on its way out of the block"
+    two = "".join(
+        KNOWN_TOML.replace("wrong values", f"{start}{end}").replace("print(1)", f"print({n})")
+        for n, end in ((2, ", then rounds"), (3, "; narrowed to bf16 and fp32 since"))
+    )
+    repros = registry_repros(two)
+    narrowed = f"known failure (https://example.org/issue/1): {start}; narrowed to bf16 [known.toml:9]"
+    assert repro_for(narrowed, repros) == "python -c 'print(3)'"  # the longest shared start
+    assert repro_for(KNOWN_REASON, repros) is None  # shares too little with either
 
 
 def test_every_known_failure_of_the_committed_reports_finds_its_repro():

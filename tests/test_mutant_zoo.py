@@ -32,6 +32,7 @@ from zoo import (
     LAYER_SUITES,
     LIBRARY_MUTANTS,
     LIFECYCLE_SUITES,
+    LOOP_SUITES,
     MULTI_GPU_SUITES,
     MUTANTS,
     PATH_SUITES,
@@ -52,6 +53,7 @@ GROUPS = {
     "distributed": DISTRIBUTED_SUITES,
     "bad-data": BAD_DATA_SUITES,
     "provenance": PROVENANCE_SUITES,  # issue 50, item 1
+    "loops": LOOP_SUITES,  # issue 51, item 1
 }
 
 
@@ -285,6 +287,10 @@ EXPECTED_OPERATIONS = {
         "workload:generate",
         "workload:serving",
         "provenance",
+        "nonfinite-quantize",
+        "row-isolation",
+        "corrupt-checkpoint",
+        "workload:loop",
     }
     | ({"distributed:ddp", "distributed:fsdp"} if GROUP_RUNS_HERE["distributed"] else set())
     | ({"captured", "workload:compiled", "workload:captured"} if GPU else set())

@@ -202,6 +202,10 @@ class ForgetsBlocksize(TorchNF4Backend):
     def load(self, state, device):
         return super().load({**state, "blocksize": torch.tensor(128)}, device)
 
+    def validate(self, state):
+        """Checks nothing, as the loaders of this class of bug did: the example backend's own
+        size check would refuse the guessed blocksize (absmax twice as long as it needs)."""
+
 
 class OffThresholds(TorchNF4Backend):
     """Quantization thresholds shifted by 2% of a code gap towards zero."""
@@ -1423,8 +1427,10 @@ MUTANTS = MUTANTS + (Bf16RunningSumOverLongRows,)
 
 
 # -- issue 50, at the model level: a tensor that is not a 4-bit layer, loaded wrong ----------------------------
-# Only the whole-model check (suites/_replay.py: the logits against a float64 replay of the layers' own
-# bytes and the source checkpoint's other tensors) sees it: every 4-bit call is right against its own bytes.
+# Only the truths from outside the layers see it: every 4-bit call is right against its own bytes. The
+# workloads end with provenance (the lm_head is not its source's) and then the model replay (the logits
+# against a float64 replay of the layers' own bytes and the source checkpoint's other tensors); each
+# alone catches it (tests/test_provenance_check.py, tests/test_workload_checks.py).
 
 
 class QuantizedLoadLeavesLmHeadUntied(LibraryMutant):
@@ -1438,7 +1444,7 @@ class QuantizedLoadLeavesLmHeadUntied(LibraryMutant):
     name = "mutant-lib-quantized-load-unties-lm-head"
     catches = "workload:qlora-step"
     selection = "test_qlora_training_step and gpt2"
-    expect = r"model replay: the quantized model's logits err"
+    expect = r"lm_head\.weight: differs from the source|model replay: the quantized model's logits err"
 
     @staticmethod
     def plant() -> None:
@@ -1455,3 +1461,39 @@ class QuantizedLoadLeavesLmHeadUntied(LibraryMutant):
 
 
 LIBRARY_MUTANTS = LIBRARY_MUTANTS + (QuantizedLoadLeavesLmHeadUntied,)
+
+
+# -- issue 51, item 1: state kept across phases (suites/test_workload_loops.py, the loop state machine) ----------
+# The loop suite (a ``-k`` name), run against these mutants and the correct backend only: each of its
+# instances draws sequences of serving, training, checkpoint and weight-sync steps on a whole model.
+LOOP_SUITES: tuple[str, ...] = ("test_workload_loops.py",)
+
+
+class _CachesEvalWeightLinear(FunctionalLinear):
+    def forward(self, x):
+        if self.training or torch.is_grad_enabled():
+            return super().forward(x)
+        # "the weight is frozen in inference": dequantized once, at the first eval call without grad
+        cached = self.__dict__.get("eval_weight")
+        if cached is None:
+            with torch.inference_mode(False), torch.no_grad():
+                cached = self.__dict__["eval_weight"] = self.backend.dequantize(self.quantized, self.compute_dtype)
+        bias = self.bias.to(self.compute_dtype) if self.bias is not None else None
+        return F.linear(x.to(self.compute_dtype), cached, bias).to(x.dtype)
+
+
+class EvalWeightKeptAcrossPhases(_LayerMutant):
+    """A layer whose inference path (eval mode, no grad or inference mode) dequantizes its
+    weight once, at its first such call, and reuses it from then on: right in every single
+    phase (a generate, a serving session, a training step, a save and load each start from
+    a fresh layer), wrong in a loop that serves, then loads new weights into the same model
+    (an RL trainer's weight sync, a resume into the running model, a merge) and serves
+    again: it serves the old policy."""
+
+    name = "mutant-eval-weight-kept-across-phases"
+    catches = "workload:loop"
+    suites = LOOP_SUITES
+    layer_class = _CachesEvalWeightLinear
+
+
+MUTANTS = MUTANTS + (EvalWeightKeptAcrossPhases,)
