@@ -67,6 +67,17 @@ LABEL_CHAR_W = 0.075  # inches a label character takes at FONT_PT (DejaVu Sans, 
 MAX_PANELS_ABREAST = 2
 MAX_HEIGHT_PX = 3000  # what the committed reports' picture must stay within (tests/test_matrix.py)
 NAMESPACE = ":"  # ``multi-gpu:matmul``: the operation ``matmul`` of the family ``multi-gpu``
+# Families whose operations carry no namespace, folded alike: the layer suites' checks, and
+# the bad-data suite's (issue 50), which would otherwise take the picture past MAX_HEIGHT_PX.
+FAMILIES = {
+    "layer-forward": "layer",
+    "layer-quantize": "layer",
+    "layer-sequencing": "layer",
+    "layer-state": "layer",
+    "nonfinite-quantize": "bad-data",
+    "row-isolation": "bad-data",
+    "corrupt-checkpoint": "bad-data",
+}
 BOX_CHARS = 26  # what fits on one line of a box at FONT_PT
 
 
@@ -108,9 +119,9 @@ def box_label(entry: SummaryEntry, found: VersionRange | None = None) -> str:
 
 def heatmap_row(operation: str) -> str:
     """The heatmap's row of an operation: its namespace for a namespaced one (``multi-gpu:matmul``
-    goes to ``multi-gpu``), else the operation itself."""
+    goes to ``multi-gpu``), its family in ``FAMILIES``, else the operation itself."""
     namespace, sep, _ = operation.partition(NAMESPACE)
-    return namespace if sep else operation
+    return namespace if sep else FAMILIES.get(operation, operation)
 
 
 def row_label(row: str, operations: set[str]) -> str:
