@@ -21,6 +21,7 @@ from pytest_qconform.report.run_report import RunReport, read_report, write_repo
 
 ROW = ("bitsandbytes", "matmul", "nf4-b64-dq", "bf16")
 OTHER_ROW = ("hqq", "dequantize", "hqq4-g64", "fp16")
+THIRD_ROW = ("triton-nf4", "matmul", "nf4-b64", "bf16")
 
 
 def probe(
@@ -611,3 +612,17 @@ def test_the_heatmap_says_each_verdict_in_matrix_words():
 
     for verdict in Verdict:
         assert verdict.value.startswith(WORDS[verdict].replace(" ", "-")), (verdict, WORDS[verdict])
+
+
+def test_a_cell_far_below_its_bound_shows_its_ratio_to_torch():
+    """Issue 50: where the worst-case bound says little (a multiple far below 1), MATRIX.md's
+    cell shows the comparative ratio the run recorded (its error against torch's own dense op's
+    on the same decoded weights); a cell near its bound, or without a ratio, shows none."""
+    from pytest_qconform.matrix.markdown import format_entry
+
+    far = {**cell(ROW, "pass", 0.031), "worst_comparative_ratio": 1.3}
+    near = {**cell(OTHER_ROW, "pass", 0.6), "worst_comparative_ratio": 2.0}
+    m = merge([report(arch="sm90", cells=[far, near, cell(THIRD_ROW, "pass", 0.02)])])
+    assert format_entry(m.entries[(ROW, "sm90")]) == "✅ 0.031 · 1.3× torch"
+    assert format_entry(m.entries[(OTHER_ROW, "sm90")]) == "✅ 0.6"
+    assert format_entry(m.entries[(THIRD_ROW, "sm90")]) == "✅ 0.02"

@@ -56,6 +56,9 @@ class Entry:
     # Every counted run's (backend version, verdict, source), oldest version first, the
     # older versions' runs included: ``verdicts`` holds only the newest version's.
     history: tuple[tuple[str | None, str, str], ...] = ()
+    # The newest version's worst ratio to torch's own dense op (``worst_comparative_ratio``,
+    # contract revision 8); None where no run compared one.
+    worst_comparative_ratio: float | None = None
 
     @property
     def agreed(self) -> bool:
@@ -196,7 +199,7 @@ def merge(
     superseded.sort(key=lambda s: (_run_order(s.old), s.new.label))
     simulated.sort(key=_run_order)
 
-    per_cell: dict[tuple[CellKey, str], list[tuple[str, Any, str, str, str | None]]] = {}
+    per_cell: dict[tuple[CellKey, str], list[tuple[str, Any, str, str, str | None, Any]]] = {}
     for report in counted:
         for cell in report.cells:
             per_cell.setdefault((cell.key, target(report)), []).append(
@@ -206,6 +209,7 @@ def merge(
                     report.label,
                     cell.reason,
                     backend_version(report, cell.backend),
+                    cell.worst_comparative_ratio,
                 )
             )
     entries: dict[tuple[CellKey, str], Entry] = {}
@@ -221,8 +225,14 @@ def merge(
         worst = None
         if multiples:
             worst = math.nan if any(math.isnan(m) for m in multiples) else max(multiples)
+        ratios = [f[5] for f in current if isinstance(f[5], float) and not math.isnan(f[5])]
         entries[key] = Entry(
-            tuple(f[0] for f in current), tuple(f[2] for f in current), worst, tuple(f[3] for f in current), history
+            tuple(f[0] for f in current),
+            tuple(f[2] for f in current),
+            worst,
+            tuple(f[3] for f in current),
+            history,
+            max(ratios) if ratios else None,
         )
 
     rows = tuple(sorted({row for row, _ in entries}))
