@@ -324,15 +324,29 @@ class CallOracle:
             decoded = self._decoded[key] = _Decoded(weight, bool(torch.isfinite(weight).all()))
         return packed, decoded
 
+    @staticmethod
+    def _cached_error(
+        cache: dict[torch.dtype, torch.Tensor],
+        model: Any,
+        packed: Any,
+        decoded: _Decoded,
+        layer_dtype: torch.dtype,
+        compute: torch.dtype,
+    ) -> torch.Tensor:
+        """``model(packed, weight, layer_dtype)``, kept per layer dtype in ``cache``, plus the
+        one more rounding of the dequantized weight that autocast to ``compute`` makes."""
+        if layer_dtype not in cache:
+            cache[layer_dtype] = model(packed, decoded.weight, layer_dtype)
+        error = cache[layer_dtype]
+        if compute != layer_dtype:
+            error = error + bounds.rounding_bound(decoded.weight.abs() + error, compute)
+        return error
+
     def _weight_error(
         self, packed: Any, decoded: _Decoded, layer_dtype: torch.dtype, compute: torch.dtype
     ) -> torch.Tensor:
-        if layer_dtype not in decoded.errors:
-            decoded.errors[layer_dtype] = bounds.layer_weight_error(packed, decoded.weight, layer_dtype)
-        error = decoded.errors[layer_dtype]
-        if compute != layer_dtype:  # autocast rounds the dequantized weight once more
-            error = error + bounds.rounding_bound(decoded.weight.abs() + error, compute)
-        return error
+        """The bound's weight error (``bounds.layer_weight_error``)."""
+        return self._cached_error(decoded.errors, bounds.layer_weight_error, packed, decoded, layer_dtype, compute)
 
     def _decode_error(
         self, packed: Any, decoded: _Decoded, layer_dtype: torch.dtype, compute: torch.dtype
@@ -341,12 +355,7 @@ class CallOracle:
         dequantize-then-multiply model (``bounds.weight_error``), not the bound's wider one that
         also covers bitsandbytes' fused gemv rounding its code table (``layer_weight_error``):
         a gemv that rounds its weights three times is within a factor of torch's one rounding."""
-        if layer_dtype not in decoded.decode_errors:
-            decoded.decode_errors[layer_dtype] = bounds.weight_error(packed, decoded.weight, layer_dtype)
-        error = decoded.decode_errors[layer_dtype]
-        if compute != layer_dtype:  # autocast rounds the dequantized weight once more
-            error = error + bounds.rounding_bound(decoded.weight.abs() + error, compute)
-        return error
+        return self._cached_error(decoded.decode_errors, bounds.weight_error, packed, decoded, layer_dtype, compute)
 
     def _judge_forward(
         self,
