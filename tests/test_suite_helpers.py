@@ -27,6 +27,40 @@ def test_distinct_count_by_prefixes_agrees_with_unique(distinct, length, count, 
     assert has_distinct_at_least(values.reshape(-1, 1), count) == (torch.unique(values).numel() >= count)
 
 
+@pytest.mark.parametrize(
+    ("shape", "seed", "blocksize", "dtype", "rows"),
+    [((64, 128), 2507, 128, torch.bfloat16, 128)],
+    ids=["bf16-b128"],
+)
+def test_a_bf16_product_of_shared_scale_roundings_is_not_voted(shape, seed, blocksize, dtype, rows):
+    """Issue 53's thorough-only verdicts, in numbers: the exact product of bitsandbytes' own
+    weights, dequantized from a double-quantized absmax of an outliers weight, errs one way in
+    more than 80% of 64 output columns (each distinct absmax is rounded once and shared by its
+    blocks; an outlier is its block's absmax), so the matmul check votes a case only where the
+    weight rounded once to the compute dtype gives balanced votes; that weight's product is
+    biased here as bitsandbytes' is, and without double quantization neither is."""
+    pytest.importorskip("bitsandbytes")
+    from pytest_qconform.reference import bounds, faithful
+    from pytest_qconform.suites.test_matmul import _rounded_weights_biased
+
+    from pytest_qconform.backends import registry
+    from pytest_qconform.backends.spec import QuantSpec
+    from pytest_qconform.cases.strategies import WeightCase
+
+    backend = registry.create("bitsandbytes")
+    weight = WeightCase(shape, "outliers", seed).make()
+    x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    x = x.to(dtype).double()
+    for double_quant in (True, False):
+        quantized = backend.quantize(weight, QuantSpec("nf4", blocksize, double_quant))
+        w = faithful.decode(backend.export_packed(quantized), torch.device("cpu"))
+        exact = x @ w.T
+        own = x @ backend.dequantize(quantized, dtype).double().T  # no rounding but the weight's
+        biased = bounds.rounding_direction_biased(own, exact, torch.arange(shape[0])) is not None
+        assert biased == double_quant
+        assert _rounded_weights_biased(x, w, None, dtype, exact, torch.arange(shape[0])) == double_quant
+
+
 def test_distinct_scales_counts_block_ids_units():
     """bitsandbytes' count without expanding absmax to every element: the same as
     ``block_ids``' units, with and without double quantization."""
