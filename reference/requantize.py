@@ -66,20 +66,29 @@ def nearest_distance(p: PackedBnb4 | PackedHqq4, target: torch.Tensor) -> torch.
     return (target.double().unsqueeze(-1) - grid).abs().amin(dim=-1)
 
 
-def _arithmetic_and_shift(p: PackedBnb4 | PackedHqq4, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _arithmetic_and_shift(
+    p: PackedBnb4 | PackedHqq4, target: torch.Tensor, u: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     t = target.double().abs()
     if isinstance(p, PackedBnb4):
         absmax = bnb4.decode_absmax(p, target.device).repeat_interleave(p.blocksize)[: p.numel].reshape(p.shape)
-        return 2 * U32 * (t + absmax), torch.zeros_like(t)
+        return 2 * u * (t + absmax), torch.zeros_like(t)
     _, zero, scale = hqq4.decode_parts(p, target.device)
     u_c = max(unit_roundoff(_stored_dtype(p.meta.get(key, "float32"))) for key in ("zero_dtype", "scale_dtype"))
     span = (15 + zero.abs()) * scale.abs()
-    return 2 * U32 * (t + span), 2 * (U32 + u_c) * (15 + 2 * zero.abs()) * scale.abs()
+    return 2 * u * (t + span), 2 * (u + u_c) * (15 + 2 * zero.abs()) * scale.abs()
 
 
-def requantize_bound(p: PackedBnb4 | PackedHqq4, target: torch.Tensor, target_error: torch.Tensor) -> torch.Tensor:
+def requantize_bound(
+    p: PackedBnb4 | PackedHqq4,
+    target: torch.Tensor,
+    target_error: torch.Tensor,
+    quantizer_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
     """Bound on ``|decode(p) - target|`` for ``p`` quantized from ``target`` (float64,
     ``p.shape``), known to within ``target_error`` as the quantizer saw it:
-    ``d(t) + 2 (e + arithmetic) + 2 sigma`` (module docstring)."""
-    arithmetic, shift = _arithmetic_and_shift(p, target)
+    ``d(t) + 2 (e + arithmetic) + 2 sigma`` (module docstring). ``quantizer_dtype``: the dtype
+    the quantizer computes in (fp32; HQQ's optimizer on a GPU works in fp16), whose unit
+    roundoff ``u`` its arithmetic and its rounding of the grid carry."""
+    arithmetic, shift = _arithmetic_and_shift(p, target, unit_roundoff(quantizer_dtype))
     return nearest_distance(p, target) + 2 * (target_error.double().abs() + arithmetic) + 2 * shift

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from pytest_qconform.reference import bounds, hqq4, requantize
+from pytest_qconform.reference import bounds, requantize
 from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 
 from pytest_qconform.backends.layers import LayerFacet
@@ -131,16 +131,11 @@ def _is_adapter(name: str) -> bool:
     return any(part.startswith(("lora_", "modules_to_save")) for part in name.split("."))
 
 
-def _quantizer_error(packed: PackedBnb4 | PackedHqq4, target: torch.Tensor, on_gpu: bool) -> torch.Tensor:
-    """How far from ``target`` the value the quantizer rounded may be, beyond the fp32
-    arithmetic ``reference.requantize`` models: none, but for HQQ on a GPU, whose optimizer
-    casts the weight to fp16 and evaluates ``w * scale^-1 + zero`` there (the quantize suite's
-    HQQ check widens its tie band the same way): one fp16 rounding of ``|w|`` and of the span
-    ``(15 + |zero|) |scale|`` the evaluation reaches."""
-    if not (on_gpu and isinstance(packed, PackedHqq4)):
-        return torch.zeros_like(target)
-    _, zero, scale = hqq4.decode_parts(packed, target.device)
-    return bounds.unit_roundoff(torch.float16) * (target.abs() + (15 + zero.abs()) * scale.abs())
+def _quantizer_dtype(packed: PackedBnb4 | PackedHqq4, on_gpu: bool) -> torch.dtype:
+    """The dtype the layer's quantizer computed in: fp32, but HQQ's optimizer on a GPU casts
+    the weight to fp16 and evaluates ``w * scale^-1 + zero`` there (the quantize suite's HQQ
+    check widens its tie band the same way)."""
+    return torch.float16 if on_gpu and isinstance(packed, PackedHqq4) else torch.float32
 
 
 def _grid_multiple(
@@ -151,11 +146,14 @@ def _grid_multiple(
         return float("inf")
     target = w.detach().double().cpu()
     error = torch.zeros_like(target) if error is None else error.double().cpu()
-    error = error + _quantizer_error(packed, target, on_gpu)
     decoded = reference_decode(packed, torch.device("cpu"))
     if not bool(torch.isfinite(decoded).all()):
         return float("inf")
-    return float(bounds.error_multiple(decoded, target, requantize.requantize_bound(packed, target, error)))
+    return float(
+        bounds.error_multiple(
+            decoded, target, requantize.requantize_bound(packed, target, error, _quantizer_dtype(packed, on_gpu))
+        )
+    )
 
 
 def _absmax_differences(packed: PackedBnb4, w: torch.Tensor) -> str | None:
