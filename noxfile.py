@@ -44,6 +44,11 @@ def matrix(session: nox.Session) -> None:
     merge reads JSON only. Pass report files or folders to merge others:
     ``nox -s matrix -- path/to/reports``. Inside GitHub Actions it also writes the summary
     to the job's step summary (examples/ci/qconform-self-hosted.yml).
+
+    A run meant for it takes the ``large`` checks beside the rest (``pytest --qconform
+    --qconform-large``: the 2^31-element weight on a GPU, docs/running.md "Sizes real runs
+    reach"): the merge counts a machine's newest report only, so a ``-m large`` report of the
+    same machine would supersede its default run's.
     """
     import os
 

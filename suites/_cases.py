@@ -15,7 +15,10 @@ from pytest_qconform.reference.bounds import weight_error  # noqa: F401  (the su
 from pytest_qconform.reference.packed import PackedBnb4, PackedGemlite4, PackedHqq4
 
 from pytest_qconform.backends.base import Backend, Capabilities, QuantSpec
-from pytest_qconform.cases.axes import spec_id  # noqa: F401  (the suites' instance ids)
+from pytest_qconform.cases.axes import (
+    ROWS_LADDER,
+    spec_id,  # noqa: F401  (the suites' instance ids)
+)
 from pytest_qconform.cases.claims import target_device, unclaimed
 from pytest_qconform.hardware.targets import Target
 from pytest_qconform.session.outcomes import skip_not_claimed
@@ -32,6 +35,42 @@ DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
 # their sums in a second kernel (a weight this narrow leaves the GPU idle otherwise); the
 # interpreter runs one program, so the CPU keeps K = 256 (its run time grows with K).
 SMALL_BATCH_SHAPES = {"cuda": (10, 1024), "cpu": (10, 256)}
+
+# The rows ladder's weight (``axes.ROWS_LADDER``: 2^k - 1, 2^k, 2^k + 1 up to 65537 rows):
+# the route check's CPU weight, on every device. K = 256 is a multiple of the Triton rows
+# kernel's 256 and of every block and group up to it, so every route a backend has takes it;
+# narrow, so that 65537 rows stay cheap (an x of 16.8 M elements).
+LADDER_SHAPE = (10, 256)
+# The ladder runs as two checks. Its rungs up to 2^12 + 1 are in every default run. Those above
+# are on a CPU the larger part of the ladder's time (the float64 reference and bound of x, 0.1-0.6
+# s an instance at 8191-65537 rows: 38 of the forward ladder's 47 s of test time on the 2-core
+# machine for three backends), so they are ``large`` (``qconform_large_on(*SIZES_LARGE_ON)``:
+# opt-in, -m large or --qconform-large).
+LADDER_SPLIT = 2**12 + 1
+# The target kinds on which the sizes' checks beyond the default run's budget (the ladder's top,
+# K = 14336, N = 151936's dequantize and gradients) are ``large``: every kind. In the H200's
+# default run they were ~90 s of its ~1070 s of test time over 15 workers, whose wall time was
+# then 125 s against its 90 s budget (2026-11-28); the ``large`` run's time is in
+# docs/run-times.md (docs/running.md, "Sizes real runs reach").
+SIZES_LARGE_ON: tuple[str, ...] = ("cpu", "cuda", "rocm")
+LADDER_LOW: tuple[int, ...] = tuple(r for r in ROWS_LADDER if r <= LADDER_SPLIT)
+LADDER_TOP: tuple[int, ...] = tuple(r for r in ROWS_LADDER if r > LADDER_SPLIT)
+# The widths real calls reach, each on a weight narrow in the other dimension: an MLP's down
+# projection of a 7-8B model (Mistral 7B, Llama 3 8B: K = 14336) at N = 10, and Qwen2's
+# vocabulary (N = 151936, past 2^17) at the lm_head check's K = 64 (9.7 M elements).
+LONG_K_SHAPE = (10, 14336)
+WIDE_N_SHAPE = (151936, 64)
+
+
+def claimed_real_sizes(caps: Capabilities, spec: QuantSpec) -> tuple[tuple[int, int], ...]:
+    """``LONG_K_SHAPE`` and ``WIDE_N_SHAPE`` where the backend claims them: no wider than its
+    ``max_out_features`` (an interpreted backend's), K a multiple of HQQ's group."""
+    return tuple(
+        (n, k)
+        for n, k in (LONG_K_SHAPE, WIDE_N_SHAPE)
+        if (caps.max_out_features is None or n <= caps.max_out_features)
+        and (spec.format != "hqq4" or k % spec.blocksize == 0)
+    )
 
 
 def dtype_id(dtype: torch.dtype) -> str:

@@ -12,7 +12,7 @@ import torch
 from pytest_qconform.reference import bnb4, bounds, linear
 from pytest_qconform.reference.packed import PackedBnb4
 
-from pytest_qconform.backends.base import Backend, QuantSpec
+from pytest_qconform.backends.base import Backend, Capabilities, QuantSpec
 from pytest_qconform.session.outcomes import skip_not_claimed
 
 from ._cases import packed_dequantize_bound, reference_decode
@@ -89,38 +89,97 @@ def random_state(spec: QuantSpec, shape: tuple[int, int], seed: int) -> PackedBn
     )
 
 
-def check_large_tensor(backend: Backend, qcheck, spec: QuantSpec, shape: tuple[int, int], device: str) -> None:
-    """Dequantize and batch-1 matmul of random bytes of ``shape`` adopted through
-    ``from_packed``, against the reference a slice of whole nested groups at a time."""
+def route_rows(caps: Capabilities) -> tuple[int, ...]:
+    """One activation per route the backend declares: one row, the first row count of each
+    route (``dispatch_rows``, ``max_gemv_rows + 1``), the fused path's last
+    (``max_gemv_rows``), and a prefill of 300 rows."""
+    rows = {1, 300, *caps.dispatch_rows}
+    if caps.max_gemv_rows:
+        rows.update((caps.max_gemv_rows, caps.max_gemv_rows + 1))
+    return tuple(sorted(rows))
+
+
+def _weight_rows(packed: PackedBnb4, first: int, count: int) -> PackedBnb4:
+    """Weight rows ``[first, first + count)`` of a 2-D state as a 2-D state of their own."""
+    k = packed.shape[1]
+    part = slice_blocks(packed, first * k, count * k)
+    return dataclasses.replace(part, shape=(part.numel // k, k))
+
+
+def check_large_tensor(
+    backend: Backend,
+    qcheck,
+    spec: QuantSpec,
+    shape: tuple[int, int],
+    device: str,
+    rows: tuple[int, ...] = (1,),
+    backward: bool = False,
+) -> None:
+    """Random bytes of ``shape`` adopted through ``from_packed``: dequantize, a matmul at each
+    of ``rows`` (one activation per route, ``route_rows``) and, with ``backward``, the
+    gradient of x at 5 rows, each against the reference a slice of whole nested groups (or
+    whole weight rows) at a time. Every result is computed before the first slice is
+    decoded, so the weight's bytes are read by the backend as a whole."""
     device = torch.device(device)
+    dtype = torch.bfloat16
     packed = random_state(spec, shape, seed=31)
-    qcheck.describe(shape=shape, seed=31, source="random bytes")
+    qcheck.describe(shape=shape, seed=31, source="random bytes", rows=rows)
     try:
         quantized = backend.from_packed(packed, device)
     except NotImplementedError as exc:
         skip_not_claimed(str(exc))
-    out = backend.dequantize(quantized, torch.bfloat16)
-    check_in_chunks(qcheck, out, packed, torch.bfloat16, "dequantize of 2^31+ elements")
+    out = backend.dequantize(quantized, dtype)
+    check_in_chunks(qcheck, out, packed, dtype, "dequantize of 2^31+ elements")
     del out
     n, k = shape
-    x = torch.randn(1, k, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16).to(device)
-    y = backend.matmul(x, quantized, None, torch.bfloat16).reshape(-1)
-    rows = max(1, CHUNK_ELEMENTS // k)
-    for first in range(0, n, rows):
-        part = slice_blocks(packed, first * k, min(rows, n - first) * k)
-        part = dataclasses.replace(part, shape=(part.numel // k, k))
+    xs = [torch.randn(r, k, generator=torch.Generator().manual_seed(r)).to(dtype).to(device) for r in rows]
+    ys = [backend.matmul(x, quantized, None, dtype) for x in xs]
+    x_grad = dy = None
+    if backward:
+        x_grad = torch.randn(5, k, generator=torch.Generator().manual_seed(5)).to(dtype).to(device)
+        x_grad.requires_grad_(True)
+        y = backend.matmul(x_grad, quantized, None, dtype)
+        dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(9)).to(dtype).to(device)
+        y.backward(dy)
+        del y
+    step = max(1, CHUNK_ELEMENTS // k)
+    dx_exact = dx_error = None
+    for first in range(0, n, step):
+        part = _weight_rows(packed, first, min(step, n - first))
         w = bnb4.decode(part, device=device)
-        bound = bounds.matmul_bound(
-            x.double(),
-            w,
-            None,
-            torch.bfloat16,
-            torch.bfloat16,
-            w_error=bounds.bnb4_matmul_weight_bound(part, torch.bfloat16, device=device),
-        )
-        qcheck.within(
-            y[first : first + w.shape[0]],
-            linear.linear(x.double(), w).reshape(-1),
-            bound.reshape(-1),
-            f"batch-1 matmul rows {first}..{first + w.shape[0] - 1} of 2^31+ elements",
-        )
+        last = first + w.shape[0] - 1
+        e_dequantized = bounds.bnb4_dequantize_bound(part, dtype, device)  # a weight dequantized, then multiplied
+        e_gemv = bounds.bnb4_matmul_weight_bound(part, dtype, device=device) if 1 in rows else None
+        for x, y in zip(xs, ys):
+            w_error = e_gemv if x.shape[0] == 1 else e_dequantized
+            qcheck.within(
+                y[:, first : last + 1],
+                linear.linear(x.double(), w),
+                bounds.matmul_bound(x.double(), w, None, dtype, dtype, w_error=w_error),
+                f"matmul of 2^31+ elements at {x.shape[0]} rows, weight rows {first}..{last}",
+            )
+        if dy is not None:
+            # dx = sum over the slices of dy_s W_s: each slice's share of the exact product and of
+            # its error bound (matmul_bound over the whole reduction's length, its result unrounded:
+            # float64), the rounding to the output dtype added once, of the whole sum.
+            dy_s = dy[:, first : last + 1].double()
+            exact = dy_s @ w
+            share = bounds.matmul_bound(
+                dy_s,
+                w.T,
+                None,
+                dtype,
+                torch.float64,
+                k=n,
+                w_error=e_dequantized.T,
+                exact=exact,
+            )
+            dx_exact = exact if dx_exact is None else dx_exact.add_(exact)
+            dx_error = share if dx_error is None else dx_error.add_(share)
+        del w, e_dequantized, e_gemv
+    if x_grad is not None and dx_exact is not None and dx_error is not None:
+        grad = x_grad.grad
+        if grad is None or not torch.isfinite(grad).all():
+            qcheck.equal("missing" if grad is None else "not finite", "finite", "gradient of x (2^31+ elements)")
+        bound = bounds.rounding_bound(dx_exact.abs().add(dx_error), dtype).add_(dx_error)
+        qcheck.within(grad, dx_exact, bound, "d x of 2^31+ elements at 5 rows, a sum over every weight row")

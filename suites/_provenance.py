@@ -60,7 +60,7 @@ from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 from pytest_qconform.backends.layers import LayerFacet
 
 from ._cases import packed_dequantize_bound, reference_decode
-from ._layers import lora_delta, merge_dequantized_dtype, snapshot, snapshot_differences
+from ._layers import lora_delta, merge_dequantized_dtype, quantizer_dtype, snapshot, snapshot_differences
 
 PEFT_PREFIX = "base_model.model."
 EXPERT_PARTS = {"gate_up_proj": "gate_up", "down_proj": "down"}  # 3-D parameter -> PerExpertLinears list
@@ -131,13 +131,6 @@ def _is_adapter(name: str) -> bool:
     return any(part.startswith(("lora_", "modules_to_save")) for part in name.split("."))
 
 
-def _quantizer_dtype(packed: PackedBnb4 | PackedHqq4, on_gpu: bool) -> torch.dtype:
-    """The dtype the layer's quantizer computed in: fp32, but HQQ's optimizer on a GPU casts
-    the weight to fp16 and evaluates ``w * scale^-1 + zero`` there (the quantize suite's HQQ
-    check widens its tie band the same way)."""
-    return torch.float16 if on_gpu and isinstance(packed, PackedHqq4) else torch.float32
-
-
 def _grid_multiple(
     packed: PackedBnb4 | PackedHqq4, w: torch.Tensor, error: torch.Tensor | None, on_gpu: bool = False
 ) -> float:
@@ -151,7 +144,7 @@ def _grid_multiple(
         return float("inf")
     return float(
         bounds.error_multiple(
-            decoded, target, requantize.requantize_bound(packed, target, error, _quantizer_dtype(packed, on_gpu))
+            decoded, target, requantize.requantize_bound(packed, target, error, quantizer_dtype(packed, on_gpu))
         )
     )
 

@@ -4,7 +4,9 @@ Gradients of the activation and bias through the 4-bit layer, and of LoRA adapte
 feeding it, must be finite and within bound of float64 autograd on the decoded weight.
 Inputs are also chosen to provoke fp16 overflow inside a kernel while the exact result
 stays representable (paired rows and columns whose products cancel exactly), and NaN
-or Inf in an input must show up where the reference puts it and nowhere else.
+or Inf in an input must show up where the reference puts it and nowhere else. Sizes real
+runs reach (issue 51): the gradients at every rung of the rows ladder (up to 65537 rows,
+whatever the backend declares) and at K = 14336 and N = 151936.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pytest_qconform.reference import bounds, linear
 
 from pytest_qconform.cases.axes import ALWAYS_ROWS
 from pytest_qconform.cases.strategies import (
+    ActivationCase,
     WeightCase,
     activation_cases,
     activation_leading,
@@ -23,7 +26,16 @@ from pytest_qconform.cases.strategies import (
     weight_cases,
 )
 
-from ._cases import reference_decode, require_claim, weight_error
+from ._cases import (
+    LADDER_LOW,
+    LADDER_SHAPE,
+    LADDER_TOP,
+    SIZES_LARGE_ON,
+    claimed_real_sizes,
+    reference_decode,
+    require_claim,
+    weight_error,
+)
 
 pytestmark = pytest.mark.qconform_operation("backward")
 LORA_RANK = 4
@@ -34,6 +46,8 @@ LORA_RANK = 4
 # (each dequantizes and multiplies), and the forward's routes, which this check does not
 # judge, are the matmul checks' (each declared route there, with every layout). x's memory
 # layout is no axis: the backend is handed h = x + (x A^T) B^T, a fresh contiguous tensor.
+# The packed storage dtype is a setting users pass (FSDP-QLoRA trains on bf16-stored bytes):
+# an axis here too, so each storage meets every row count, rank and dtype of the backward.
 # The axes double the instances; each instance draws a third as often.
 GRADIENT_DISTRIBUTIONS = ("normal", "outliers")
 DRAW_DIVISOR = 3
@@ -49,6 +63,7 @@ def _mm_bound(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Ten
     "blocksize",
     "double_quant",
     "hqq_axis",
+    "quant_storage",
     "dtype",
     "weight_shape",
     "distribution",
@@ -192,3 +207,74 @@ def test_nonfinite_input_propagates_only_where_reference_does(qtarget, qbackend,
         bound,
         "finite entries around the poisoned row",
     )
+
+
+def check_backward_rows(qtarget, qbackend, qdevice, qcheck, spec, dtype, rows, x_rank) -> None:
+    """The gradients at ``rows`` rows of the instance's rank, on ``LADDER_SHAPE`` (the matmul
+    ladder's weight); fixed seeds."""
+    require_claim(qbackend, qtarget, spec, dtype, backward=True)
+    act = ActivationCase(activation_leading(rows, x_rank), "contiguous", rows)
+    check_backward(qbackend, qdevice, qcheck, spec, dtype, WeightCase(LADDER_SHAPE, "normal", seed=19), act)
+
+
+def check_backward(qbackend, qdevice, qcheck, spec, dtype, case: WeightCase, act: ActivationCase) -> None:
+    """``dx = dy W`` and ``db = sum(dy)`` through the backend's matmul against float64, for a
+    contiguous activation ``act`` (a backward reads dy, not x's layout) and a bias."""
+    n, k = case.shape
+    qcheck.describe(**case.describe(), **act.describe())
+    quantized = qbackend.quantize(case.make(qdevice), spec)
+    gen = torch.Generator().manual_seed(act.seed)
+    x = act.make(k, dtype, qdevice).requires_grad_(True)
+    rows = x.numel() // k
+    bias = torch.randn(n, generator=gen).to(dtype).to(qdevice).requires_grad_(True)
+    y = qbackend.matmul(x, quantized, bias, dtype)
+    dy = torch.randn(y.shape, generator=gen).to(dtype).to(qdevice)
+    y.backward(dy)
+    for name, grad in (("x", x.grad), ("bias", bias.grad)):
+        if grad is None or not torch.isfinite(grad).all():
+            qcheck.equal("missing" if grad is None else "not finite", "finite", f"gradient of {name}")
+    packed = qbackend.export_packed(quantized)
+    w = reference_decode(packed, qdevice)
+    dy2 = dy.double().reshape(-1, n)
+    e_dx = bounds.grad_bound(dy2, w, dtype, dtype, w_error=weight_error(packed, w, dtype))
+    qcheck.within(x.grad.reshape(-1, k), dy2 @ w, e_dx, f"d x at {rows} rows")
+    ones = torch.ones(1, dy2.shape[0], dtype=torch.float64, device=dy2.device)
+    qcheck.within(bias.grad, dy2.sum(0), _mm_bound(ones, dy2, dtype)[0], f"d bias, a sum over {rows} rows")
+
+
+# The gradients at every rung of the matmul checks' rows ladder (``axes.ROWS_LADDER``), whatever
+# the backend declares: no backend declares a backward route by rows, and a library may still
+# switch its backward GEMM, or its bias gradient's reduction, at a row count. Paired with every
+# format, dtype and rank; x contiguous (a backward reads dy, not x's layout). Split as the forward
+# ladder is: the rungs above 2^12 + 1 are large on a CPU (``_cases.LADDER_SPLIT``).
+LADDER_AXES = ("format", "double_quant", "hqq_axis", "dtype", "rows_ladder", "x_rank")
+
+
+@pytest.mark.qconform_thorough_strength(2)  # 47 rungs x every pair of the others
+@pytest.mark.qconform_axes(*LADDER_AXES, rows_ladder=LADDER_LOW)
+def test_backward_rows_ladder(qtarget, qbackend, qdevice, qcheck, spec, dtype, rows_ladder, x_rank):
+    """Gradients of x and the bias at every rung of the rows ladder up to 2^12 + 1 rows."""
+    check_backward_rows(qtarget, qbackend, qdevice, qcheck, spec, dtype, rows_ladder, x_rank)
+
+
+@pytest.mark.qconform_large_on(*SIZES_LARGE_ON)
+@pytest.mark.qconform_thorough_strength(2)  # 47 rungs x every pair of the others
+@pytest.mark.qconform_axes(*LADDER_AXES, rows_ladder=LADDER_TOP)
+def test_backward_rows_ladder_top(qtarget, qbackend, qdevice, qcheck, spec, dtype, rows_ladder, x_rank):
+    """Gradients of x and the bias from 2^13 - 1 to 2^16 + 1 rows (a QLoRA batch of 8 x 8192
+    tokens); in the default run on a GPU, ``large`` on a CPU."""
+    check_backward_rows(qtarget, qbackend, qdevice, qcheck, spec, dtype, rows_ladder, x_rank)
+
+
+@pytest.mark.qconform_large_on(*SIZES_LARGE_ON)
+@pytest.mark.qconform_axes("format", "double_quant", "hqq_axis", "dtype")
+def test_backward_real_sizes(qtarget, qbackend, qdevice, qcheck, spec, dtype):
+    """The gradients at the widths real calls reach (``_cases.LONG_K_SHAPE``: K = 14336, dx
+    14336 wide; ``WIDE_N_SHAPE``: N = 151936, dx a reduction over 151936 outputs), each where
+    claimed, at 5 rows. In the default run on a GPU; ``large`` on a CPU."""
+    caps = require_claim(qbackend, qtarget, spec, dtype, backward=True)
+    for shape in claimed_real_sizes(caps, spec):
+        act = ActivationCase((5,), "contiguous", seed=shape[0])
+        check_backward(
+            qbackend, qdevice, qcheck, spec, dtype, WeightCase(shape, "normal", seed=shape[0] + shape[1]), act
+        )

@@ -12,9 +12,16 @@ import torch
 from hypothesis import given
 
 from pytest_qconform.backends.base import QuantSpec
-from pytest_qconform.cases.strategies import fewer_examples, listed_weight, weight_cases, with_examples
+from pytest_qconform.cases.strategies import WeightCase, fewer_examples, listed_weight, weight_cases, with_examples
 
-from ._cases import block_ids, packed_dequantize_bound, reference_decode, require_claim
+from ._cases import (
+    SIZES_LARGE_ON,
+    block_ids,
+    claimed_real_sizes,
+    packed_dequantize_bound,
+    reference_decode,
+    require_claim,
+)
 
 pytestmark = pytest.mark.qconform_operation("dequantize")
 # The weight's shape and distribution are axes: every pair of them with the spec and the
@@ -91,3 +98,16 @@ def test_dequantize_rows_straddle_blocks(qtarget, qbackend, qdevice, qcheck, spe
         check_dequantize(qbackend, qdevice, qcheck, spec, torch.float32, case)
 
     check()
+
+
+@pytest.mark.qconform_large_on(*SIZES_LARGE_ON)
+@pytest.mark.qconform_axes("format", "double_quant", "hqq_axis", "dtype")
+def test_dequantize_real_sizes(qtarget, qbackend, qdevice, qcheck, spec, dtype):
+    """The widths real calls reach (``_cases.LONG_K_SHAPE``: K = 14336; ``WIDE_N_SHAPE``: N =
+    151936, 9.7 M elements), each where claimed: a row-wise kernel's K loop, a grid over
+    blocks or rows, an element index past 2^17 or 2^23. In the default run on a GPU; ``large``
+    on a CPU (HQQ's quantizer takes 4-7 s at the wide weight there, Triton's interpreter claims
+    no weight that wide)."""
+    caps = require_claim(qbackend, qtarget, spec, dtype, dequantize=True)
+    for shape in claimed_real_sizes(caps, spec):
+        check_dequantize(qbackend, qdevice, qcheck, spec, dtype, WeightCase(shape, "normal", seed=shape[0] + shape[1]))

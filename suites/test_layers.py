@@ -2,7 +2,9 @@
 
 Users never call ``quantize_4bit``; they build a layer (``Linear4bit``, ``HQQLinear``,
 ours) from a float weight, move it to the device, and call it in train and eval mode,
-with and without grad, on activations of every dtype. Layers have code paths of their
+with and without grad, on activations of every dtype, with the packed bytes stored in every
+claimed storage dtype (``Linear4bit(quant_storage=...)``, FSDP-QLoRA's bf16 among them: an
+axis of the checks below). Layers have code paths of their
 own (bitsandbytes repacks the weight for a CPU kernel in eval mode without grad on
 AVX512-BF16 CPUs), so each mode is judged against float64 from the layer's own bytes,
 and the layer's stored state must come out of all of it unchanged.
@@ -39,7 +41,7 @@ def _mode_id(training: bool, grad: bool) -> str:
 
 
 @pytest.mark.qconform_operation("layer-quantize")
-@pytest.mark.qconform_axes("format", "blocksize", "double_quant", "hqq_axis", "dtype")
+@pytest.mark.qconform_axes("format", "blocksize", "double_quant", "hqq_axis", "quant_storage", "dtype")
 def test_layer_quantized_by_moving_holds_the_reference_quantization(qtarget, qbackend, qdevice, qcheck, spec, dtype):
     """A layer built from a float weight and moved to the device holds exactly the bytes
     the backend's quantizer gives that weight (which the quantize suite checks against
@@ -60,7 +62,7 @@ def test_layer_quantized_by_moving_holds_the_reference_quantization(qtarget, qba
 
 
 @pytest.mark.qconform_operation("layer-forward")
-@pytest.mark.qconform_axes("format", "blocksize", "double_quant", "hqq_axis", "dtype")
+@pytest.mark.qconform_axes("format", "blocksize", "double_quant", "hqq_axis", "quant_storage", "dtype")
 def test_layer_forward_in_every_mode(qtarget, qbackend, qdevice, qcheck, spec, dtype):
     """Train and eval, with and without grad, one row, a batch and batch x sequence, in
     the layer's compute dtype; dx through the layer wherever grad is on."""
@@ -77,7 +79,7 @@ def test_layer_forward_in_every_mode(qtarget, qbackend, qdevice, qcheck, spec, d
 
 
 @pytest.mark.qconform_operation("layer-forward")
-@pytest.mark.qconform_axes("format", "double_quant", "hqq_axis", "dtype")  # the input's dtype
+@pytest.mark.qconform_axes("format", "double_quant", "hqq_axis", "quant_storage", "dtype")  # the input's dtype
 def test_layer_forward_other_input_dtypes(qtarget, qbackend, qdevice, qcheck, spec, dtype):
     """Activations of every other dtype into a layer of compute dtype ``dtype``: what
     PEFT's k-bit preparation (fp32) and mixed-precision models feed a layer. The layer
@@ -100,7 +102,9 @@ def test_layer_forward_other_input_dtypes(qtarget, qbackend, qdevice, qcheck, sp
 
 
 @pytest.mark.qconform_operation("layer-forward")
-@pytest.mark.qconform_axes("format", "double_quant", "hqq_axis", "dtype")  # gradients through the branch
+@pytest.mark.qconform_axes(
+    "format", "double_quant", "hqq_axis", "quant_storage", "dtype"
+)  # gradients through the branch
 def test_lora_branch_on_the_layer_backward(qtarget, qbackend, qdevice, qcheck, spec, dtype):
     """LoRA as PEFT adds it, beside the frozen layer: ``y = layer(x) + s (x A^T) B^T``, the
     adapter in the layer's dtype. Gradients of x, A and B against float64
@@ -137,7 +141,7 @@ def test_lora_branch_on_the_layer_backward(qtarget, qbackend, qdevice, qcheck, s
 
 
 @pytest.mark.qconform_operation("layer-state")
-@pytest.mark.qconform_axes("format", "double_quant", "hqq_axis", "dtype")  # state across forwards
+@pytest.mark.qconform_axes("format", "double_quant", "hqq_axis", "quant_storage", "dtype")  # state across forwards
 def test_forwards_leave_the_quantization_state_unchanged(qtarget, qbackend, qdevice, qcheck, spec, dtype):
     """After forwards in every mode and input dtype, the layer's stored quantization
     (bytes, absmax or scale/zero, tables, blocksize, shape, dtypes) is bit for bit what

@@ -6,7 +6,9 @@ the caller's own buffer); dequantize from the bytes and an explicit ``absmax`` w
 blocksize and format given by hand (bitsandbytes' stateless form); a bias of every dtype
 whatever the compute dtype; and every orientation of the packed weight the library
 documents as accepted. Each is a claim (``Capabilities``); a backend without the
-parameter is "not claimed".
+parameter is "not claimed". These checks call at fixed rows; the route check
+(``test_matmul_every_route``) pairs matmul's ``out=`` and each orientation (its ``call_form``
+axis) with every route, layout and dtype.
 """
 
 from __future__ import annotations

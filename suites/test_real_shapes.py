@@ -11,10 +11,12 @@ MLP up/gate, 4096 x 14336 down, 32000 and 128256 x 4096 vocabularies) and a K th
 not a multiple of any blocksize (4096 x 4104); the default ``ci`` profile takes the first
 of these a backend claims, so the H100 run stays within its minute, and ``thorough`` all
 of them in every dtype. On the CPU, where bitsandbytes compiles per shape and Triton
-interprets, two shapes cross the same thresholds at a fraction of the size. ``thorough``
-adds, on a GPU, the 2^31-element case (the int32 index-overflow class), run in a child
-process so that a crash there ends in a verdict; it is skipped with the reason where the
-GPU lacks the memory.
+interprets, two shapes cross the same thresholds at a fraction of the size. On a GPU, the
+2^31-element case (the int32 index-overflow class: dequantize, a matmul on every declared
+route, the gradient) is ``large`` (opt-in: ``-m large``, or ``--qconform-large`` beside the
+rest; docs/running.md), run in a child process so that a crash there ends in a verdict; it
+is skipped with the reason where the GPU lacks the memory. The other sizes real runs reach
+(65536 rows, K = 14336, N = 151936) are the matmul, dequantize and backward suites' own.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from pytest_qconform.session.outcomes import OOM_PREFIX, skip_not_claimed
 
 from ._cases import reference_decode, require_claim, weight_error
 from ._isolated import run_isolated
-from ._large import check_in_chunks
+from ._large import check_in_chunks, route_rows
 
 # GPU, ci: the first shape a backend claims (a K of 4104 is no multiple of any blocksize,
 # nor of HQQ's groups, so HQQ takes 4096 x 4096): about 2 s a case on the H100, where the
@@ -107,24 +109,35 @@ def test_layer_shapes(qtarget, qbackend, qdevice, qcheck, qprofile, spec, dtype)
 LARGE_SHAPE = (65537, 32768)
 
 
-# One spec, the one with the most index arithmetic (the nested absmax index too): each
-# instance takes about a minute.
+# One spec, the one with the most index arithmetic (the nested absmax index too). ``large``:
+# opt-in (-m large, or --qconform-large beside the rest), in any profile; on a GPU only.
+@pytest.mark.large
+@pytest.mark.qconform_heavy  # about a minute an instance: first in its worker's share
 @pytest.mark.qconform_operation("large-tensor")
 @pytest.mark.qconform_dtype("bf16")
 @pytest.mark.qconform_axes("format", "double_quant", format=("nf4",), double_quant=(True,))
-def test_more_than_2_31_elements(qtarget, qbackend, qdevice, qcheck, qprofile, spec):
-    """Dequantize and batch-1 matmul of a 65537 x 32768 weight (2^31 + 2^25 elements)
-    adopted from random bytes in bitsandbytes' layout (``from_packed``), compared with
-    the reference in slices. ``thorough`` on a GPU only."""
+def test_more_than_2_31_elements(qtarget, qbackend, qdevice, qcheck, spec):
+    """A 65537 x 32768 weight (2^31 + 2^25 elements) adopted from random bytes in
+    bitsandbytes' layout (``from_packed``): its dequantization, a matmul at one row and at
+    the first row count of each route the backend declares (``_large.route_rows``), and the
+    gradient of x where backward is claimed, each compared with the reference in slices."""
     if qdevice.type != "cuda":
         skip_not_claimed("2^31-element tensors are checked on a GPU")
-    if qprofile != "thorough":
-        skip_not_claimed("2^31-element tensors run in the thorough profile")
-    require_claim(qbackend, qtarget, spec, torch.bfloat16, dequantize=True)
+    caps = require_claim(qbackend, qtarget, spec, torch.bfloat16, dequantize=True)
     numel = math.prod(LARGE_SHAPE)
-    needed = numel // 2 + numel * 2 + (4 << 30)  # packed bytes, the bf16 output, slices and workspace
+    # packed bytes, the bf16 output (and a GEMM route's dequantized weight), slices and workspace
+    needed = numel // 2 + numel * 2 + (8 << 30)
     free, _ = torch.cuda.mem_get_info(qdevice)
     if free < needed:
         pytest.skip(f"{OOM_PREFIX} needs about {needed / 2**30:.1f} GiB of GPU memory, {free / 2**30:.1f} GiB free")
     torch.cuda.empty_cache()
-    run_isolated("pytest_qconform.suites._large:check_large_tensor", qbackend, qcheck, spec, LARGE_SHAPE, str(qdevice))
+    run_isolated(
+        "pytest_qconform.suites._large:check_large_tensor",
+        qbackend,
+        qcheck,
+        spec,
+        LARGE_SHAPE,
+        str(qdevice),
+        route_rows(caps),
+        caps.backward,
+    )

@@ -5,7 +5,9 @@ shards it with the other parameters: the QLoRA-with-FSDP recipe stores it as bf1
 The storage dtype is a view of the bytes, never a conversion of values: quantize must
 produce the very bytes it produces for uint8 storage, and dequantize, matmul and a
 checkpoint round trip (``serialize``, safetensors, ``load``) must read them back
-bit-identical, with numbers within bound of the float64 decoding.
+bit-identical, with numbers within bound of the float64 decoding. These are fixed rows (1
+and 5); the storage dtype is also an axis of the route, backward, layer and workload checks
+(``quant_storage``), where it meets every route, layout and dtype.
 """
 
 from __future__ import annotations

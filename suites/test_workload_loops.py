@@ -53,7 +53,8 @@ After every step (``@invariant``):
 Hypothesis shrinks a failing sequence to the shortest it finds and prints it (``state.<rule>``
 lines); the failure message carries the same sequence (``loop=...``) and the repro command.
 The loops users run (an RL loop, DPO, serving with adapter swaps, a resume, a weight sync)
-are named sequences (``LOOPS``), run in every profile besides the drawn ones: hypothesis
+are named sequences (``LOOPS``), each an instance of its own (the ``loop`` axis, beside
+``drawn``: every backend runs each in every profile): hypothesis
 enables a random subset of the rules in each drawn sequence (swarm testing), so ``ci``'s
 few draws reach a given rule only sometimes; the named loops reach each rule in a known
 order. The rules and consecutive rule pairs the run reached are described on the case
@@ -86,6 +87,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from pytest_qconform.cases.axes import WORKLOAD_LOOPS
 from pytest_qconform.cases.claims import target_device, unclaimed
 
 from ._layers import check_requantized, lora_delta, needs, require_layer_claim, snapshot, snapshot_differences
@@ -93,7 +95,7 @@ from ._provenance import check_provenance, quantized_layers, snapshot_model, sou
 from ._workloads import SOURCE_SEED, check_cache_filled, check_first_adamw_step, float_model, lora_targets, prompts
 from ._workloads import quantized_model as build_quantized_model
 
-LOOP_AXES = ("model", "format", "hqq_axis", "dtype")
+LOOP_AXES = ("model", "format", "hqq_axis", "dtype", "loop")
 LOOP_MODELS = ("llama", "qwen2", "gpt2")  # the transformers families (the per-expert MoE has no loader)
 RANK, ALPHA = 4, 8  # LoRA scaling alpha / r = 2, a power of two
 LR, EPS = 1e-3, 1e-8
@@ -110,14 +112,14 @@ PROBE = (1,)
 # Steps per drawn sequence and sequences per instance: ``ci`` a few short loops (each
 # sequence builds its model afresh: ~1 s on bitsandbytes and HQQ, more in Triton's
 # interpreter); ``thorough`` longer loops, more of them.
-# ``ci`` draws one: an instance's named loops and its sequence took 10-32 s on an H200 with two
-# (the default run's longest checks, 94.5 s wall against its 90 s budget, 2026-11-28) and
-# 10-20 s in Triton's interpreter on the 2-core CPU.
-STEPS = {"ci": 6, "thorough": 12}
-SEQUENCES = {"ci": 1, "thorough": 12}
+# ``ci`` draws one. ``thorough`` three of ten: twelve of twelve ran past 330 s of a 14-worker
+# H200 run on its own (2026-11-28, when every instance also ran every named loop: 10-34 s an
+# instance, the default run's longest, before the named loops became the ``loop`` axis).
+STEPS = {"ci": 6, "thorough": 10}
+SEQUENCES = {"ci": 1, "thorough": 3}
 
-# The loops users run, named (issue 51), run from a fresh model before the drawn sequences in
-# every profile, each step only where the backend claims it (a step not claimed is left out).
+# The loops users run, named (issue 51), each an instance (the ``loop`` axis) from a fresh model
+# in every profile, each step only where the backend claims it (a step not claimed is left out).
 # Each reaches its rules deterministically, where the drawn sequences (hypothesis enables a
 # random subset of the rules per sequence) reach each only sometimes in ``ci``'s few draws.
 # The serving loop's merge met PEFT 0.21.2's HQQ bias bug (known_failures.toml, workload:loop).
@@ -158,9 +160,8 @@ LOOPS: dict[str, tuple[tuple[str, dict], ...]] = {
         ("resume_from_checkpoint", {"into": "fresh"}),
         ("qlora_step", {"autocast": False}),
     ),
-    # A serving model whose weights a trainer replaces in place between requests. This loop and
-    # the next run after the drawn sequences: each meets a known failure (bitsandbytes' in-place
-    # load, HQQ's merged scale) that would end the run before the drawn sequences.
+    # A serving model whose weights a trainer replaces in place between requests (bitsandbytes'
+    # in-place load is a known failure here).
     "weight-sync": (
         ("serve", {"training": False, "grad_mode": "inference_mode", "autocast": False}),
         ("sync_policy_weights", {}),
@@ -175,7 +176,7 @@ LOOPS: dict[str, tuple[tuple[str, dict], ...]] = {
         ("score_with_reference", {"autocast": False}),
     ),
 }
-LAST = ("weight-sync", "reference-after-merge")  # the named loops run after the drawn sequences
+assert set(LOOPS) == set(WORKLOAD_LOOPS) - {"drawn"}, "axes.WORKLOAD_LOOPS names the named loops and 'drawn'"
 
 
 def loop_settings(profile: str) -> settings:
@@ -796,29 +797,26 @@ class WorkloadLoop(RuleBasedStateMachine):
             pass  # a failed call after the last invariant: that step already failed the sequence
 
 
-def _run_named(loop: Loop, names) -> None:
-    """The loops of ``LOOPS`` named, each from a fresh model, the steps not claimed left out."""
-    for name in names:
-        sequence = LOOPS[name]
-        if not any(step != "serve" and claimed(loop, step) for step, _ in sequence):
-            loop.qcheck.describe(**{f"{name}_loop": "serving only where this backend claims it: not run"})
-            continue  # no phase to carry state across (the serving workloads' check)
-        machine = WorkloadLoop(loop, name)
-        try:
-            machine.quantize()
-            machine.holds_its_provenance()
-            for step, arguments in sequence:
-                if applies(machine, step):
-                    getattr(machine, step)(**arguments)
-                    machine.holds_its_provenance()
-        except AssertionError:
-            raise
-        except Exception as exc:  # a library's error inside a step: named with the loop and the repro
-            raise AssertionError(
-                f"{type(exc).__name__}: {exc} (raised {machine._after()}); " + loop.qcheck.where()
-            ) from exc
-        finally:
-            machine.teardown()
+def _run_named(loop: Loop, name: str) -> None:
+    """The loop of ``LOOPS`` named, from a fresh model, the steps not claimed left out (where
+    the layer claims no PEFT, the serving loop is its two serving phases, eval without and with
+    autocast: what one phase leaves in the layer is judged in the next)."""
+    machine = WorkloadLoop(loop, name)
+    try:
+        machine.quantize()
+        machine.holds_its_provenance()
+        for step, arguments in LOOPS[name]:
+            if applies(machine, step):
+                getattr(machine, step)(**arguments)
+                machine.holds_its_provenance()
+    except AssertionError:
+        raise
+    except Exception as exc:  # a library's error inside a step: named with the loop and the repro
+        raise AssertionError(
+            f"{type(exc).__name__}: {exc} (raised {machine._after()}); " + loop.qcheck.where()
+        ) from exc
+    finally:
+        machine.teardown()
 
 
 def _merged_calls(summaries: list[dict[str, Any]]) -> dict[str, Any]:
@@ -835,12 +833,16 @@ def _merged_calls(summaries: list[dict[str, Any]]) -> dict[str, Any]:
 @pytest.mark.qconform_heavy  # whole loops of a model, seconds each: one at the head of each worker's share
 @pytest.mark.qconform_axes(*LOOP_AXES, model=LOOP_MODELS)
 @pytest.mark.qconform_ci_strength(1)
+@pytest.mark.qconform_thorough_strength(2)  # seven loops x every pair of the others: more than a night holds
 @pytest.mark.qconform_operation("workload:loop")
-def test_workload_loop(request, qtarget, qbackend, qdevice, qcheck, qprofile, tmp_path, spec, model, dtype):
-    """Drawn training and serving loops on one quantized workload model; after every step
-    every judged call is right, every 4-bit layer holds its provenance, the reference copy
-    is as copied and the adapters' gradients are finite (module docstring)."""
+def test_workload_loop(request, qtarget, qbackend, qdevice, qcheck, qprofile, tmp_path, spec, model, dtype, loop):
+    """A training or serving loop on one quantized workload model (``loop``: hypothesis' drawn
+    sequences, or one of the loops users run, ``LOOPS``); after every step every judged call
+    is right, every 4-bit layer holds its provenance, the reference copy is as copied and the
+    adapters' gradients are finite (module docstring)."""
     from pytest_qconform.report.calls import CALLS_PROPERTY
+
+    loop_name = loop
 
     needs("transformers")
     facet, caps = require_layer_claim(qbackend, qtarget, spec, dtype)
@@ -861,9 +863,10 @@ def test_workload_loop(request, qtarget, qbackend, qdevice, qcheck, qprofile, tm
     )
     start = time.perf_counter()
     try:
-        _run_named(loop, [name for name in LOOPS if name not in LAST])
-        run_state_machine_as_test(lambda: WorkloadLoop(loop), settings=loop_settings(qprofile))
-        _run_named(loop, LAST)
+        if loop_name == "drawn":
+            run_state_machine_as_test(lambda: WorkloadLoop(loop), settings=loop_settings(qprofile))
+        else:
+            _run_named(loop, loop_name)
     finally:
         calls = _merged_calls(loop.calls)
         request.node.user_properties.append((CALLS_PROPERTY, calls))

@@ -18,9 +18,11 @@ own bytes and the source checkpoint's other tensors, as close as torch's dense m
 same decoded weights, which sees what no single call shows (an embedding, norm, lm_head or
 bias that is not the source's; errors that compound across layers).
 
-Instances: the ``model`` axis with the backend's formats and dtypes; in the ``ci``
-profile each value once (every pipeline runs on every backend, each family, format and
-dtype once), all pairs in ``thorough``.
+Instances: the ``model`` axis with the settings users set (``WORKLOAD_AXES``: format, packed
+storage dtype, compute dtype); in the ``ci`` profile each value once
+(every pipeline runs on every backend, each family, format, setting and dtype once; the
+QLoRA step every storage dtype with every compute dtype, FSDP-QLoRA's bf16 with bf16 among
+them), all pairs in ``thorough``.
 """
 
 from __future__ import annotations
@@ -49,7 +51,14 @@ from ._workloads import (
     quantized_model,
 )
 
-WORKLOAD_AXES = ("model", "format", "hqq_axis", "dtype")
+# The settings users set are axes beside the model: the format, HQQ's grouping axis, the
+# packed storage dtype (FSDP-QLoRA stores the bytes as bf16, passed as transformers'
+# ``bnb_4bit_quant_storage`` or ``Linear4bit(quant_storage=...)``) and the compute dtype.
+# Double quantization is not one yet: each workload ends with provenance, whose truth (the
+# source weight quantized to nearest, ``reference.requantize``) covers plain absmax only, so a
+# double-quantized model would fail there whatever its backend does. The layer, route and
+# backward checks take it.
+WORKLOAD_AXES = ("model", "format", "hqq_axis", "quant_storage", "dtype")
 NEW_TOKENS = 3
 LONG_PREFILL = 96
 RANK, ALPHA = 4, 8
@@ -156,7 +165,16 @@ def _judged(oracle, word: str) -> int:
 
 
 @pytest.mark.qconform_heavy
-@workload("compiled", model=("qwen2",), format=("nf4", "hqq4"), hqq_axis=(1,), dtype=(torch.bfloat16,))
+@workload(
+    "compiled",
+    model=("qwen2",),
+    format=("nf4", "hqq4"),
+    # One instance per backend: each compiles two graphs (10-20 s on an H100). The storage is
+    # held at its default here (uint8); every other workload varies it.
+    hqq_axis=(1,),
+    quant_storage=(torch.uint8,),
+    dtype=(torch.bfloat16,),
+)
 def test_compiled_serving(qtarget, qbackend, qdevice, qcheck, qwatch, qprofile, tmp_path, spec, model, dtype):
     """Serving through ``torch.compile`` as users compile a model right after loading it (no
     eager call first): a static KV cache, a prefill and decode steps of the compiled model.
@@ -200,7 +218,9 @@ def test_compiled_serving(qtarget, qbackend, qdevice, qcheck, qwatch, qprofile, 
     _check_outside_truth(qcheck, facet, lm, model, dtype, ids, prompt_mask)  # the eager model, after its compiled use
 
 
-@workload("captured", model=("llama", "qwen2"))
+# The storage dtypes of serving and of FSDP-QLoRA's checkpoints (uint8, bf16): with the three
+# compute dtypes, still three instances per backend (each value once).
+@workload("captured", model=("llama", "qwen2"), quant_storage=(torch.uint8, torch.bfloat16))
 def test_captured_decode(qtarget, qbackend, qdevice, qcheck, qwatch, tmp_path, spec, model, dtype):
     """The decode step as serving engines run it (vLLM and SGLang capture it): a static KV
     cache, eager warm-up steps on a side stream, the step captured in a CUDA graph, then
@@ -249,7 +269,10 @@ def test_captured_decode(qtarget, qbackend, qdevice, qcheck, qwatch, tmp_path, s
 
 
 @pytest.mark.qconform_axes(*WORKLOAD_AXES, "checkpointing")
-@pytest.mark.qconform_ci_strength(1)
+# Each storage dtype with each compute dtype: FSDP-QLoRA's setting (the bytes stored as the
+# dtype the model trains in, bf16 with bf16) runs here in one process, as do its fp32 and fp16
+# forms; a step costs a fraction of a second on a CPU (12 bitsandbytes instances instead of 4).
+@pytest.mark.qconform_ci_strength(1, jointly=("quant_storage", "dtype"))
 @pytest.mark.qconform_operation("workload:qlora-step")
 def test_qlora_training_step(qtarget, qbackend, qdevice, qcheck, qwatch, tmp_path, spec, model, dtype, checkpointing):
     """A QLoRA step as PEFT and a trainer run it: ``prepare_model_for_kbit_training`` with

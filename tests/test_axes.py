@@ -29,15 +29,29 @@ def _pairs(rows, names):
     return {(a, row[a], b, row[b]) for row in rows for a, b in combinations(names, 2)}
 
 
-def test_every_valid_pair_of_claimed_values_is_covered() -> None:
-    check = axes.CheckAxes(("format", "blocksize", "double_quant", "hqq_axis", "quant_storage", "dtype"), {})
-    values = check.values(BNB_AND_HQQ, bf16=True)
-    rows = axes.covering_rows(values, strength=2)
+def _triples(rows, names):
+    return {tuple((a, row[a]) for a in combo) for row in rows for combo in combinations(names, 3)}
+
+
+@pytest.mark.parametrize(
+    ("strength", "names", "tuples"),
+    [
+        (2, ("format", "blocksize", "double_quant", "hqq_axis", "quant_storage", "dtype"), _pairs),
+        (3, ("format", "double_quant", "quant_storage", "dtype", "rows", "x_layout", "bias"), _triples),
+    ],
+    ids=["pairs", "triples"],
+)
+def test_every_valid_tuple_of_claimed_values_is_covered(strength, names, tuples) -> None:
+    """All pairs (``ci``) and all triples (``thorough``): every tuple of values that some valid
+    instance holds is in one (allpairspy's ``n=3`` left a third of the triples out on the route
+    check's axes), in far fewer rows than the valid instances."""
+    values = axes.CheckAxes(names, {}).values(BNB_AND_HQQ, bf16=True)
+    rows = axes.covering_rows(values, strength=strength)
     names = list(values)
     full = [dict(zip(names, combo)) for combo in product(*values.values())]
     valid = [row for row in full if axes._valid(names, list(row.values()))]
     assert all(row in valid for row in rows), "a row breaks the axis constraints"
-    assert _pairs(valid, names) <= _pairs(rows, names)
+    assert tuples(valid, names) <= tuples(rows, names)
     assert len(rows) < len(valid) / 3, (len(rows), len(valid))
 
 
@@ -228,3 +242,170 @@ def test_every_pair_of_path_values_is_an_instance_of_the_checks_that_take_them(p
             assert not missing, f"{check}: no instance has ({a}, {b}) = {missing}"
     matmul = [row for row in instances if row["check"] == "test_matmul_matches_reference"]
     assert {(row["rows"], row["x_layout"]) for row in matmul} == set(product(claimed["rows"], claimed["x_layout"]))
+
+
+# -- issue 51, item 2: the settings users set are axes --------------------------------------------------------
+
+
+def test_call_forms_are_the_plain_call_and_each_claimed_form() -> None:
+    """``call_form``: the plain call, ``out=`` where matmul claims it (a dequantize buffer is
+    no matmul form), and each documented orientation besides the default."""
+    base = Capabilities(("nf4",), (64,), False, (torch.float32,), ("cpu",))
+    assert axes.AXES["call_form"].claimed(base, True) == ("plain",)
+    dequantize_only = Capabilities(("nf4",), (64,), False, (torch.float32,), ("cpu",), out_arguments=("dequantize",))
+    assert axes.AXES["call_form"].claimed(dequantize_only, True) == ("plain",)
+    every = Capabilities(
+        ("nf4",),
+        (64,),
+        False,
+        (torch.float32,),
+        ("cpu",),
+        out_arguments=("dequantize", "matmul"),
+        weight_orientations=("default", "as-quantized"),
+    )
+    assert axes.AXES["call_form"].claimed(every, True) == ("plain", "out", "as-quantized")
+    assert [axes.AXES["call_form"].label(v) for v in ("plain", "out")] == ["call-plain", "call-out"]
+
+
+def test_constraints_keep_weight_orientations_and_storages_on_the_bitsandbytes_layout() -> None:
+    caps = Capabilities(
+        ("nf4", "hqq4"),
+        (64,),
+        False,
+        (torch.float32,),
+        ("cpu",),
+        quant_storages=(torch.uint8, torch.bfloat16),
+        out_arguments=("matmul",),
+        weight_orientations=("default", "as-quantized"),
+    )
+    check = axes.CheckAxes(("format", "quant_storage", "call_form", "rows"), {})
+    rows = axes.covering_rows(check.values(caps, bf16=True), strength=2)
+    hqq = [row for row in rows if row["format"] == "hqq4"]
+    assert hqq and all(row["quant_storage"] is torch.uint8 and row["call_form"] in ("plain", "out") for row in hqq)
+    assert {(row["format"], row["call_form"]) for row in rows} == {
+        ("nf4", "plain"),
+        ("nf4", "out"),
+        ("nf4", "as-quantized"),
+        ("hqq4", "plain"),
+        ("hqq4", "out"),
+    }
+
+
+# A backend claiming every setting: storage dtypes, out= and a second orientation, a declared
+# route change; bitsandbytes' layout and HQQ's.
+SETTINGS_CONFTEST = FAKE_BACKEND + textwrap.dedent("""
+    import json
+
+    from pytest_qconform.cases.instances import axis_labels
+
+    class Settings(FakeBackend):
+        name = "settings"
+
+        def capabilities(self, device):
+            return Capabilities(
+                ("nf4", "hqq4"), (64,), True, (torch.float32, torch.float16), ("cpu",),
+                axes=(0, 1), dispatch_rows=(4,), quant_storages=(torch.uint8, torch.float16, torch.float32),
+                out_arguments=("dequantize", "matmul"), weight_orientations=("default", "as-quantized"),
+            )
+
+    def pytest_qconform_backends(config):
+        return {"settings": Settings}
+
+    def pytest_collection_modifyitems(config, items):
+        found = [
+            {"check": item.originalname, "file": item.path.name, **axis_labels(item)}
+            for item in items
+            if axis_labels(item)
+        ]
+        (config.rootpath / "instances.json").write_text(json.dumps(found))
+""")
+# The checks that take the settings, and the axes each must pair every setting with.
+SETTING_CHECKS = {
+    "test_matmul_every_route": (
+        ("quant_storage", "call_form", "double_quant"),
+        ("rows", "x_rank", "x_layout", "bias", "dtype", "quant_storage", "call_form", "double_quant"),
+    ),
+    "test_gradients_match_reference": (("quant_storage",), ("rows", "x_rank", "dtype", "double_quant")),
+    "test_layer_forward_in_every_mode": (("quant_storage",), ("blocksize", "double_quant", "dtype")),
+    "test_layer_quantized_by_moving_holds_the_reference_quantization": (("quant_storage",), ("dtype",)),
+}
+
+
+def test_every_setting_meets_every_route_layout_and_dtype(pytester: pytest.Pytester) -> None:
+    """The real suites' covering arrays for a backend that claims every setting: each storage
+    dtype and each call form is paired with every row count, layout, rank, bias and dtype in
+    the route check, and each storage with the layer, backward and workload checks' axes; the
+    QLoRA step runs every storage with every compute dtype (FSDP-QLoRA's bf16 storage with bf16
+    compute in one process)."""
+    pytester.makeconftest(SETTINGS_CONFTEST)
+    checks = [*SETTING_CHECKS, "test_qlora_training_step", "test_generate"]
+    result = pytester.runpytest_subprocess(
+        "--qconform", "--collect-only", "-q", "--qconform-backend=settings", "-k", " or ".join(checks)
+    )
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()[-3000:]
+    instances = json.loads((pytester.path / "instances.json").read_text())
+    storages = ["u8", "fp16", "fp32"]
+    forms = ["call-plain", "call-out", "call-as-quantized"]
+    for check, (settings, others) in SETTING_CHECKS.items():
+        rows = [row for row in instances if row["check"] == check]
+        assert rows, f"{check}: no instance collected"
+        assert {row["quant_storage"] for row in rows} == set(storages), check
+        if "call_form" in settings:
+            assert {row["call_form"] for row in rows} == set(forms), check
+        for setting in settings:
+            for other in others:
+                if other == setting:
+                    continue
+                expected = {(row[setting], value) for value in {r[other] for r in rows} for row in rows}
+                seen = {(row[setting], row[other]) for row in rows}
+                assert seen == expected, f"{check}: ({setting}, {other}) pairs missing: {sorted(expected - seen)}"
+    qlora = [
+        row for row in instances if (row["file"], row["check"]) == ("test_workloads.py", "test_qlora_training_step")
+    ]
+    assert {(row["quant_storage"], row["dtype"]) for row in qlora} == set(product(storages, ["fp32", "fp16"]))
+    generate = [row for row in instances if row["check"] == "test_generate"]
+    assert {row["quant_storage"] for row in generate} == set(storages)
+    hqq = [row for row in instances if row.get("format") == "hqq4"]
+    assert hqq and all(row.get("quant_storage", "u8") == "u8" for row in hqq)
+    assert all(row.get("call_form", "call-plain") != "call-as-quantized" for row in hqq)
+
+
+# -- issue 51, item 3: the rows ladder, whatever a backend declares ------------------------------------------------
+
+
+def test_the_rows_ladder_is_every_power_of_two_to_65536_with_its_neighbours() -> None:
+    ladder = axes.AXES["rows_ladder"].claimed(BNB_AND_HQQ, True)
+    expected = {r for k in range(17) for r in (2**k - 1, 2**k, 2**k + 1) if r >= 1}
+    assert ladder == tuple(sorted(expected)) and len(ladder) == 47
+    assert (ladder[0], ladder[-3:]) == (1, (65535, 65536, 65537))
+    declared = Capabilities(("nf4",), (64,), False, (torch.float32,), ("cpu",), max_gemv_rows=16, dispatch_rows=(4,))
+    assert axes.AXES["rows_ladder"].claimed(declared, True) == ladder, "the ladder does not follow declarations"
+
+
+# The ladder's checks and the axes each must pair every rung with.
+LADDER_CHECKS = {
+    "test_matmul_rows_ladder": ("rows_ladder", "x_rank", "x_layout", "bias", "dtype", "format", "double_quant"),
+    "test_backward_rows_ladder": ("rows_ladder", "x_rank", "dtype", "format", "double_quant"),
+}
+
+
+def test_every_rung_of_the_ladder_meets_every_layout_rank_bias_dtype_and_format(pytester: pytest.Pytester) -> None:
+    """The real suites' ladder checks (each split in two: the rungs up to 2^12 + 1, and the top,
+    large on a CPU) for a backend that declares its routes: every rung of ``ROWS_LADDER`` is
+    paired with every value of every other path axis, whatever the declared rows (1, 3-5,
+    16-18 here)."""
+    pytester.makeconftest(ROUTES_CONFTEST)
+    result = pytester.runpytest_subprocess(
+        "--qconform", "--collect-only", "-q", "--qconform-backend=routes", "--qconform-large", "-k", "rows_ladder"
+    )
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()[-3000:]
+    instances = json.loads((pytester.path / "instances.json").read_text())
+    rungs = [axes.AXES["rows_ladder"].label(r) for r in axes.ROWS_LADDER]
+    for check, ladder_axes in LADDER_CHECKS.items():
+        rows = [row for row in instances if row["check"] in (check, f"{check}_top")]
+        assert {row["rows_ladder"] for row in rows} == set(rungs), f"{check}: a rung is missing"
+        seen = {(a, row[a], b, row[b]) for row in rows for a, b in combinations(ladder_axes, 2)}
+        for b in ladder_axes[1:]:
+            values = sorted({row[b] for row in rows})
+            missing = [(r, v) for r, v in product(rungs, values) if ("rows_ladder", r, b, v) not in seen]
+            assert not missing, f"{check}: no instance has (rows_ladder, {b}) = {missing[:5]}"

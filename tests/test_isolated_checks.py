@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from pytest_qconform.reference import bnb4
+from pytest_qconform.suites import _large
 from pytest_qconform.suites._isolated import run_isolated
 from pytest_qconform.suites._large import random_state, slice_blocks
 
@@ -66,3 +67,42 @@ def test_a_child_failure_and_its_error_multiple_come_back():
 def test_random_state_has_the_layout_the_reference_reads():
     packed = random_state(QuantSpec("nf4", 64, True), (4, 1000), seed=2)
     assert np.asarray(packed.packed).size == 2000 and bnb4.decode(packed).shape == (4, 1000)
+
+
+def _example_backend(wrong_after: int | None = None):
+    """The example backend of examples/downstream (it adopts bytes through ``from_packed``), or
+    a twin whose matmul leaves the outputs of weight rows past ``wrong_after`` zero."""
+    from qconform_example_nf4.backend import TorchNF4Backend
+
+    if wrong_after is None:
+        return TorchNF4Backend()
+
+    class Truncates(TorchNF4Backend):
+        def matmul(self, x, q, bias, compute_dtype):
+            y = super().matmul(x, q, bias, compute_dtype).clone()
+            y[..., wrong_after:] = 0
+            return y
+
+    return Truncates()
+
+
+def test_the_large_tensor_check_runs_every_route_and_the_gradient_in_slices(monkeypatch):
+    """``check_large_tensor`` at a CPU's size: slices of 64 weight rows (the 2^31-element run's
+    are 2048), one matmul per route, the gradient summed over the slices; a correct backend
+    passes, and one wrong only in the last slice's weight rows fails there."""
+    pytest.importorskip("qconform_example_nf4")
+    monkeypatch.setattr(_large, "CHUNK_ELEMENTS", 1 << 15)
+    spec, shape = QuantSpec("nf4", 64, True), (300, 512)  # 5 slices of weight rows, 2 nested groups of bytes
+    qcheck, properties = _checker()
+    _large.check_large_tensor(_example_backend(), qcheck, spec, shape, "cpu", (1, 2, 33), backward=True)
+    assert properties and all(value <= 1 for _, value in properties)
+    qcheck, _ = _checker()
+    with pytest.raises(AssertionError, match=r"matmul of 2\^31\+ elements at 1 rows, weight rows 256\.\.299"):
+        _large.check_large_tensor(_example_backend(wrong_after=290), qcheck, spec, shape, "cpu", (1, 2))
+
+
+def test_route_rows_take_one_activation_per_declared_route():
+    from pytest_qconform.backends.base import Capabilities
+
+    caps = Capabilities(("nf4",), (64,), False, (torch.bfloat16,), ("cuda",), max_gemv_rows=32, dispatch_rows=(4, 5))
+    assert _large.route_rows(caps) == (1, 4, 5, 32, 33, 300)

@@ -10,7 +10,11 @@ compiled and captured paths and the lifecycle sequences of issue 26, the workloa
 issue 36, and the multi-device (two GPUs) and distributed (two gloo ranks) suites of issue
 37, each against the mutants whose ``suites`` name them. The run reports say, per backend and operation, what
 the suites concluded. Each mutant must fail the operation whose check targets its bug
-class, and each correct backend must pass all of every run. A mutant whose class needs a
+class, and each correct backend must pass all of every run; a mutant of a setting users pass
+(issue 51: ``SETTING_MUTANTS``) must also pass every check when the setting's axis is held at
+its default, so that the axis is what catches it; the mutants of sizes real runs reach (issue 51:
+``SIZE_MUTANTS``, run against the rows ladder with ``--qconform-large``) must pass the matmul
+suite without the ladder. A mutant whose class needs a
 GPU (``needs_gpu``: CUDA graphs) is left out of a run without one, and its test skips
 saying so.
 """
@@ -37,6 +41,9 @@ from zoo import (
     MUTANTS,
     PATH_SUITES,
     PROVENANCE_SUITES,
+    SETTING_MUTANTS,
+    SIZE_MUTANTS,
+    SIZE_SUITES,
     USER_INPUT_SUITES,
     WORKLOAD_SUITES,
 )
@@ -54,6 +61,7 @@ GROUPS = {
     "bad-data": BAD_DATA_SUITES,
     "provenance": PROVENANCE_SUITES,  # issue 50, item 1
     "loops": LOOP_SUITES,  # issue 51, item 1
+    "sizes": SIZE_SUITES,  # issue 51, item 3
 }
 
 
@@ -175,9 +183,13 @@ GROUP_MARKERS = {"multi-gpu": "multi_gpu", "distributed": "distributed"}
 WHOLE_ZOO_TESTS = ("test_correct_backend_passes_every_check", "test_every_claimed_axis_value_is_checked")
 
 
+# The options a run's suites need: the rows ladder's top is large on a CPU (opt-in).
+GROUP_OPTIONS = {"sizes": ("--qconform-large",)}
+
+
 def _markers(label: str) -> tuple[str, ...]:
-    """The ``-m`` a run's suites need (their checks are deselected without it)."""
-    return ("-m", GROUP_MARKERS[label]) if label in GROUP_MARKERS else ()
+    """The ``-m`` a run's suites need (their checks are deselected without it), and their options."""
+    return (("-m", GROUP_MARKERS[label]) if label in GROUP_MARKERS else ()) + GROUP_OPTIONS.get(label, ())
 
 
 def _keyword(label: str) -> str:
@@ -458,3 +470,59 @@ def test_library_mutant_is_caught_by_its_workload(tmp_path, mutant) -> None:
     )
     messages = [c["first_failure"]["message"] for c in failed]
     assert any(re.search(mutant.expect, m) for m in messages), f"{mutant.name} failed for another reason: {messages}"
+
+
+# -- issue 51, item 2: a setting's bug is caught by its axis, and missed without it --------------------------------
+
+SETTING_CONFTEST = textwrap.dedent("""
+    from zoo import SETTING_MUTANTS, CorrectTorchNF4, narrowed
+
+    MUTANT = {name!r}
+
+    def pytest_qconform_backends(config):
+        mutant = next(m for m in SETTING_MUTANTS if m.name == MUTANT)
+        return {{m.name: narrowed(m) for m in (CorrectTorchNF4, mutant)}}
+""")
+
+
+@pytest.mark.parametrize("mutant", SETTING_MUTANTS, ids=lambda m: m.name)
+def test_setting_mutant_is_missed_with_its_axis_at_the_default(tmp_path, mutant) -> None:
+    """The other half of ``test_mutant_is_caught_by_its_check`` for a setting's bug: the checks
+    that took the setting before it was an axis of the route check (``mutant.missed_by``: the
+    storage or parameter suite, at their fixed rows) and the route check with the setting held
+    at its default value (``mutant.held_at_default`` drops the route check's instances of the
+    other values) pass the mutant, every cell; only the axis catches it."""
+    (tmp_path / "conftest.py").write_text(SETTING_CONFTEST.format(name=mutant.name))
+    report = _run_zoo(tmp_path, [CORRECT[0], mutant.name], mutant.held_at_default)
+    verdicts = _verdicts(report, mutant.name)
+    assert set(mutant.missed_by) <= {op for op, found in verdicts.items() if "pass" in found}, verdicts
+    assert all(found <= {"pass", "not-claimed"} for found in verdicts.values()), (
+        f"{mutant.name} was caught without its axis: {verdicts}"
+    )
+    assert _verdicts(report, CORRECT[0]), "the correct backend ran no check"
+
+
+# -- issue 51, item 3: a size's bug is caught by the rows ladder, and missed without it ------------------------------
+
+# The matmul suite without the rows ladder: the declared routes (``test_matmul_every_route``), the drawn
+# and listed rows of the matmul checks, K = 14336 (large on a CPU: not run here). Not the lm_head widths:
+# their rows are at most 128 (fixed), and each instance there costs seconds.
+SIZE_MISSED_WITHOUT = "test_matmul.py and not rows_ladder and not lm_head_widths"
+SIZE_CONFTEST = textwrap.dedent("""
+    from zoo import SIZE_MUTANTS, narrowed
+
+    def pytest_qconform_backends(config):
+        return {m.name: narrowed(m) for m in SIZE_MUTANTS}
+""")
+
+
+def test_size_mutants_are_missed_without_the_ladder(tmp_path) -> None:
+    """The other half of ``test_mutant_is_caught_by_its_check`` for the sizes' bugs (a tier
+    at undeclared row counts, a grid dimension capped at 65535, offsets exact only up to
+    2^24): the matmul suite without the rows ladder passes every one, every cell; only the
+    ladder's rungs catch them (its 2049 and 4095, its 65536 and 65537)."""
+    (tmp_path / "conftest.py").write_text(SIZE_CONFTEST)
+    report = _run_zoo(tmp_path, [m.name for m in SIZE_MUTANTS], SIZE_MISSED_WITHOUT)
+    for mutant in SIZE_MUTANTS:
+        verdicts = _verdicts(report, mutant.name)
+        assert verdicts.get(mutant.catches) == {"pass"}, f"{mutant.name} was caught without the ladder: {verdicts}"

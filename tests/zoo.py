@@ -1497,3 +1497,155 @@ class EvalWeightKeptAcrossPhases(_LayerMutant):
 
 
 MUTANTS = MUTANTS + (EvalWeightKeptAcrossPhases,)
+
+
+# -- Issue 51: settings as axes ---------------------------------------------------------------------------------
+# Bugs of a setting users pass (the packed storage dtype, an argument form of the call) on one route only: the
+# checks that take the setting at fixed rows (the storage and parameter suites) pass them, and so does the
+# route check with the setting's axis held at its default (``held_at_default``, a ``-k`` expression that keeps
+# the checks of ``missed_by`` and drops the route check's instances of the other values: tests/test_mutant_zoo.py
+# runs it and requires every cell to pass). With the setting an axis of the route check, every pair of its
+# values with a route is an instance, and the route's cell fails. In the original run.
+
+
+class GemmRouteReadsStorageWords(TorchNF4Backend):
+    """A GEMM route (declared from 9 rows: ``dispatch_rows``) whose dequantize loads the packed
+    weight in words of its storage dtype and takes each word's bytes most significant first:
+    for uint8 storage the same bytes, for the bf16, fp16 or fp32 storage of FSDP-QLoRA every
+    word's bytes reversed, so codes land on their neighbours. The storage suite multiplies at
+    1 and 5 rows (the gemv), and the route check stored every weight as uint8 before the storage
+    dtype became one of its axes."""
+
+    name = "mutant-gemm-route-storage-words"
+    catches = "matmul"
+    ROWS = 9
+    missed_by = ("storage", "matmul")
+    held_at_default = "test_storage.py or (test_matmul_every_route and not -sbf16 and not -sfp16 and not -sfp32)"
+
+    def capabilities(self, device):
+        return dataclasses.replace(super().capabilities(device), dispatch_rows=(self.ROWS,))
+
+    def matmul_with(self, x, q, bias, compute_dtype, *, out=None, orientation="default"):
+        packed = q.handle["packed"]
+        if math.prod(x.shape[:-1]) >= self.ROWS and packed.dtype is not torch.uint8:
+            words = packed.view(torch.uint8).reshape(-1, packed.element_size()).flip(-1)
+            q = dataclasses.replace(q, handle={**q.handle, "packed": words.reshape(-1).view(packed.dtype)})
+        return super().matmul_with(x, q, bias, compute_dtype, out=out, orientation=orientation)
+
+
+class OutGemvStoresEachSplit(TorchNF4Backend):
+    """A one-row gemv (declared: ``dispatch_rows`` 2, a GEMM from two rows) that splits K into
+    chunks of 128, each chunk's partial sums reduced in a workspace of its own for the plain
+    call, but stored straight into the caller's ``out=`` buffer (a store where an add was
+    meant): the last chunk wins. With one chunk (K <= 128) it is right, and the parameter
+    suite hands ``out=`` one row on weights of K = 128 and 64 only; the route check's weight
+    (K = 256 on a CPU, 1024 on a GPU) met ``out=`` at no row count before the argument form
+    became one of its axes."""
+
+    name = "mutant-out-gemv-split-k"
+    catches = "matmul"
+    SPLIT = 128
+    missed_by = ("parameters", "matmul")
+    held_at_default = "test_parameters.py or (test_matmul_every_route and not call-out)"
+
+    def capabilities(self, device):
+        return dataclasses.replace(super().capabilities(device), dispatch_rows=(2,))
+
+    def matmul_with(self, x, q, bias, compute_dtype, *, out=None, orientation="default"):
+        if out is None or math.prod(x.shape[:-1]) != 1:
+            return super().matmul_with(x, q, bias, compute_dtype, out=out, orientation=orientation)
+        w = self.dequantize(q, compute_dtype)
+        row, flat = x.to(compute_dtype).reshape(1, -1), out.view(1, -1)
+        b = bias.to(compute_dtype) if bias is not None else None
+        k = row.shape[-1]
+        for start in range(0, k, self.SPLIT):
+            end = start + self.SPLIT
+            flat.copy_(F.linear(row[:, start:end], w[:, start:end], b if end >= k else None))  # the epilogue adds b
+        return out
+
+
+SETTING_MUTANTS: tuple[type[Backend], ...] = (GemmRouteReadsStorageWords, OutGemvStoresEachSplit)
+MUTANTS = MUTANTS + SETTING_MUTANTS
+
+
+# -- Issue 51: sizes -----------------------------------------------------------------------------------------------
+# Bugs at sizes real runs reach and no drawn, listed or declared shape does: a library's tier at row counts its
+# adapter does not declare, a grid dimension capped at 65535, an index held in a type too narrow for the
+# activation's elements. The rows ladder (``axes.ROWS_LADDER``: its checks are ``SIZE_SUITES``; the rungs above
+# 2^12 + 1 are large on a CPU, so the zoo's run of them passes --qconform-large) catches each; the matmul suite
+# without the ladder passes each, every cell (tests/test_mutant_zoo.py, ``SIZE_MISSED_WITHOUT``).
+SIZE_SUITES: tuple[str, ...] = ("test_matmul_rows_ladder", "test_backward_rows_ladder")
+
+
+def _rows_of(x: torch.Tensor) -> int:
+    return math.prod(x.shape[:-1])
+
+
+class UndeclaredRowTier(TorchNF4Backend):
+    """A batch tier the library takes from 2049 to 4096 rows, declared nowhere (as
+    bitsandbytes' batch tiers and ROCm's GEMM paths are not), that computes whole tiles of 64
+    rows and never stores a partial last tile: 2049 rows lose their last row, 4095 their last
+    63. The declared-routes rows axis (1, 128 and 300 for this backend, which declares no
+    route), the drawn rows (at most 40) and the layer shapes' (at most 64) never reach the
+    tier; the ladder's 2049 and 4095 do, in the default run."""
+
+    name = "mutant-undeclared-row-tier"
+    catches = "matmul"
+    suites = SIZE_SUITES
+    TIER = (2049, 4096)
+    TILE = 64
+
+    def matmul(self, x, q, bias, compute_dtype):
+        y = super().matmul(x, q, bias, compute_dtype)
+        rows = _rows_of(x)
+        if not self.TIER[0] <= rows <= self.TIER[1] or rows % self.TILE == 0:
+            return y
+        flat = y.reshape(rows, -1).clone()
+        flat[rows - rows % self.TILE :] = 0  # the partial last tile, never stored
+        return flat.reshape(y.shape)
+
+
+class RowsPastGridLimit(TorchNF4Backend):
+    """A kernel launched with one program per activation row on a grid dimension that CUDA
+    caps at 65535 (y and z): the rows from the 65536th on are never computed (left zero). A
+    QLoRA batch of 8 x 8192 tokens is 65536 rows in one call; the ladder's 65536 and 65537
+    reach it (the top of the ladder: large on a CPU), nothing below them does."""
+
+    name = "mutant-rows-past-grid-limit"
+    catches = "matmul"
+    suites = SIZE_SUITES
+    GRID_LIMIT = 65535
+
+    def matmul(self, x, q, bias, compute_dtype):
+        y = super().matmul(x, q, bias, compute_dtype)
+        rows = _rows_of(x)
+        if rows <= self.GRID_LIMIT:
+            return y
+        flat = y.reshape(rows, -1).clone()
+        flat[self.GRID_LIMIT :] = 0
+        return flat.reshape(y.shape)
+
+
+class ActivationOffsetsInFloat32(TorchNF4Backend):
+    """A kernel that computes its offsets into x (``row * K + k``) in float32, whose integers
+    are exact only up to 2^24: past 16,777,216 elements an offset rounds to an even one, and
+    an odd element is read from its neighbour (the index-width class of a 2^31-element weight,
+    at a width the CPU reaches). The ladder's 65537 rows of K = 256 pass 2^24 elements by one
+    row; 65536 rows, exactly 2^24, do not."""
+
+    name = "mutant-activation-offsets-fp32"
+    catches = "matmul"
+    suites = SIZE_SUITES
+    EXACT_UP_TO = 1 << 24
+
+    def matmul(self, x, q, bias, compute_dtype):
+        if x.numel() <= self.EXACT_UP_TO:
+            return super().matmul(x, q, bias, compute_dtype)
+        flat = x.contiguous().reshape(-1)
+        offsets = torch.arange(flat.numel(), device=x.device).to(torch.float32).to(torch.int64)
+        read = flat[offsets.clamp_(max=flat.numel() - 1)].reshape(x.shape)
+        return super().matmul(read, q, bias, compute_dtype)
+
+
+SIZE_MUTANTS: tuple[type[Backend], ...] = (UndeclaredRowTier, RowsPastGridLimit, ActivationOffsetsInFloat32)
+MUTANTS = MUTANTS + SIZE_MUTANTS

@@ -12,15 +12,22 @@ What can select a code path in a backend is an axis, never a hypothesis draw: th
 count (a fused gemv, a tensor-core kernel, dequantize + GEMM), the activation's rank,
 memory layout and storage offset, a bias or none, the weight's shape (kernels specialize
 on whole blocks, tiles and rows) and its value distribution (zero and constant blocks,
-subnormals). A pair of two such values drawn by hypothesis is reached by luck, and
-another machine's draws may miss it; as axes, every pair is in the covering array on
-every arch. Hypothesis varies only what no path depends on: seeds, the values inside a
+subnormals), and the settings users set (the packed storage dtype, the compute dtype,
+double quantization, the argument form of the call: ``out=``, a weight orientation). A
+pair of two such values drawn by hypothesis is reached by luck, and another machine's
+draws may miss it (a value fixed inside a test never meets the others); as axes, every
+pair is in the covering array on every arch. Hypothesis varies only what no path depends on: seeds, the values inside a
 distribution, magnitudes. Which check takes which axis: docs/running.md, "What selects a
 code path".
 
-The covering arrays come from allpairspy (greedy, deterministic for a given input
-order); the constraints between axes (double quantization and storage dtypes belong to
-the bitsandbytes layout, the grouping axis and its shapes to HQQ) are its filter.
+The covering arrays come from covertable (greedy, deterministic: its default sorter
+orders candidates by an md5 of their values, so every xdist worker and every machine
+draws the same rows). allpairspy 2.5.1, used until 2026-11-28, left a third of the
+valid triples of a 3-wise array out (473 of 1424 on bitsandbytes' route check), so
+``thorough`` was not 3-wise; ``tests/test_axes.py`` counts pairs and triples. The
+constraints between axes (double quantization, storage dtypes and weight orientations
+belong to the bitsandbytes layout, the grouping axis and its shapes to HQQ) are its
+filter.
 """
 
 from __future__ import annotations
@@ -51,6 +58,15 @@ X_RANKS: tuple[int, ...] = (2, 3)
 # Row counts every backend is checked at besides its declared route changes: one row (the
 # gemv path), a decode batch past every fused kernel, and a prefill.
 ALWAYS_ROWS: tuple[int, ...] = (1, 128, 300)
+# Row counts whatever a backend declares (issue 51): every power of two up to 2^16 (a QLoRA
+# batch of 8 x 8192 tokens in one call) and its neighbours on each side. A library switches
+# kernels at row counts its adapter may not declare (bitsandbytes' batch tiers, ROCm's GEMM
+# paths, a grid dimension capped at 65535); such a switch lies at a power of two or next to
+# one, so the ladder reaches the tier on each side of it. 47 values.
+ROWS_LADDER_TOP = 16
+ROWS_LADDER: tuple[int, ...] = tuple(
+    sorted({r for k in range(ROWS_LADDER_TOP + 1) for r in (2**k - 1, 2**k, 2**k + 1) if r >= 1})
+)
 # Near the dtype's largest finite value, near its smallest normal, subnormal, and results
 # beyond fp16's range (for the wider dtypes).
 VALUE_RANGES: tuple[str, ...] = ("near-max", "near-smallest-normal", "subnormal", "beyond-fp16")
@@ -85,6 +101,20 @@ TRANSITIONS: tuple[str, ...] = (
     "deepcopy",
     "dtype-round-trips",
 )
+# The argument forms of a matmul call that the public API documents (``Backend.matmul_with``):
+# the plain call, the result written into the caller's buffer (``out=``: claimed by "matmul" in
+# ``Capabilities.out_arguments``), and the packed weight handed over in each other documented
+# orientation (``Capabilities.weight_orientations``; bitsandbytes' "as-quantized"). A library
+# routes a form its own way (an out= epilogue, a transposed read of the weight), so the form is
+# an axis, paired with every route, layout and dtype, not a parameter test's fixed rows.
+PLAIN_CALL, OUT_CALL = "plain", "out"
+
+# The loops a workload runs over time (suites/test_workload_loops.py): hypothesis' drawn
+# sequences of the loop rules, and the loops users run, named (each its own instance, so that
+# a known failure of one loop leaves the others judged, and no instance runs all of them).
+# In this order the ci profile's one instance of each (the models cycling) puts both loops that
+# merge an adapter on Qwen2, whose q/k/v projections have a bias.
+WORKLOAD_LOOPS: tuple[str, ...] = ("drawn", "serving", "rl", "dpo", "reference-after-merge", "resume", "weight-sync")
 
 _STORAGE_LABELS = {torch.uint8: "u8", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
@@ -108,6 +138,12 @@ def _rows(caps: Capabilities) -> tuple[int, ...]:
     for t in thresholds:
         rows.update(r for r in (t - 1, t, t + 1) if r >= 1)
     return tuple(sorted(rows))
+
+
+def _call_forms(caps: Capabilities) -> tuple[str, ...]:
+    """The plain matmul call, ``out=`` where claimed, and each claimed non-default orientation."""
+    forms = [PLAIN_CALL] + ([OUT_CALL] if "matmul" in caps.out_arguments else [])
+    return tuple(forms + [o for o in caps.weight_orientations if o != "default" and o not in forms])
 
 
 @dataclass(frozen=True)
@@ -155,6 +191,12 @@ AXES: dict[str, Axis] = {
             lambda v: f"M{v}",
         ),
         Axis(
+            "rows_ladder",
+            "activation rows whatever the backend declares: 2^k - 1, 2^k, 2^k + 1 for 2^k up to 65536",
+            lambda caps, bf16: ROWS_LADDER,
+            lambda v: f"M{v}",
+        ),
+        Axis(
             "out_features",
             "output width N: the lm_head widths of real models (up to the claimed maximum)",
             lambda caps, bf16: tuple(
@@ -180,6 +222,12 @@ AXES: dict[str, Axis] = {
             lambda v: "bias" if v else "nobias",
         ),
         Axis(
+            "call_form",
+            "the matmul call's documented argument form: plain, out= buffer, another weight orientation",
+            lambda caps, bf16: _call_forms(caps),
+            lambda v: f"call-{v}",
+        ),
+        Axis(
             "weight_shape",
             "the weight's (N, K): whole blocks, a partial last block, one block (HQQ: whole groups)",
             lambda caps, bf16: _weight_shapes(caps),
@@ -195,6 +243,9 @@ AXES: dict[str, Axis] = {
         Axis("model", "the model family a workload runs (suites/_workloads.py)", lambda caps, bf16: WORKLOAD_MODELS),
         Axis("checkpointing", "gradient checkpointing's variant in a training step", lambda caps, bf16: CHECKPOINTING),
         Axis("transition", "what a user does to a quantized model before using it", lambda caps, bf16: TRANSITIONS),
+        Axis(
+            "loop", "a training or serving loop over time: drawn, or one users run", lambda caps, bf16: WORKLOAD_LOOPS
+        ),
     )
 }
 
@@ -214,6 +265,9 @@ def _valid(names: Sequence[str], row: Sequence[Any]) -> bool:
     if not bnb_layout and value.get("double_quant", False):
         return False
     if not bnb_layout and value.get("quant_storage", torch.uint8) is not torch.uint8:
+        return False
+    # An orientation of the packed weight is bitsandbytes' layout's (HQQ's W_q has its own).
+    if not bnb_layout and value.get("call_form", PLAIN_CALL) not in (PLAIN_CALL, OUT_CALL):
         return False
     return not (bnb_layout and value.get("hqq_axis", 1) != 1)
 
@@ -266,14 +320,23 @@ def covering_rows(
         return _each_value_once(names, values, [name for name in jointly if name in values])
     if len(names) == 1:
         return [{names[0]: v} for v in values[names[0]] if _valid(names, (v,))]
-    from allpairspy import AllPairs
+    from covertable import make
 
     n = min(strength, len(names))
-    rows = [
-        list(row)
-        for row in AllPairs([list(values[name]) for name in names], filter_func=lambda row: _valid(names, row), n=n)
-    ]
-    # allpairspy's greedy search under a filter can leave a valid pair out: add a row for each.
+    factors = {name: list(values[name]) for name in names}
+
+    completable: dict[tuple, bool] = {}
+
+    def allowed(row: dict[str, Any]) -> bool:
+        """covertable asks of partial rows too, and completes a row one axis at a time, taking
+        the first value allowed: a partial row is allowed only where some valid row extends it."""
+        fixed = tuple((i, row[name]) for i, name in enumerate(names) if name in row)
+        if fixed not in completable:
+            completable[fixed] = _completed(names, values, dict(fixed)) is not None
+        return completable[fixed]
+
+    rows = [[row[name] for name in names] for row in make(factors, length=n, pre_filter=allowed)]
+    # A greedy search under a filter may still leave a valid pair out: add a row for each.
     for a, b in combinations(range(len(names)), 2):
         for va, vb in product(values[names[a]], values[names[b]]):
             if any(row[a] == va and row[b] == vb for row in rows):
@@ -360,6 +423,7 @@ def default_row(check: CheckAxes) -> dict[str, Any]:
         "quant_storage": torch.uint8,
         "dtype": torch.float32,
         "rows": 1,
+        "rows_ladder": 1,
         "out_features": LM_HEAD_WIDTHS[0],
         "x_layout": "contiguous",
         "x_rank": 2,
@@ -371,6 +435,8 @@ def default_row(check: CheckAxes) -> dict[str, Any]:
         "model": WORKLOAD_MODELS[0],
         "checkpointing": CHECKPOINTING[0],
         "transition": TRANSITIONS[0],
+        "loop": WORKLOAD_LOOPS[0],
+        "call_form": PLAIN_CALL,
     }
     return {name: check.only.get(name, (defaults[name],))[0] for name in check.names}
 

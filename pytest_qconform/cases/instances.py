@@ -25,6 +25,12 @@ AXES_MARKER = "qconform_axes"
 
 
 STRENGTH_MARKER = "qconform_ci_strength"
+THOROUGH_STRENGTH_MARKER = "qconform_thorough_strength"
+# A check whose instances on some target kinds are large there (beyond the default run's
+# budget) and ordinary elsewhere: its instances on those kinds get the ``large`` marker, so
+# that ``-m large`` selects exactly them and the default run leaves them out
+# (``session.applicability``).
+LARGE_ON_MARKER = "qconform_large_on"
 
 
 @dataclass(frozen=True)
@@ -37,12 +43,15 @@ class Backends:
 
 
 def _strength(config: pytest.Config, definition: Any = None) -> tuple[int, tuple[str, ...]]:
-    """3-wise in ``thorough``; all pairs in ``ci``, or less where a check's
+    """3-wise in ``thorough`` (or less where ``qconform_thorough_strength(n)`` says so: an
+    axis of many values, such as the rows ladder's 47, times every pair of the others is
+    more than a nightly run holds); all pairs in ``ci``, or less where a check's
     ``qconform_ci_strength(n)`` marker says so (a whole workload per instance), with every
     combination of the axes its ``jointly=`` names (the matrix cell's, say)."""
     profile = config.getoption("qconform_profile", default=None) or config.getini("qconform_profile")
     if profile == "thorough":
-        return 3, ()
+        capped = definition.get_closest_marker(THOROUGH_STRENGTH_MARKER) if definition is not None else None
+        return (int(capped.args[0]) if capped is not None else 3), ()
     marker = definition.get_closest_marker(STRENGTH_MARKER) if definition is not None else None
     if marker is None:
         return 2, ()
@@ -59,9 +68,12 @@ def parametrize(metafunc: pytest.Metafunc, marker: pytest.Mark, session: Backend
     """``qtarget``, ``qbackend`` and the check's axes, jointly, for every target and backend."""
     check = axes.CheckAxes.from_marker(marker)
     strength, jointly = _strength(metafunc.config, metafunc.definition)
+    large_on = metafunc.definition.get_closest_marker(LARGE_ON_MARKER)
     params = []
     for target in session.targets:
         target_marks = [getattr(pytest.mark, m) for m in target.marker_names]
+        if large_on is not None and target.kind in large_on.args:
+            target_marks.append(pytest.mark.large)
         for name in sorted(session.names):
             backend = session.backend(name)
             rows: list[dict[str, Any]]

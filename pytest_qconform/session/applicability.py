@@ -1,18 +1,21 @@
 """Instances that cannot apply to this run are deselected at collection and summed up in
 one line, instead of ending as hundreds of skips.
 
-Two kinds, both known before anything runs:
+What is known before anything runs:
 
 - **another device**: on a GPU host the CPU instances (a run reports on one device, so
   they could only skip with ``other device:``), unless ``-m`` asked for them;
 - **not claimed**: an available backend does not claim the instance's format, blocksize,
   double quantization, dtype or device (the same rule as the suites' ``require_claim``,
-  ``claims.unclaimed``; backward and serialization are still asked inside the tests).
+  ``claims.unclaimed``; backward and serialization are still asked inside the tests);
+- **opt-in**: the checks marked ``distributed`` or ``large`` (sizes beyond the default run's
+  budget; ``qconform_large_on`` marks a check's instances on some target kinds only), unless
+  ``-m`` names the marker, or, for ``large``, ``--qconform-large`` asks for them beside the rest.
 
-Neither ever made a matrix cell. Instances for hardware that ``-m`` asks for and the run
-lacks (``-m rocm`` on a CPU) are *not* deselected: they still end as skips that name
-what was needed and what was found. Nor are an unavailable backend's: its skips are its
-``unavailable`` cells.
+Those of the first two kinds never make a matrix cell. Instances for hardware that ``-m``
+asks for and the run lacks (``-m rocm`` on a CPU) are *not* deselected: they still end as
+skips that name what was needed and what was found. Nor are an unavailable backend's: its
+skips are its ``unavailable`` cells.
 """
 
 from __future__ import annotations
@@ -68,15 +71,27 @@ class NotHere:
                 f"{self.few_devices} multi_gpu (this machine has fewer than two GPUs; -m multi_gpu shows them skipped)"
             )
         if self.opt_in:
-            per = ", ".join(f"-m {marker} runs its {n}" for marker, n in sorted(self.opt_in.items()))
+            per = ", ".join(_how_to_run(marker, n) for marker, n in sorted(self.opt_in.items()))
             parts.append(f"{sum(self.opt_in.values())} opt-in ({per})")
         return f"qconform: {self.total} instances not applying here were deselected: {'; '.join(parts)}"
 
 
 NOT_HERE = pytest.StashKey[NotHere]()  # what collection left out, read by the recorder for its summary
-# Markers of checks a run includes only when -m names them (the distributed ones spawn processes).
-OPT_IN_MARKERS: tuple[str, ...] = ("distributed",)
+# Markers of checks a run includes only when -m names them (the distributed ones spawn processes;
+# the large ones reach sizes beyond the default run's budget).
+OPT_IN_MARKERS: tuple[str, ...] = ("distributed", "large")
+# Opt-in markers an option also includes, beside the rest of the run (-m would run only them):
+# one run, one report, so the matrix merges its large cells with the others (a second report of
+# the same machine would supersede the first).
+OPT_IN_OPTIONS: dict[str, str] = {"large": "qconform_large"}
 _WORKER_KEY = "qconform_not_here"  # pytest-xdist: the workers collect, the controller prints the line
+
+
+def _how_to_run(marker: str, count: int) -> str:
+    """``-m large runs its 145, --qconform-large beside the rest``."""
+    option = OPT_IN_OPTIONS.get(marker)
+    beside = f", --{option.replace('_', '-')} beside the rest" if option else ""
+    return f"-m {marker} runs its {count}{beside}"
 
 
 def from_worker(config: pytest.Config, workeroutput: dict[str, Any]) -> None:
@@ -99,9 +114,10 @@ def _requested(target: Target, markexpr: str) -> bool:
 
 
 def _opted_out(config: pytest.Config, item: pytest.Item) -> str | None:
-    """The opt-in marker of an item whose marker ``-m`` does not name."""
+    """The opt-in marker of an item whose marker neither ``-m`` names nor its option asks for."""
     words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", config.getoption("markexpr") or ""))
-    return next((m for m in OPT_IN_MARKERS if item.get_closest_marker(m) and m not in words), None)
+    asked = words | {m for m, option in OPT_IN_OPTIONS.items() if config.getoption(option, default=False)}
+    return next((m for m in OPT_IN_MARKERS if item.get_closest_marker(m) and m not in asked), None)
 
 
 def not_applying(config: pytest.Config, item: pytest.Item, caps_cache: dict) -> tuple[str, str] | None:

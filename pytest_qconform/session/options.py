@@ -120,6 +120,16 @@ def _options() -> tuple[tuple[str, dict[str, Any]], ...]:
             ),
         ),
         (
+            "--qconform-large",
+            dict(
+                action="store_true",
+                default=False,
+                help="also run the checks marked large (sizes real runs reach: 2^31-element weights; on a "
+                "CPU, the rows ladder's top and K = 14336, N = 151936), in the same run and report as "
+                "the rest; -m large runs only them",
+            ),
+        ),
+        (
             "--qconform-hypothesis-db",
             dict(
                 default=None,

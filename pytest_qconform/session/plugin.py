@@ -56,8 +56,24 @@ def _register_markers(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
+        "qconform_thorough_strength(n): the covering strength of a check's instances in the thorough profile "
+        "(default 3): 2 for a check with an axis of many values (the rows ladder), where 3-wise would multiply "
+        "its pairs by that axis' length",
+    )
+    config.addinivalue_line(
+        "markers",
         "distributed: a conformance check across processes (two ranks: gloo on the CPU, NCCL on two GPUs); "
         "opt-in: runs only when -m names it",
+    )
+    config.addinivalue_line(
+        "markers",
+        "large: a conformance check of sizes beyond the default run's budget (a 2^31-element weight); "
+        "opt-in: runs only when -m names it or --qconform-large is given",
+    )
+    config.addinivalue_line(
+        "markers",
+        "qconform_large_on(*kinds): a check whose instances on these target kinds (cpu, cuda, rocm) are "
+        "large (marked so, opt-in) and elsewhere part of the default run (the rows ladder's top on a CPU)",
     )
     config.addinivalue_line(
         "markers",
