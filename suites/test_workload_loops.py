@@ -533,45 +533,10 @@ class WorkloadLoop(RuleBasedStateMachine):
             if hasattr(m, "lora_A") and self.loop.facet.owns(m.get_base_layer())
         }
 
-    @_when("merge_adapter")
-    @rule()
-    def merge_adapter(self) -> None:
-        """PEFT's ``merge_adapter``: each base layer requantized to nearest of its decoded
-        weight plus the active adapter's ``s B A`` (``check_requantized``)."""
+    def _requantized(self, before: dict[str, Any], sign: float, what: str) -> None:
+        """Each LoRA layer's base now holds ``decode(before) + sign * s B A`` quantized to
+        nearest on its own grid (``check_requantized``): a merge (+1) or an unmerge (-1)."""
         loop = self.loop
-        self._step("merge_adapter", f"merge_adapter() [{self.active}]")
-        layers = self._lora_layers()
-        self.merge_deltas = {name: lora_delta(m, ALPHA / RANK, self.active) for name, m in layers.items()}
-        before = {name: loop.facet.packed(m.get_base_layer()) for name, m in layers.items()}
-        self.lm.merge_adapter()
-        self.merged = True
-        self._changed()
-        for name, m in self._lora_layers().items():
-            delta, e_delta, adapter_dtype = self.merge_deltas[name]
-            device = loop.device
-            check_requantized(
-                loop.qcheck,
-                loop.facet,
-                m.get_base_layer(),
-                before[name],
-                delta.to(device),
-                e_delta.to(device),
-                adapter_dtype,
-                1.0,
-                f"{name}: merged weight {self._after()}",
-            )
-        self._expect_current()
-
-    @_when("unmerge_adapter")
-    @rule()
-    def unmerge_adapter(self) -> None:
-        loop = self.loop
-        self._step("unmerge_adapter", "unmerge_adapter()")
-        layers = self._lora_layers()
-        before = {name: loop.facet.packed(m.get_base_layer()) for name, m in layers.items()}
-        self.lm.unmerge_adapter()
-        self.merged = False
-        self._changed()
         for name, m in self._lora_layers().items():
             delta, e_delta, adapter_dtype = self.merge_deltas[name]
             check_requantized(
@@ -582,10 +547,34 @@ class WorkloadLoop(RuleBasedStateMachine):
                 delta.to(loop.device),
                 e_delta.to(loop.device),
                 adapter_dtype,
-                -1.0,
-                f"{name}: unmerged weight {self._after()}",
+                sign,
+                f"{name}: {what} weight {self._after()}",
             )
         self._expect_current()
+
+    @_when("merge_adapter")
+    @rule()
+    def merge_adapter(self) -> None:
+        """PEFT's ``merge_adapter``: each base layer requantized to nearest of its decoded
+        weight plus the active adapter's ``s B A`` (``check_requantized``)."""
+        self._step("merge_adapter", f"merge_adapter() [{self.active}]")
+        layers = self._lora_layers()
+        self.merge_deltas = {name: lora_delta(m, ALPHA / RANK, self.active) for name, m in layers.items()}
+        before = {name: self.loop.facet.packed(m.get_base_layer()) for name, m in layers.items()}
+        self.lm.merge_adapter()
+        self.merged = True
+        self._changed()
+        self._requantized(before, 1.0, "merged")
+
+    @_when("unmerge_adapter")
+    @rule()
+    def unmerge_adapter(self) -> None:
+        self._step("unmerge_adapter", "unmerge_adapter()")
+        before = {name: self.loop.facet.packed(m.get_base_layer()) for name, m in self._lora_layers().items()}
+        self.lm.unmerge_adapter()
+        self.merged = False
+        self._changed()
+        self._requantized(before, -1.0, "unmerged")
 
     @_when("swap_adapter")
     @rule()

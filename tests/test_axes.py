@@ -409,3 +409,64 @@ def test_every_rung_of_the_ladder_meets_every_layout_rank_bias_dtype_and_format(
             values = sorted({row[b] for row in rows})
             missing = [(r, v) for r, v in product(rungs, values) if ("rows_ladder", r, b, v) not in seen]
             assert not missing, f"{check}: no instance has (rows_ladder, {b}) = {missing[:5]}"
+
+
+STRENGTHS = textwrap.dedent("""
+    import pytest
+
+    @pytest.mark.qconform_operation("toy")
+    @pytest.mark.qconform_axes("blocksize", "double_quant", "dtype", "bias")
+    def test_every_triple(qtarget, qbackend, spec, dtype, bias):
+        pass
+
+    @pytest.mark.qconform_operation("toy")
+    @pytest.mark.qconform_thorough_strength(2)
+    @pytest.mark.qconform_ci_strength(1)
+    @pytest.mark.qconform_axes("blocksize", "double_quant", "dtype", "bias")
+    def test_capped(qtarget, qbackend, spec, dtype, bias):
+        pass
+""")
+
+
+def _instance_values(lines: list[str], test: str) -> list[tuple[str, ...]]:
+    """The axis labels of each collected instance of ``test`` (its id without target and backend)."""
+    ids = [line.split("[", 1)[1].rstrip("]") for line in lines if f"::{test}[" in line]
+    return [tuple(i.split("-")[3:]) for i in ids]  # x86_64-claims-nf4-<blocksize>-[dq-]<dtype>-<bias>
+
+
+def _covers(rows: list[tuple[str, ...]], t: int) -> bool:
+    values = [sorted({row[a] for row in rows}) for a in range(len(rows[0]))]
+    return all(
+        any(all(row[a] == v for a, v in zip(combo, choice)) for row in rows)
+        for combo in combinations(range(len(values)), t)
+        for choice in product(*(values[a] for a in combo))
+    )
+
+
+@pytest.mark.parametrize("profile", ["ci", "thorough"])
+def test_strength_markers_set_each_profiles_covering_strength(pytester: pytest.Pytester, profile: str) -> None:
+    """Four two-valued axes (the double quantization label is ``dq`` or absent: read as ``plain``):
+    ``ci`` covers all pairs, or each value once where ``qconform_ci_strength(1)`` says so;
+    ``thorough`` every triple, or all pairs where ``qconform_thorough_strength(2)`` caps it
+    (the rows ladder's and the loops' checks)."""
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_toy=STRENGTHS)
+    result = pytester.runpytest(
+        "--qconform",
+        "test_toy.py",
+        "--qconform-backend=claims",
+        f"--qconform-profile={profile}",
+        "--collect-only",
+        "-q",
+    )
+
+    def rows(test: str) -> list[tuple[str, ...]]:
+        return [r if len(r) == 4 else (r[0], "plain", *r[1:]) for r in _instance_values(result.stdout.lines, test)]
+
+    every, capped = rows("test_every_triple"), rows("test_capped")
+    if profile == "ci":
+        assert _covers(every, 2) and not _covers(every, 3)
+        assert _covers(capped, 1) and len(capped) == 2
+    else:
+        assert _covers(every, 3)
+        assert _covers(capped, 2) and not _covers(capped, 3)

@@ -11,8 +11,9 @@ import pytest
 import torch
 from pytest_qconform.reference.comparative import COMPARATIVE_FACTOR
 from qconform_example_nf4.backend import TorchNF4Backend
+from zoo import layers_building
 
-from pytest_qconform.backends.functional_layer import FunctionalLayers, FunctionalLinear
+from pytest_qconform.backends.functional_layer import FunctionalLinear
 from pytest_qconform.backends.spec import QuantSpec
 from pytest_qconform.report.cells import COMPARATIVE_PROPERTY, Cell, fold_cell
 from pytest_qconform.session import outcomes, recorder
@@ -37,11 +38,7 @@ class _Bf16RunningSumLinear(FunctionalLinear):
 
 def _model(layer_class=None) -> tuple[torch.nn.Module, dict]:
     backend = TorchNF4Backend()
-    facet = (
-        FunctionalLayers(backend)
-        if layer_class is None
-        else type("F", (FunctionalLayers,), {"layer_class": layer_class})(backend)
-    )
+    facet = layers_building(backend, layer_class or FunctionalLinear)
     gen = torch.Generator().manual_seed(7)
     layer = facet.quantize(
         torch.randn(64, K, generator=gen), None, QuantSpec("nf4", 64), torch.bfloat16, torch.device("cpu")

@@ -6,20 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 from qconform_example_nf4.backend import TorchNF4Backend
-from zoo import _CompiledDropsBiasLinear, _InferenceModeDropsBiasLinear
+from zoo import _CompiledDropsBiasLinear, _InferenceModeDropsBiasLinear, layers_building
 
-from pytest_qconform.backends.functional_layer import FunctionalLayers
+from pytest_qconform.backends.functional_layer import FunctionalLinear
 from pytest_qconform.backends.spec import QuantSpec
 from pytest_qconform.watch import WatchFailure, layer_facets, watch
 
 
 def _model(layer_class=None) -> tuple[torch.nn.Module, dict]:
     backend = TorchNF4Backend()
-    facet = (
-        FunctionalLayers(backend)
-        if layer_class is None
-        else type("F", (FunctionalLayers,), {"layer_class": layer_class})(backend)
-    )
+    facet = layers_building(backend, layer_class or FunctionalLinear)
     gen = torch.Generator().manual_seed(5)
     layers = [
         facet.quantize(

@@ -478,6 +478,11 @@ def scaled_matmul_eps(dtype: torch.dtype, default: float) -> float:
 LAYER_SUITES: tuple[str, ...] = ("test_layers.py", "test_layer_lifecycle.py", "test_checkpoint.py", "test_peft.py")
 
 
+def layers_building(backend, layer_class: type = FunctionalLinear) -> FunctionalLayers:
+    """``backend``'s functional layer facet, building ``layer_class`` (a planted layer bug)."""
+    return type("MutantLayers", (FunctionalLayers,), {"layer_class": layer_class})(backend)
+
+
 class _LayerMutant(TorchNF4Backend):
     """Base of the layer mutants: the correct backend whose layer facet builds ``layer_class``."""
 
@@ -485,7 +490,7 @@ class _LayerMutant(TorchNF4Backend):
     suites = LAYER_SUITES
 
     def layers(self):
-        return type("MutantLayers", (FunctionalLayers,), {"layer_class": self.layer_class})(self)
+        return layers_building(self, self.layer_class)
 
 
 class _EvalTransposedAbsmaxLinear(FunctionalLinear):
