@@ -126,3 +126,13 @@ def check_hqq_nearest_levels(
         )
     qcheck.record_multiple(0.0)
     return packed
+
+
+def check_source_quantization(qbackend, qcheck, spec: QuantSpec, weight: torch.Tensor, device: torch.device, quantized):
+    """The backend's bytes for ``weight`` are its quantization (the truth from outside the
+    bytes, which a decoding of the bytes alone cannot see): against the reference quantizer
+    for bitsandbytes' layout, the nearest levels of the stored scale and zero for HQQ.
+    Returns the packed state."""
+    if spec.format == "hqq4":
+        return check_hqq_nearest_levels(qbackend, qcheck, spec, weight, device, quantized=quantized)
+    return check_codes_and_absmax(qbackend, qcheck, spec, weight, quantized=quantized)

@@ -22,6 +22,7 @@ from ._cases import (
     reference_decode,
     require_claim,
 )
+from ._quantizer import check_source_quantization
 
 pytestmark = pytest.mark.qconform_operation("dequantize")
 # The weight's shape and distribution are axes: every pair of them with the spec and the
@@ -31,10 +32,17 @@ pytestmark = pytest.mark.qconform_operation("dequantize")
 SEED_DRAW_DIVISOR = 3
 
 
-def check_dequantize(qbackend, qdevice, qcheck, spec: QuantSpec, dtype: torch.dtype, case) -> None:
+def check_dequantize(
+    qbackend, qdevice, qcheck, spec: QuantSpec, dtype: torch.dtype, case, source_truth: bool = False
+) -> None:
+    """Dequantize against the float64 decoding of the backend's own bytes; with ``source_truth``
+    the bytes are also checked to be the weight's quantization (``check_source_quantization``):
+    a quantizer wrong at some size decodes its own bytes consistently."""
     qcheck.describe(**case.describe())
     weight = case.make(qdevice)
     quantized = qbackend.quantize(weight, spec)
+    if source_truth:
+        check_source_quantization(qbackend, qcheck, spec, weight, qdevice, quantized)
     out = qbackend.dequantize(quantized, dtype)
     qcheck.equal(out.dtype, dtype, "dequantize output dtype")
     qcheck.equal(tuple(out.shape), tuple(case.shape), "dequantize output shape")
@@ -110,4 +118,5 @@ def test_dequantize_real_sizes(qtarget, qbackend, qdevice, qcheck, spec, dtype):
     no weight that wide)."""
     caps = require_claim(qbackend, qtarget, spec, dtype, dequantize=True)
     for shape in claimed_real_sizes(caps, spec):
-        check_dequantize(qbackend, qdevice, qcheck, spec, dtype, WeightCase(shape, "normal", seed=shape[0] + shape[1]))
+        case = WeightCase(shape, "normal", seed=shape[0] + shape[1])
+        check_dequantize(qbackend, qdevice, qcheck, spec, dtype, case, source_truth=True)

@@ -18,7 +18,7 @@ from pytest_qconform.cases.axes import WEIGHT_LAYOUTS
 from pytest_qconform.cases.strategies import WeightCase, listed_weight, weight_cases, with_examples
 
 from ._cases import dtype_id, packed_dequantize_bound, reference_decode, require_claim
-from ._quantizer import check_codes_and_absmax, check_hqq_nearest_levels
+from ._quantizer import check_source_quantization
 
 pytestmark = pytest.mark.qconform_operation("quantize-layout")
 
@@ -84,10 +84,7 @@ def test_strided_weight_quantizes_like_its_contiguous_copy(
             qcheck.record_multiple(0.0)
             return
         qcheck.faithful(qbackend.export_packed(quantized), view, f"{qbackend.name}.quantize of a {layout} view")
-        if spec.format == "hqq4":
-            packed = check_hqq_nearest_levels(qbackend, qcheck, spec, view, qdevice, quantized=quantized)
-        else:
-            packed = check_codes_and_absmax(qbackend, qcheck, spec, view, quantized=quantized)
+        packed = check_source_quantization(qbackend, qcheck, spec, view, qdevice, quantized)
         exact = reference_decode(packed, qdevice)
         out = qbackend.dequantize(quantized, dtype)
         qcheck.within(

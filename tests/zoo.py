@@ -1579,7 +1579,7 @@ MUTANTS = MUTANTS + SETTING_MUTANTS
 # activation's elements. The rows ladder (``axes.ROWS_LADDER``: its checks are ``SIZE_SUITES``; the rungs above
 # 2^12 + 1 are large on a CPU, so the zoo's run of them passes --qconform-large) catches each; the matmul suite
 # without the ladder passes each, every cell (tests/test_mutant_zoo.py, ``SIZE_MISSED_WITHOUT``).
-SIZE_SUITES: tuple[str, ...] = ("test_matmul_rows_ladder", "test_backward_rows_ladder")
+SIZE_SUITES: tuple[str, ...] = ("test_matmul_rows_ladder", "test_backward_rows_ladder", "test_dequantize_real_sizes")
 
 
 def _rows_of(x: torch.Tensor) -> int:
@@ -1654,3 +1654,35 @@ class ActivationOffsetsInFloat32(TorchNF4Backend):
 
 SIZE_MUTANTS: tuple[type[Backend], ...] = (UndeclaredRowTier, RowsPastGridLimit, ActivationOffsetsInFloat32)
 MUTANTS = MUTANTS + SIZE_MUTANTS
+
+
+class QuantizeNeighbourCodePast2To20(TorchNF4Backend):
+    """A quantizer whose second pass (elements past 2^20, a kernel's second launch over a
+    large weight) takes, for values of small magnitude (scaled below 0.3, where the codes lie
+    close together), the second-nearest code: a neighbour, one narrow gap away. Its bytes
+    decode consistently, and every decoded value stays within the faithfulness check's bound
+    (half the format's widest gap: ``reference.faithful``) of its input; only the codes
+    against the reference quantizer see it, at a real width (151936 x 64: 9.7 M elements),
+    which ``test_dequantize_real_sizes`` quantizes and checks against its source weight."""
+
+    name = "mutant-quantize-neighbour-code-past-2-20"
+    catches = "dequantize"
+    suites = SIZE_SUITES
+    zoo_max_out_features = None  # the zoo narrows widths; this class lives at the widest
+    WRAP = 1 << 20
+
+    def quantize_codes(self, flat, absmax, blocksize, table):
+        codes = super().quantize_codes(flat, absmax, blocksize, table)
+        if flat.numel() <= self.WRAP:
+            return codes
+        tail, tail_codes = flat[self.WRAP :], codes[self.WRAP :]
+        scale = absmax.repeat_interleave(blocksize)[self.WRAP : flat.numel()]
+        scaled = torch.where(scale > 0, tail / scale, torch.zeros_like(tail))
+        distance = (scaled.unsqueeze(-1) - table).abs()
+        distance.scatter_(-1, tail_codes.long().unsqueeze(-1), float("inf"))
+        second = distance.argmin(-1).to(codes.dtype)
+        codes[self.WRAP :] = torch.where(scaled.abs() < 0.3, second, tail_codes)
+        return codes
+
+
+MUTANTS = MUTANTS + (QuantizeNeighbourCodePast2To20,)
