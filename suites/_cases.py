@@ -167,9 +167,15 @@ def has_distinct_at_least(values: torch.Tensor, count: int) -> bool:
     return torch.unique(flat).numel() >= count
 
 
-def output_columns(y: torch.Tensor) -> torch.Tensor:
-    """Each element's output column (one weight row each): a matmul's independent units."""
-    return torch.arange(y.shape[-1])
+def weight_row_units(w: torch.Tensor) -> torch.Tensor:
+    """Each output column's rounding unit for a matmul ``x W^T``: its weight row, where columns
+    whose decoded weight rows are equal share one. Their dot products are one computation
+    on the same inputs, which errs the same way in each, so they are one vote, not many. An
+    HQQ ax0 weight whose first half is zero (``zero_blocks``) decodes its first 32 of 64 rows
+    to the same row (each group spans both halves, and its zero decodes to the group's
+    offset): 33 units, not 64 (an H200's fp32 gemv voted 81% of 64 columns toward zero,
+    2026-11-29; tests/test_suite_helpers.py)."""
+    return torch.unique(w.detach().cpu(), dim=0, return_inverse=True)[1]
 
 
 def packed_dequantize_bound(packed: Packed, exact: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -31,11 +31,41 @@ def _half_gaps(table: torch.Tensor, scaled: torch.Tensor) -> torch.Tensor:
     return gaps[idx - 1] / 2
 
 
+def _tie_band(scaled: torch.Tensor) -> torch.Tensor:
+    """How near a midpoint between two codes a scaled value may be and still take either:
+    fp32 rounding of the scaling and of the quantizer's thresholds (bitsandbytes' CUDA FP4
+    quantizer compares with the literal ``0.00260417f``, 1.2e-6 relative above the midpoint
+    between its codes 0 and 0.0052083, and ``0.583333f``, 5.8e-7 below another)."""
+    return 8 * U32 * (1 + scaled.abs())
+
+
 def _tie_mask(table: torch.Tensor, scaled: torch.Tensor) -> torch.Tensor:
     codes = torch.sort(table).values
     midpoints = (codes[1:] + codes[:-1]) / 2
     dist = (scaled.unsqueeze(-1) - midpoints).abs().min(dim=-1).values
-    return dist <= 8 * U32 * (1 + scaled.abs())
+    return dist <= _tie_band(scaled)
+
+
+def round_trip_bound(
+    table: torch.Tensor,
+    flat: torch.Tensor,
+    scaled: torch.Tensor,
+    block_absmax: torch.Tensor,
+    stored_absmax: torch.Tensor,
+) -> torch.Tensor:
+    """``|w - decode(quantize(w))|`` at most: half the code interval the scaled value fell
+    into, widened by the tie band the code check allows (a value that near a midpoint may
+    take the code on its far side), times its block's absmax; the stored absmax' own error
+    times the largest code; fp32 rounding of the decode. The tie band was missing here
+    once: an H200's CUDA FP4 quantizer stored 0 for a weight 1.000001 x past the midpoint
+    (its threshold literal, ``_tie_band``), which the code check called a tie and this bound
+    refused by 1.0000x (thorough, 2026-11-29; tests/test_suite_helpers.py)."""
+    return (
+        (_half_gaps(table, scaled) + _tie_band(scaled)) * block_absmax
+        + table.abs().max() * (stored_absmax - block_absmax).abs()
+        + 4 * U32 * flat.abs()
+        + 1e-300
+    )
 
 
 def check_codes_and_absmax(qbackend, qcheck, spec: QuantSpec, weight: torch.Tensor, quantized=None):
@@ -87,12 +117,7 @@ def check_codes_and_absmax(qbackend, qcheck, spec: QuantSpec, weight: torch.Tens
     # Round trip: within half the code interval, times the stored absmax.
     decoded = reference_decode(packed, torch.device("cpu")).reshape(-1)
     stored_absmax = got_absmax.repeat_interleave(spec.blocksize)[:case_numel]
-    trip_bound = (
-        _half_gaps(table, scaled) * block_absmax
-        + table.abs().max() * (stored_absmax - block_absmax).abs()
-        + 4 * U32 * flat.abs()
-        + 1e-300
-    )
+    trip_bound = round_trip_bound(table, flat, scaled, block_absmax, stored_absmax)
     qcheck.within(decoded, flat, trip_bound, "round trip |w - decode(quantize(w))|")
     return packed
 

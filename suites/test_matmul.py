@@ -47,10 +47,10 @@ from ._cases import (
     distinct_scales,
     dtype_id,
     has_distinct_at_least,
-    output_columns,
     reference_decode,
     require_claim,
     weight_error,
+    weight_row_units,
 )
 
 MATMUL_DISTRIBUTIONS = ("normal", "outliers", "zero_blocks")  # the distribution axis' values here
@@ -122,7 +122,7 @@ def check_product(
     """One matmul of a quantized weight against float64 ``x W^T + b``.
 
     Its rounding direction is voted by output columns (round to nearest errs both ways over
-    independent units) only where the weight's own roundings are not shared between them: a
+    independent units; columns of equal weight rows are one unit, ``weight_row_units``) only where the weight's own roundings are not shared between them: a
     weight of fewer distinct magnitudes than columns (FP4 at blocksize 4096: 8 codes x 2
     scales) rounds the same few values in every column, and a double-quantized absmax is
     decoded (code * nested absmax + offset) and rounded once per distinct value, shared by
@@ -156,18 +156,13 @@ def check_product(
     bound = bounds.matmul_bound(x.double(), w_exact, b_exact, compute_dtype, y.dtype, w_error=w_error, exact=y_exact)
     # Columns are independent rounding units where no weight rounding is shared (the docstring).
     shared_scales = compute_dtype == torch.float32 and distinct_scales(packed) < y.shape[-1]
+    units = weight_row_units(w_exact)
     independent = (
         has_distinct_at_least(w_exact.abs(), y.shape[-1])
         and not shared_scales
-        and not _rounded_weights_biased(x, w_exact, b_exact, compute_dtype, y_exact, output_columns(y))
+        and not _rounded_weights_biased(x, w_exact, b_exact, compute_dtype, y_exact, units)
     )
-    qcheck.within(
-        y,
-        y_exact,
-        bound,
-        "matmul vs float64 x W^T + b",
-        rounding_units=output_columns(y) if independent else None,
-    )
+    qcheck.within(y, y_exact, bound, "matmul vs float64 x W^T + b", rounding_units=units if independent else None)
     # Beside the worst-case bound: no less accurate than torch's own F.linear on the same decoded
     # weights in the same dtypes (reference.comparative: a reduced-precision accumulator passes the
     # bound), allowing the format's own decode roundings (the dequantize model of E, not the gemv's).

@@ -293,3 +293,46 @@ def test_the_matrix_lists_known_failure_entries_a_run_found_stale(tmp_path: Path
     text = to_markdown(merge([back], now=NOW))
     assert "**Stale known failures**" in text
     assert f"- `{stale.source}` (bitsandbytes · checkpoint): in `{back.label}`" in text
+
+
+def test_a_cell_only_an_older_version_covered_is_not_shown_as_the_newest_verdict() -> None:
+    """A report of bitsandbytes 0.49.2 that failed a cell the 0.50.2 run no longer makes must
+    not read as the column's current word (129 cells did once); it is listed instead, and
+    it disappears with the older report."""
+    old = run("0.49.2", ["pass", "pass", "fail"], "2026-11-01T00:00:00Z")
+    new = run("0.50.2", ["pass", "pass"], "2026-11-20T00:00:00Z")
+    m = merge([old, new])
+    dequantize = ROWS[2]
+    assert m.entry(dequantize, "gfx1100") is None and dequantize not in m.rows
+    assert [(r.row, r.column, r.version, r.newest) for r in m.retired] == [(dequantize, "gfx1100", "0.49.2", "0.50.2")]
+    assert m.entry(ROWS[0], "gfx1100").verdicts == ("pass",)
+    text = to_markdown(m)
+    assert "- gfx1100: 1 bitsandbytes cells last covered by 0.49.2, where 0.50.2 is the newest tested" in text
+    assert merge([new]).retired == ()
+
+
+def test_a_newer_report_supersedes_an_older_ones_cells_of_the_backends_it_ran_at_the_same_version() -> None:
+    """Two runs of one machine, bitsandbytes 0.50.2 in both, gemlite carried to the first only:
+    the runs are different machine keys (the backends' versions differ), yet the first's
+    bitsandbytes cells are an older measurement of the same thing, so they no longer count
+    (they read as 'runs disagree' once the suite had changed between the runs); its gemlite
+    cells still do, the only ones there are."""
+    gemlite_row = ("hqq-gemlite", "matmul", "hqq4-b64", "fp16")
+
+    def with_gemlite(report: RunReport, version: str | None, verdict: str) -> RunReport:
+        probe_ = dict(report.probe)
+        probe_["backends"] = {
+            **probe_["backends"],
+            "hqq-gemlite": {"available": version is not None, "version": version, "reason": ""},
+        }
+        cells = (*report.cells, Cell(*gemlite_row, verdict=verdict))
+        return RunReport(probe_, cells, report.created, source=report.label, suite=report.suite)
+
+    older = with_gemlite(run("0.50.2", ["pass", "known-failure", "pass"], "2026-11-20T00:00:00Z"), "0.6.0", "pass")
+    newer = with_gemlite(run("0.50.2", ["pass", "pass", "pass"], "2026-11-21T00:00:00Z"), None, "unavailable")
+    m = merge([older, newer])
+    assert m.superseded == ()
+    assert m.entry(ROWS[1], "gfx1100").verdicts == ("pass",)  # the newer run's alone: no disagreement
+    assert m.entry(gemlite_row, "gfx1100").verdicts == ("pass",)  # the older run's gemlite verdict
+    assert m.partly_superseded == ((older.label, ("bitsandbytes",), newer.label),)
+    assert f"- `{older.label}`: bitsandbytes superseded by `{newer.label}`" in to_markdown(m)

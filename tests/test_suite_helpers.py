@@ -128,3 +128,52 @@ def test_shared_scale_roundings_bias_the_columns_of_a_correct_product():
         toward[double_quant] = (bounds.rounding_direction(product, exact, torch.arange(64))[0], distinct_scales(packed))
     assert toward[True][0] > bounds.ROUNDING_DIRECTION_LIMIT - 0.05 and toward[True][1] < 64
     assert abs(toward[False][0] - 0.5) < 0.15 and toward[False][1] >= 64
+
+
+def test_columns_of_equal_weight_rows_are_one_rounding_unit():
+    """An H200's thorough run (2026-11-29): HQQ's fp32 gemv on an ax0 zero_blocks weight voted
+    81% of 64 columns toward zero, within its bound. Its first 32 rows decode to one row (each
+    ax0 group spans both halves of the weight, and its zeros decode to the group's offset), so
+    those 32 columns are one computation and err one way together. Counted as one unit, a
+    result whose equal rows all err toward zero and whose other rows err both ways is
+    balanced; counted by column, the same result is judged biased."""
+    pytest.importorskip("hqq")
+    from pytest_qconform.reference import bounds, faithful
+    from pytest_qconform.suites._cases import weight_row_units
+
+    from pytest_qconform.backends import registry
+    from pytest_qconform.backends.spec import QuantSpec
+    from pytest_qconform.cases.strategies import WeightCase
+
+    backend = registry.create("hqq")
+    quantized = backend.quantize(WeightCase((64, 128), "zero_blocks", 109522).make(), QuantSpec("hqq4", 128, axis=0))
+    w = faithful.decode(backend.export_packed(quantized), torch.device("cpu"))
+    units = weight_row_units(w)
+    assert int(units.max()) + 1 == 33 and bool((units[:32] == units[0]).all())
+    exact = torch.linspace(1.0, 2.0, 64, dtype=torch.float64)
+    # The shared rows err toward zero, and 20 of the other 32: 52 of 64 columns (81%), 21 of 33 units (64%).
+    toward = torch.tensor([-1.0] * 52 + [1.0] * 12, dtype=torch.float64)
+    result = exact + toward * 1e-6
+    assert bounds.rounding_direction_biased(result, exact, torch.arange(64)) is not None
+    assert bounds.rounding_direction_biased(result, exact, units) is None
+
+
+def test_the_round_trip_allows_what_the_code_check_calls_a_tie():
+    """An H200's thorough run (2026-11-29): bitsandbytes' CUDA FP4 quantizer stored code 0 for
+    a weight just past the midpoint between its codes 0 and 0.0052083 (its threshold literal
+    0.00260417f lies 1.2e-6 relative above that midpoint). The code check calls such an
+    element a tie; the round trip now allows it too, and still refuses the second-nearest code."""
+    from pytest_qconform.reference import bnb4
+    from pytest_qconform.suites._quantizer import _tie_mask, round_trip_bound
+
+    table = torch.tensor(bnb4.code_table("fp4"), dtype=torch.float64)
+    smallest = float(table[table > 0].min())
+    absmax = torch.tensor([84.0], dtype=torch.float64)
+    scaled = torch.tensor([-(smallest / 2) * (1 + 1e-6)], dtype=torch.float64)
+    flat = scaled * absmax
+    assert bool(_tie_mask(table, scaled).all())
+    bound = round_trip_bound(table, flat, scaled, absmax, absmax)
+    assert float((flat - 0.0).abs()) <= float(bound)  # the far code of the tie: 0
+    assert float((flat - (-smallest) * absmax).abs()) <= float(bound)  # the near one
+    second = float(table[(table > smallest) & (table < 0.2)].min())  # the next code out: 0.1667
+    assert float((flat - (-second) * absmax).abs()) > float(bound)

@@ -229,15 +229,49 @@ def _notes(matrix: Matrix, sections: Sequence[Section]) -> list[str]:
             + (f": {len(r.benchmarks)} benchmarks only" if r.benchmarks else ": nothing at all")
             for r in matrix.empty
         ]
+    out += _retired_notes(matrix)
     if matrix.superseded:
         out += ["", "**Superseded reports** (a newer report of the same arch, host and versions counts instead):", ""]
         out += [
             f"- `{s.old.label}` ({s.old.created}), superseded by `{s.new.label}` ({s.new.created})"
             for s in matrix.superseded
         ]
+    if matrix.partly_superseded:
+        out += [
+            "",
+            "**Partly superseded reports** (a newer report of the same machine and the same version of a backend "
+            "counts for that backend's cells; the older one still counts for its other backends):",
+            "",
+        ]
+        out += [
+            f"- `{old}`: {', '.join(backends)} superseded by `{new}`" for old, backends, new in matrix.partly_superseded
+        ]
     if matrix.simulated:
         out += ["", "**Excluded simulated reports** (simulated probe: nothing was computed on the device):", ""]
         out += [f"- `{r.label}` ({target(r)}, {r.created})" for r in matrix.simulated]
+    return out
+
+
+def _retired_notes(matrix: Matrix) -> list[str]:
+    """How many cells only older backend versions covered, per column, backend and version:
+    not shown as current verdicts (``model.Retired``)."""
+    counts: dict[tuple[str, str, str | None, str | None], int] = {}
+    for r in matrix.retired:
+        slot = (r.column, r.row[0], r.version, r.newest)
+        counts[slot] = counts.get(slot, 0) + 1
+    if not counts:
+        return []
+    out = [
+        "",
+        "**Cells only older versions covered** (not shown: the newest version of their backend tested on that "
+        "column did not cover them, so an older version's verdict would read as the newest; rerun the older "
+        "version's report or remove it):",
+        "",
+    ]
+    out += [
+        f"- {column}: {count} {backend} cells last covered by {version}, where {newest} is the newest tested"
+        for (column, backend, version, newest), count in counts.items()
+    ]
     return out
 
 

@@ -13,7 +13,10 @@ machine's conformance report with nothing.
 Reports of different backend versions on one arch are all counted: each entry shows the
 verdicts of the newest backend version that covered it (``versions.version_key``) and
 keeps every version's verdict in ``Entry.history``, from which ``matrix_versions`` reads
-floors and regressions. Reports older than ``max_age_days`` are counted and listed as
+floors and regressions. A cell that only versions older than the newest one tested on its
+column covered (a cell the suites no longer make, or one the newest run left out) is no
+current verdict: it is listed in ``Matrix.retired`` instead of shown as the column's word
+(an old 0.49.2 report's failures once read as the newest verdicts of 129 cells). Reports older than ``max_age_days`` are counted and listed as
 stale. Output is deterministic (the only clock is ``now``, which only decides staleness)
 so regenerating an unchanged matrix changes no bytes in the repository.
 """
@@ -78,6 +81,17 @@ class Supersession:
 
 
 @dataclass(frozen=True)
+class Retired:
+    """A cell that only older versions of its backend covered on a column: ``version`` is the
+    newest that did, ``newest`` the newest version tested on that column."""
+
+    row: CellKey
+    column: str
+    version: str | None
+    newest: str | None
+
+
+@dataclass(frozen=True)
 class Matrix:
     """The merged result. ``entries`` maps (row, arch) to an Entry; missing means no run covered it."""
 
@@ -91,6 +105,9 @@ class Matrix:
     stale: tuple[RunReport, ...] = ()  # counted reports older than max_age_days
     max_age_days: float | None = None
     column_archs: dict[str, str] = field(default_factory=dict)  # each column's arch (its hardware marker)
+    retired: tuple[Retired, ...] = ()  # cells only older backend versions than the column's newest covered
+    # (older report, its backends whose cells a newer report of the same machine and version replaced, newer report)
+    partly_superseded: tuple[tuple[str, tuple[str, ...], str], ...] = ()
 
     def entry(self, row: CellKey, arch: str) -> Entry | None:
         """The entry of ``row`` in the column ``arch`` (a target: ``sm90``, ``x86_64 (AVX2)``)."""
@@ -164,6 +181,17 @@ def _run_order(report: RunReport) -> tuple[Any, ...]:
     return (natural_key(target(report)), report.host, report.created_at, report.label)
 
 
+def _recency(report: RunReport) -> tuple[Any, ...]:
+    """Newest last: creation time, then label, then the full content (input order never decides)."""
+    return (report.created_at, report.label, json.dumps(report.to_dict(), sort_keys=True))
+
+
+def _machine_without_backends(report: RunReport) -> tuple[Any, ...]:
+    """``machine_key`` without the backends' versions: the machine one backend's cells are of."""
+    key = machine_key(report)
+    return key[:5] + key[6:]
+
+
 def is_stale(report: RunReport, now: _dt.datetime, max_age_days: float) -> bool:
     return now - report.created_at > _dt.timedelta(days=max_age_days)
 
@@ -192,16 +220,32 @@ def merge(
     superseded: list[Supersession] = []
     for group in newest.values():
         # Newest last; the full content breaks ties so input order never decides.
-        group.sort(key=lambda r: (r.created_at, r.label, json.dumps(r.to_dict(), sort_keys=True)))
+        group.sort(key=_recency)
         counted.append(group[-1])
         superseded.extend(Supersession(old, group[-1]) for old in group[:-1])
     counted.sort(key=_run_order)
     superseded.sort(key=lambda s: (_run_order(s.old), s.new.label))
     simulated.sort(key=_run_order)
 
+    # A backend's cells count from the newest counted report of the same machine and the same
+    # version of that backend: an older report differing only in another backend's version
+    # (gemlite carried to one run, not to the next) still counts for that other backend alone.
+    newest_for_backend: dict[tuple[Any, ...], RunReport] = {}
+    for report in sorted(counted, key=_recency):
+        for backend in {cell.backend for cell in report.cells}:
+            newest_for_backend[(_machine_without_backends(report), backend, backend_version(report, backend))] = report
+    partly: dict[tuple[str, str], list[str]] = {}
     per_cell: dict[tuple[CellKey, str], list[tuple[str, Any, str, str, str | None, Any]]] = {}
     for report in counted:
         for cell in report.cells:
+            newer = newest_for_backend[
+                (_machine_without_backends(report), cell.backend, backend_version(report, cell.backend))
+            ]
+            if newer is not report:
+                backends = partly.setdefault((report.label, newer.label), [])
+                if cell.backend not in backends:
+                    backends.append(cell.backend)
+                continue
             per_cell.setdefault((cell.key, target(report)), []).append(
                 (
                     cell.verdict,
@@ -212,8 +256,21 @@ def merge(
                     cell.worst_comparative_ratio,
                 )
             )
+    newest_on_column: dict[tuple[str, str], str | None] = {}  # (column, backend): its newest version there
+    for report in counted:
+        for backend in {cell.backend for cell in report.cells}:
+            version, slot = backend_version(report, backend), (target(report), backend)
+            if slot not in newest_on_column or version_key(version) > version_key(newest_on_column[slot]):
+                newest_on_column[slot] = version
     entries: dict[tuple[CellKey, str], Entry] = {}
+    retired: list[Retired] = []
     for key, found in per_cell.items():
+        newest_here = newest_on_column[(key[1], key[0][0])]
+        covered = max((f[4] for f in found), key=version_key)
+        # A run that could not load the backend (no version) says nothing of one: never retired.
+        if covered is not None and version_key(covered) < version_key(newest_here):
+            retired.append(Retired(key[0], key[1], covered, newest_here))
+            continue
         history = tuple(
             sorted(((f[4], f[0], f[2]) for f in found), key=lambda h: (version_key(h[0]), VERDICTS.index(h[1]), h[2]))
         )
@@ -252,6 +309,8 @@ def merge(
         stale,
         max_age_days,
         column_archs,
+        tuple(sorted(retired, key=lambda r: (natural_key(r.column), r.row))),
+        tuple((old, tuple(sorted(backends)), new) for (old, new), backends in sorted(partly.items())),
     )
 
 
