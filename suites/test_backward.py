@@ -69,20 +69,24 @@ def _mm_bound(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Ten
     "distribution",
     "rows",
     "x_rank",
+    "orientation",
     distribution=GRADIENT_DISTRIBUTIONS,
     rows=ALWAYS_ROWS,
 )
 def test_gradients_match_reference(
-    qtarget, qbackend, qdevice, qcheck, spec, dtype, weight_shape, distribution, rows, x_rank
+    qtarget, qbackend, qdevice, qcheck, spec, dtype, weight_shape, distribution, rows, x_rank, orientation
 ):
     """LoRA adapters feed the 4-bit layer: ``h = x + (x A^T) B^T``, ``y = h W^T + b``, with
     the instance's weight (shape, distribution) and activation (rows, rank; always a bias,
-    whose gradient is checked); hypothesis draws the seeds.
+    whose gradient is checked), the packed weight handed over in each orientation the
+    backend documents (``orientation``: bitsandbytes' ``matmul_4bit`` takes the weight as
+    ``quantize_4bit`` returned it too, and its backward must read it the same way);
+    hypothesis draws the seeds.
 
     Every bound propagates the layer's own backward bound (``dh = dy W``) through the
     adapter's exact float64 gradient formulas, plus each adapter op's rounding.
     """
-    require_claim(qbackend, qtarget, spec, dtype, backward=True)
+    require_claim(qbackend, qtarget, spec, dtype, backward=True, orientation=orientation)
 
     @fewer_examples(DRAW_DIVISOR)
     @given(
@@ -99,7 +103,7 @@ def test_gradients_match_reference(
         a = (torch.randn(LORA_RANK, k, generator=gen) * 0.1).to(dtype).to(qdevice).requires_grad_(True)
         b = (torch.randn(k, LORA_RANK, generator=gen) * 0.1).to(dtype).to(qdevice).requires_grad_(True)
         h = x + (x @ a.T) @ b.T
-        y = qbackend.matmul(h, quantized, bias, dtype)
+        y = qbackend.matmul_with(h, quantized, bias, dtype, orientation=orientation)
         dy = torch.randn(y.shape, generator=gen).to(dtype).to(qdevice)
         y.backward(dy)
         for name, grad in (("x", x.grad), ("bias", bias.grad), ("lora_A", a.grad), ("lora_B", b.grad)):

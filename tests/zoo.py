@@ -1569,7 +1569,43 @@ class OutGemvStoresEachSplit(TorchNF4Backend):
         return out
 
 
-SETTING_MUTANTS: tuple[type[Backend], ...] = (GemmRouteReadsStorageWords, OutGemvStoresEachSplit)
+class AsQuantizedBackwardReadsTransposed(TorchNF4Backend):
+    """A backend documenting two orientations of its packed weight, as bitsandbytes'
+    ``matmul_4bit`` does (the weight transposed, as ``Linear4bit`` hands it over, and as
+    ``quantize_4bit`` returned it), whose forward takes either right, but whose backward for the
+    as-quantized one from 16 rows on (a GEMM route, where fewer rows take a gemv) reads the
+    dequantized (N, K) weight as a (K, N) one: the gradient of x is multiplied by a scrambled
+    weight of the right shape. The parameter suite's orientation check runs forward and backward
+    at 1 and 5 rows only, the route check's ``call_form`` forward only: both pass it, and so does
+    the gradient check (1, 128 and 300 rows) until the orientation became one of its axes."""
+
+    name = "mutant-as-quantized-backward-transposed"
+    catches = "backward"
+    ROWS = 16
+    missed_by = ("parameters", "matmul", "backward")
+    held_at_default = (
+        "test_parameters.py or test_matmul_every_route or (test_gradients_match_reference and not orient-as-quantized)"
+    )
+
+    def capabilities(self, device):
+        return dataclasses.replace(super().capabilities(device), weight_orientations=("default", "as-quantized"))
+
+    def matmul_with(self, x, q, bias, compute_dtype, *, out=None, orientation="default"):
+        y = super().matmul_with(x, q, bias, compute_dtype, out=out)  # the forward: right in either orientation
+        if orientation == "default" or out is not None or not torch.is_grad_enabled() or _rows_of(x) < self.ROWS:
+            return y
+        n, k = q.shape
+        scrambled = self.dequantize(q, compute_dtype).reshape(k, n).T
+        b = bias.to(compute_dtype) if bias is not None else None
+        wrong = F.linear(x.to(compute_dtype), scrambled, b)
+        return y.detach() + (wrong - wrong.detach()).to(y.dtype)  # y's value, the scrambled weight's gradient
+
+
+SETTING_MUTANTS: tuple[type[Backend], ...] = (
+    GemmRouteReadsStorageWords,
+    OutGemvStoresEachSplit,
+    AsQuantizedBackwardReadsTransposed,
+)
 MUTANTS = MUTANTS + SETTING_MUTANTS
 
 

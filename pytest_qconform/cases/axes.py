@@ -229,6 +229,14 @@ AXES: dict[str, Axis] = {
             lambda v: f"call-{v}",
         ),
         Axis(
+            "orientation",
+            "the orientation of the packed weight handed to a matmul that computes a gradient "
+            "(``Backend.matmul_with``'s ``orientation``; ``out=`` is for inference, so the backward "
+            "checks take this axis where the forward ones take ``call_form``)",
+            lambda caps, bf16: tuple(caps.weight_orientations),
+            lambda v: f"orient-{v}",
+        ),
+        Axis(
             "weight_shape",
             "the weight's (N, K): whole blocks, a partial last block, one block (HQQ: whole groups)",
             lambda caps, bf16: _weight_shapes(caps),
@@ -269,6 +277,8 @@ def _valid(names: Sequence[str], row: Sequence[Any]) -> bool:
         return False
     # An orientation of the packed weight is bitsandbytes' layout's (HQQ's W_q has its own).
     if not bnb_layout and value.get("call_form", PLAIN_CALL) not in (PLAIN_CALL, OUT_CALL):
+        return False
+    if not bnb_layout and value.get("orientation", "default") != "default":
         return False
     return not (bnb_layout and value.get("hqq_axis", 1) != 1)
 
@@ -459,6 +469,7 @@ def default_row(check: CheckAxes) -> dict[str, Any]:
         "transition": TRANSITIONS[0],
         "loop": WORKLOAD_LOOPS[0],
         "call_form": PLAIN_CALL,
+        "orientation": "default",
     }
     return {name: check.only.get(name, (defaults[name],))[0] for name in check.names}
 
