@@ -18,7 +18,10 @@ distance ``d(t) = min_j |t - g_j|``. Two things blur that in practice, each boun
   rounds with fp32 ``zero`` and ``scale^-1`` and stores both in the compute dtype
   (unit roundoff ``u_c``), moving each grid value by at most
   ``2 (u + u_c)(15 + 2|zero|)|scale|``; bitsandbytes stores the fp32 absmax it used
-  (sigma = 0; double quantization changes it, and is not covered here).
+  (sigma = 0), except with double quantization, which rounds with the fp32 absmax ``A_b``
+  and stores only its 8-bit code: the stored ``S_b`` moves each grid value
+  ``code_j * absmax`` by ``|code_j| |S_b - A_b| <= |S_b - A_b|``. The caller who knows
+  ``A_b`` passes it (``quantizer_absmax``); without it a double-quantized state is refused.
 
 Then the chosen value ``g`` satisfies ``|g - t~| <= d(t~) <= d(t) + e'`` with
 ``e' = e + arithmetic``, and the stored one is within ``sigma`` of it, so
@@ -47,11 +50,6 @@ def grid_values(p: PackedBnb4 | PackedHqq4, device: str | torch.device | None = 
     """The 16 values each element can hold, float64, shape ``(*p.shape, 16)``."""
     dev = torch.device("cpu" if device is None else device)
     if isinstance(p, PackedBnb4):
-        if p.double_quant:
-            raise ValueError(
-                "requantize: double-quantized absmax is not covered (the quantizer rounded with an "
-                "fp32 absmax it did not store)"
-            )
         table = torch.as_tensor(np.asarray(p.code, dtype=np.float64).reshape(-1), device=dev)
         absmax = bnb4.decode_absmax(p, dev).repeat_interleave(p.blocksize)[: p.numel]
         return (absmax.unsqueeze(-1) * table).reshape(*p.shape, table.numel())
@@ -67,12 +65,19 @@ def nearest_distance(p: PackedBnb4 | PackedHqq4, target: torch.Tensor) -> torch.
 
 
 def _arithmetic_and_shift(
-    p: PackedBnb4 | PackedHqq4, target: torch.Tensor, u: float
+    p: PackedBnb4 | PackedHqq4, target: torch.Tensor, u: float, quantizer_absmax: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     t = target.double().abs()
     if isinstance(p, PackedBnb4):
-        absmax = bnb4.decode_absmax(p, target.device).repeat_interleave(p.blocksize)[: p.numel].reshape(p.shape)
-        return 2 * u * (t + absmax), torch.zeros_like(t)
+        stored = bnb4.decode_absmax(p, target.device)
+        if p.double_quant and quantizer_absmax is None:
+            raise ValueError(
+                "requantize: a double-quantized absmax needs the fp32 absmax the quantizer rounded with "
+                "(quantizer_absmax): it stored only its 8-bit code"
+            )
+        used = stored if quantizer_absmax is None else quantizer_absmax.to(stored.device, torch.float64).reshape(-1)
+        per_element = lambda blocks: blocks.repeat_interleave(p.blocksize)[: p.numel].reshape(p.shape)  # noqa: E731
+        return 2 * u * (t + per_element(used)), per_element((stored - used).abs())
     _, zero, scale = hqq4.decode_parts(p, target.device)
     u_c = max(unit_roundoff(_stored_dtype(p.meta.get(key, "float32"))) for key in ("zero_dtype", "scale_dtype"))
     span = (15 + zero.abs()) * scale.abs()
@@ -84,11 +89,14 @@ def requantize_bound(
     target: torch.Tensor,
     target_error: torch.Tensor,
     quantizer_dtype: torch.dtype = torch.float32,
+    quantizer_absmax: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Bound on ``|decode(p) - target|`` for ``p`` quantized from ``target`` (float64,
     ``p.shape``), known to within ``target_error`` as the quantizer saw it:
     ``d(t) + 2 (e + arithmetic) + 2 sigma`` (module docstring). ``quantizer_dtype``: the dtype
     the quantizer computes in (fp32; HQQ's optimizer on a GPU works in fp16), whose unit
-    roundoff ``u`` its arithmetic and its rounding of the grid carry."""
-    arithmetic, shift = _arithmetic_and_shift(p, target, unit_roundoff(quantizer_dtype))
+    roundoff ``u`` its arithmetic and its rounding of the grid carry. ``quantizer_absmax``: for
+    a double-quantized bitsandbytes-layout state, the per-block fp32 absmax the quantizer
+    rounded with (required there: it is not stored)."""
+    arithmetic, shift = _arithmetic_and_shift(p, target, unit_roundoff(quantizer_dtype), quantizer_absmax)
     return nearest_distance(p, target) + 2 * (target_error.double().abs() + arithmetic) + 2 * shift

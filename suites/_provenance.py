@@ -27,9 +27,18 @@ After any transition a user makes, ``check_provenance`` requires of every 4-bit 
   target (PEFT's ``decode + s B A``), ``derived[name] = (target, its error)`` replaces
   the source, as ``_layers.check_requantized`` judges a merge.
 
-Double-quantized absmax (bitsandbytes' ``compress_statistics``) is not covered by the
-grid check (``reference.requantize`` does not model the nested absmax): such a layer
-passes only bit-equal to ``saved`` and is otherwise reported as a failure naming that.
+Double-quantized absmax (bitsandbytes' ``compress_statistics``) is traced to the source
+too (``_nested_differences``): bitsandbytes rounds the codes with the fp32 block maxima
+``A_b`` (exact from the source), then stores ``A_b - offset`` as 8-bit codes of the signed
+dynamic map in groups of 256 blocks, each group scaled by its ``max |A_b - offset|``. So the
+nested code table must be that map bit for bit, the offset the mean of the ``A_b`` (within
+fp32 summation), each nested absmax its group's ``max |A_b - offset|`` (within one fp32
+rounding), and each stored absmax ``S_b`` within one nested code gap of ``A_b`` (the
+quantize check's bound; the search need not pick the nearest of the two codes around a
+value); then the grid check runs with ``A_b`` as the grid the quantizer rounded on and
+``|S_b - A_b|`` as the stored grid's shift (``requantize_bound(quantizer_absmax=...)``).
+A double-quantized layer requantized from a computed target (a merge) is not covered: it
+passes only bit-equal to ``saved``.
 
 Every tensor that is not a 4-bit layer's bytes (embeddings, a tied or untied lm_head,
 norms, the biases of the quantized layers, routers) must equal its source bit for bit
@@ -54,13 +63,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from pytest_qconform.reference import bounds, requantize
+from pytest_qconform.reference import bnb4, bounds, formats, requantize
 from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 
 from pytest_qconform.backends.layers import LayerFacet
 
 from ._cases import packed_dequantize_bound, reference_decode
 from ._layers import lora_delta, merge_dequantized_dtype, quantizer_dtype, snapshot, snapshot_differences
+from ._quantizer import U32, _half_gaps
 
 PEFT_PREFIX = "base_model.model."
 EXPERT_PARTS = {"gate_up_proj": "gate_up", "down_proj": "down"}  # 3-D parameter -> PerExpertLinears list
@@ -132,7 +142,11 @@ def _is_adapter(name: str) -> bool:
 
 
 def _grid_multiple(
-    packed: PackedBnb4 | PackedHqq4, w: torch.Tensor, error: torch.Tensor | None, on_gpu: bool = False
+    packed: PackedBnb4 | PackedHqq4,
+    w: torch.Tensor,
+    error: torch.Tensor | None,
+    on_gpu: bool = False,
+    quantizer_absmax: torch.Tensor | None = None,
 ) -> float:
     """``|decode - w| / requantize_bound``'s maximum: at most 1 for ``w``'s quantization on this grid."""
     if tuple(packed.shape) != tuple(w.shape):
@@ -144,16 +158,63 @@ def _grid_multiple(
         return float("inf")
     return float(
         bounds.error_multiple(
-            decoded, target, requantize.requantize_bound(packed, target, error, quantizer_dtype(packed, on_gpu))
+            decoded,
+            target,
+            requantize.requantize_bound(packed, target, error, quantizer_dtype(packed, on_gpu), quantizer_absmax),
         )
+    )
+
+
+def _block_absmax(packed: PackedBnb4, w: torch.Tensor) -> torch.Tensor:
+    """Each block's ``max |w|`` of the source, as the fp32 quantizer has it (exact: the max of
+    values of the weight's dtype, each exact in fp32)."""
+    flat = w.detach().float().cpu().reshape(-1)
+    pad = (-flat.numel()) % packed.blocksize
+    return torch.nn.functional.pad(flat.abs(), (0, pad)).reshape(-1, packed.blocksize).amax(dim=1)
+
+
+def _nested_differences(packed: PackedBnb4, w: torch.Tensor) -> str | None:
+    """Where a double-quantized absmax is not the source's (module docstring), else None."""
+    a = _block_absmax(packed, w).double()
+    code = np.asarray(packed.nested_code, dtype=np.float32).reshape(-1)
+    if not np.array_equal(code, np.asarray(formats.dynamic_map_signed(), dtype=np.float32)):
+        return "its nested code table is not the signed dynamic map bitsandbytes stores absmax codes of"
+    n, group = a.numel(), int(packed.nested_blocksize or 0)
+    mean, offset = float(a.mean()), float(packed.offset)
+    if not abs(offset - mean) <= bounds.gamma(n + 1, U32) * mean:
+        return f"its absmax offset {offset!r} is not the mean of the source's block maxima ({mean!r})"
+    groups = -(-n // max(group, 1))
+    nested = torch.as_tensor(np.asarray(packed.nested_absmax, dtype=np.float64)).reshape(-1)
+    if group < 1 or nested.numel() != groups:
+        return f"{nested.numel()} nested absmax values for {n} blocks in groups of {group}"
+    centered = a - offset
+    spread = torch.nn.functional.pad(centered.abs(), (0, groups * group - n)).reshape(groups, group).amax(dim=1)
+    wrong = torch.nonzero((nested - spread).abs() > 2 * U32 * spread).flatten()
+    if wrong.numel():
+        g = int(wrong[0])
+        return (
+            f"{wrong.numel()} of {groups} nested absmax are not their group's max |absmax - offset| of the "
+            f"source (group {g}: stored {float(nested[g])!r}, source {float(spread[g])!r})"
+        )
+    scale = nested.repeat_interleave(group)[:n]
+    normalized = torch.where(scale > 0, centered / scale.clamp_min(1e-300), torch.zeros_like(centered))
+    stored = bnb4.decode_absmax(packed)
+    bound = scale * 2 * _half_gaps(torch.as_tensor(code, dtype=torch.float64), normalized) + 4 * U32 * a
+    wrong = torch.nonzero((stored - a).abs() > bound).flatten()
+    if wrong.numel() == 0:
+        return None
+    b = int(wrong[0])
+    at = float(scale[b]) or 1.0
+    return (
+        f"{wrong.numel()} of {n} blocks' absmax decode more than a nested code gap from the block's max |w| "
+        f"of the source (block {b}: decodes {float(stored[b])!r}, source max {float(a[b])!r}; normalized "
+        f"{float(normalized[b]):.4g} stored as nested code {(float(stored[b]) - offset) / at:.4g})"
     )
 
 
 def _absmax_differences(packed: PackedBnb4, w: torch.Tensor) -> str | None:
     """Where a plain bitsandbytes-layout absmax is not its block's ``max |w|`` (exact)."""
-    flat = w.detach().float().cpu().reshape(-1)
-    pad = (-flat.numel()) % packed.blocksize
-    expected = torch.nn.functional.pad(flat.abs(), (0, pad)).reshape(-1, packed.blocksize).amax(dim=1).numpy()
+    expected = _block_absmax(packed, w).numpy()
     stored = np.asarray(packed.absmax, dtype=np.float32).reshape(-1)
     if stored.shape != expected.shape:
         return f"{stored.size} absmax values for {expected.size} blocks of {packed.blocksize}"
@@ -171,17 +232,26 @@ def _layer_verdict(
     packed: PackedBnb4 | PackedHqq4, w: torch.Tensor, error: torch.Tensor | None, derived: bool, on_gpu: bool = False
 ) -> str | None:
     """None when ``packed`` is the quantize-to-nearest of ``w`` on its own grid, else why not."""
-    if isinstance(packed, PackedBnb4) and packed.double_quant:
-        return "double-quantized absmax: only bit-equality with saved bytes is covered (reference.requantize)"
+    double_quant = isinstance(packed, PackedBnb4) and packed.double_quant
+    if double_quant and derived:
+        return (
+            "a double-quantized layer requantized from a computed target: only bit-equality with saved bytes is covered"
+        )
     if tuple(packed.shape) != tuple(w.shape):
         return f"shape {tuple(packed.shape)} != its source's {tuple(w.shape)}"
+    quantizer_absmax = None
     try:
-        multiple = _grid_multiple(packed, w, error, on_gpu)
+        if double_quant:
+            problem = _nested_differences(packed, w)
+            if problem is not None:
+                return problem
+            quantizer_absmax = _block_absmax(packed, w)
+        multiple = _grid_multiple(packed, w, error, on_gpu, quantizer_absmax)
     except ValueError as exc:  # a state the reference cannot decode is no weight's quantization
         return f"its bytes do not decode ({exc})"
     if not multiple <= 1.0:
         return f"decodes {multiple:.3g} x the requantization bound away from its source weight"
-    if isinstance(packed, PackedBnb4) and not derived:
+    if isinstance(packed, PackedBnb4) and not derived and not double_quant:
         return _absmax_differences(packed, w)
     return None
 

@@ -78,7 +78,7 @@ def _peft_model(facet, lm, tmp_path):
 PROVENANCE = pytest.mark.qconform_operation("provenance")
 
 
-@pytest.mark.qconform_axes("model", "format", "hqq_axis", "dtype", "transition")
+@pytest.mark.qconform_axes("model", "format", "double_quant", "hqq_axis", "dtype", "transition")
 @pytest.mark.qconform_ci_strength(1)
 @PROVENANCE
 def test_provenance_after_transition(qtarget, qbackend, qdevice, qcheck, tmp_path, spec, model, dtype, transition):

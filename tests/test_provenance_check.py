@@ -13,10 +13,10 @@ from pytest_qconform.session.fixtures import Checker
 pytest.importorskip("transformers")
 
 
-def _quantized(family: str, dtype: torch.dtype = torch.bfloat16):
+def _quantized(family: str, dtype: torch.dtype = torch.bfloat16, double_quant: bool = False, backend=None):
     """``family`` from its source checkpoint, its linear layers replaced by the example
-    backend's 4-bit layer (as ``quantized_model`` does for a backend without a transformers
-    config); the layer facet, the model and its ``Source``."""
+    backend's 4-bit layer (or ``backend``'s; as ``quantized_model`` does for a backend without
+    a transformers config); the layer facet, the model and its ``Source``."""
     from pytest_qconform.suites._provenance import source_checkpoint
     from pytest_qconform.suites._workloads import _replace_linears, float_model
     from qconform_example_nf4.backend import TorchNF4Backend
@@ -24,10 +24,11 @@ def _quantized(family: str, dtype: torch.dtype = torch.bfloat16):
     from pytest_qconform.backends.functional_layer import FunctionalLayers
     from pytest_qconform.backends.spec import QuantSpec
 
-    facet = FunctionalLayers(TorchNF4Backend())
+    facet = FunctionalLayers(TorchNF4Backend()) if backend is None else backend.layers()
+    spec = QuantSpec("nf4", 64, double_quant)
 
     def quantize(weight, bias, name):
-        return facet.quantize(weight.cpu(), None if bias is None else bias.detach(), QuantSpec("nf4", 64), dtype, "cpu")
+        return facet.quantize(weight.cpu(), None if bias is None else bias.detach(), spec, dtype, "cpu")
 
     lm = float_model(family, dtype, 211)
     _replace_linears(lm, quantize)
@@ -96,4 +97,37 @@ def test_float_tensors_and_ties_must_stay_their_sources():
     del lm.transformer.h[1].ln_2.bias
     lm.transformer.h[1].ln_2.bias = None
     with pytest.raises(AssertionError, match=r"ln_2.bias: in the source checkpoint, not in the model"):
+        check_provenance(_qcheck(), facet, lm, source)
+
+
+def test_double_quantized_layers_are_traced_to_their_source():
+    """A double-quantized layer's absmax is stored as 8-bit codes of ``absmax - offset``:
+    provenance traces the offset, each nested absmax and each decoded absmax to the source's
+    block maxima, then the codes to the grid the quantizer rounded on. The model built from
+    its source passes (the example backend's quantizer and bitsandbytes' own); a nested absmax
+    taken from another layer, and swapped layers, fail, naming what is wrong."""
+    from pytest_qconform.suites._provenance import check_provenance
+
+    backends = [None]
+    try:
+        from pytest_qconform.backends import registry
+
+        backends.append(registry.create("bitsandbytes"))
+    except Exception:  # noqa: BLE001 - bitsandbytes missing: the example backend alone
+        pass
+    for backend in backends:
+        facet, lm, source = _quantized("llama", double_quant=True, backend=backend)
+        check_provenance(_qcheck(), facet, lm, source)
+    facet, lm, source = _quantized("llama", double_quant=True)
+    attn = lm.model.layers[0].self_attn
+    layer, other = attn.o_proj, attn.q_proj
+    assert facet.packed(layer).double_quant
+    layer._buffers["quant_nested_absmax"] = other._buffers["quant_nested_absmax"] * 1.5  # a neighbour's, scaled
+    layer._rebuild()
+    with pytest.raises(AssertionError, match=r"o_proj: .*nested absmax are not their group's max"):
+        check_provenance(_qcheck(), facet, lm, source)
+    facet, lm, source = _quantized("llama", double_quant=True)
+    attn = lm.model.layers[0].self_attn
+    attn.q_proj, attn.k_proj = attn.k_proj, attn.q_proj
+    with pytest.raises(AssertionError, match=r"self_attn.q_proj: .*"):
         check_provenance(_qcheck(), facet, lm, source)

@@ -1601,10 +1601,43 @@ class AsQuantizedBackwardReadsTransposed(TorchNF4Backend):
         return y.detach() + (wrong - wrong.detach()).to(y.dtype)  # y's value, the scrambled weight's gradient
 
 
+class _ShapeKeyedNestedLoadLinear(FunctionalLinear):
+    def _load_from_state_dict(self, state_dict, prefix, *args):
+        super()._load_from_state_dict(state_dict, prefix, *args)
+        # the shape-keyed staging of LoadTakesNeighbourAbsmax, for the nested absmax only (double
+        # quantization's per-group scale of the 8-bit absmax codes): k_proj decodes its absmax codes
+        # with q_proj's group scales
+        name = PREFIX + "nested_absmax"
+        if name not in self._buffers:
+            return
+        staged = self.backend.__dict__.setdefault("staged_nested_absmax_by_shape", {})
+        key = (self.out_features, self.in_features, tuple(self._buffers[name].shape))
+        previous, staged[key] = staged.get(key), self._buffers[name].clone()
+        if previous is not None:
+            self._buffers[name] = previous.to(self._buffers[name].device)
+            self._rebuild()
+
+
+class LoadTakesNeighbourNestedAbsmax(_LayerMutant):
+    """The shape-keyed loader of ``LoadTakesNeighbourAbsmax``, wrong for double-quantized layers
+    only: each layer loaded after another of its shape decodes its absmax codes with that
+    neighbour's nested absmax (its groups' scales). Provenance refused every double-quantized
+    layer that was not bit-equal to saved bytes, so it ran none; with ``double_quant`` as its
+    axis it traces the nested absmax to the source's block maxima."""
+
+    name = "mutant-load-takes-neighbour-nested-absmax"
+    catches = "provenance"
+    suites = PROVENANCE_SUITES
+    layer_class = _ShapeKeyedNestedLoadLinear
+    missed_by = ("provenance",)
+    held_at_default = "test_provenance.py and not -dq-"
+
+
 SETTING_MUTANTS: tuple[type[Backend], ...] = (
     GemmRouteReadsStorageWords,
     OutGemvStoresEachSplit,
     AsQuantizedBackwardReadsTransposed,
+    LoadTakesNeighbourNestedAbsmax,
 )
 MUTANTS = MUTANTS + SETTING_MUTANTS
 
