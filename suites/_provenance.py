@@ -70,7 +70,7 @@ from pytest_qconform.backends.layers import LayerFacet
 
 from ._cases import packed_dequantize_bound, reference_decode
 from ._layers import lora_delta, merge_dequantized_dtype, quantizer_dtype, snapshot, snapshot_differences
-from ._quantizer import U32, _half_gaps
+from ._quantizer import U32, nested_absmax_bound
 
 PEFT_PREFIX = "base_model.model."
 EXPERT_PARTS = {"gate_up_proj": "gate_up", "down_proj": "down"}  # 3-D parameter -> PerExpertLinears list
@@ -189,7 +189,7 @@ def _nested_differences(packed: PackedBnb4, w: torch.Tensor) -> str | None:
         return f"{nested.numel()} nested absmax values for {n} blocks in groups of {group}"
     centered = a - offset
     spread = torch.nn.functional.pad(centered.abs(), (0, groups * group - n)).reshape(groups, group).amax(dim=1)
-    wrong = torch.nonzero((nested - spread).abs() > 2 * U32 * spread).flatten()
+    wrong = torch.nonzero(~((nested - spread).abs() <= 2 * U32 * spread)).flatten()  # NaN is wrong too
     if wrong.numel():
         g = int(wrong[0])
         return (
@@ -199,8 +199,8 @@ def _nested_differences(packed: PackedBnb4, w: torch.Tensor) -> str | None:
     scale = nested.repeat_interleave(group)[:n]
     normalized = torch.where(scale > 0, centered / scale.clamp_min(1e-300), torch.zeros_like(centered))
     stored = bnb4.decode_absmax(packed)
-    bound = scale * 2 * _half_gaps(torch.as_tensor(code, dtype=torch.float64), normalized) + 4 * U32 * a
-    wrong = torch.nonzero((stored - a).abs() > bound).flatten()
+    bound = nested_absmax_bound(scale, torch.as_tensor(code, dtype=torch.float64), normalized, a)
+    wrong = torch.nonzero(~((stored - a).abs() <= bound)).flatten()
     if wrong.numel() == 0:
         return None
     b = int(wrong[0])

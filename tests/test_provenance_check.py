@@ -127,6 +127,12 @@ def test_double_quantized_layers_are_traced_to_their_source():
     with pytest.raises(AssertionError, match=r"o_proj: .*nested absmax are not their group's max"):
         check_provenance(_qcheck(), facet, lm, source)
     facet, lm, source = _quantized("llama", double_quant=True)
+    layer = lm.model.layers[0].self_attn.o_proj
+    layer._buffers["quant_nested_absmax"] = torch.full_like(layer._buffers["quant_nested_absmax"], float("nan"))
+    layer._rebuild()
+    with pytest.raises(AssertionError, match=r"o_proj: .*nested absmax are not their group's max"):
+        check_provenance(_qcheck(), facet, lm, source)  # NaN against the source is no match
+    facet, lm, source = _quantized("llama", double_quant=True)
     attn = lm.model.layers[0].self_attn
     attn.q_proj, attn.k_proj = attn.k_proj, attn.q_proj
     with pytest.raises(AssertionError, match=r"self_attn.q_proj: .*"):

@@ -1370,15 +1370,20 @@ class DeepcopySharesQuantState(_LayerMutant):
 
 
 class _ShapeKeyedLoadLinear(FunctionalLinear):
+    STAGED = "absmax"  # the buffer (a key of the backend's serialize() dict) the loader stages
+
     def _load_from_state_dict(self, state_dict, prefix, *args):
         super()._load_from_state_dict(state_dict, prefix, *args)
         # a loader that keys its quant-state staging by tensor shape, not by name: each layer gets
-        # the absmax of the layer of its shape loaded before it (q_proj's in k_proj)
-        staged = self.backend.__dict__.setdefault("staged_absmax_by_shape", {})
-        key = (self.out_features, self.in_features, tuple(self._buffers[PREFIX + "absmax"].shape))
-        previous, staged[key] = staged.get(key), self._buffers[PREFIX + "absmax"].clone()
+        # the staged buffer of the layer of its shape loaded before it (q_proj's in k_proj)
+        name = PREFIX + self.STAGED
+        if name not in self._buffers:
+            return
+        staged = self.backend.__dict__.setdefault(f"staged_{self.STAGED}_by_shape", {})
+        key = (self.out_features, self.in_features, tuple(self._buffers[name].shape))
+        previous, staged[key] = staged.get(key), self._buffers[name].clone()
         if previous is not None:
-            self._buffers[PREFIX + "absmax"] = previous.to(self._buffers[PREFIX + "absmax"].device)
+            self._buffers[name] = previous.to(self._buffers[name].device)
             self._rebuild()
 
 
@@ -1601,21 +1606,8 @@ class AsQuantizedBackwardReadsTransposed(TorchNF4Backend):
         return y.detach() + (wrong - wrong.detach()).to(y.dtype)  # y's value, the scrambled weight's gradient
 
 
-class _ShapeKeyedNestedLoadLinear(FunctionalLinear):
-    def _load_from_state_dict(self, state_dict, prefix, *args):
-        super()._load_from_state_dict(state_dict, prefix, *args)
-        # the shape-keyed staging of LoadTakesNeighbourAbsmax, for the nested absmax only (double
-        # quantization's per-group scale of the 8-bit absmax codes): k_proj decodes its absmax codes
-        # with q_proj's group scales
-        name = PREFIX + "nested_absmax"
-        if name not in self._buffers:
-            return
-        staged = self.backend.__dict__.setdefault("staged_nested_absmax_by_shape", {})
-        key = (self.out_features, self.in_features, tuple(self._buffers[name].shape))
-        previous, staged[key] = staged.get(key), self._buffers[name].clone()
-        if previous is not None:
-            self._buffers[name] = previous.to(self._buffers[name].device)
-            self._rebuild()
+class _ShapeKeyedNestedLoadLinear(_ShapeKeyedLoadLinear):
+    STAGED = "nested_absmax"  # double quantization's per-group scale of the 8-bit absmax codes
 
 
 class LoadTakesNeighbourNestedAbsmax(_LayerMutant):
