@@ -33,6 +33,7 @@ __all__ = [
     "weight_error",
     "bnb4_dequantize_bound",
     "bnb4_matmul_weight_bound",
+    "bnb_fused_kernel_may_run",
     "dequantize_bound",
     "error_multiple",
     "gamma",
@@ -446,6 +447,18 @@ def grad_bound(
     )
 
 
+# The most rows at which bitsandbytes' gemm_4bit may run its fused kernel: 0.50.2's
+# _gemm_4bit_custom_max_m on CUDA (256 under ROCm), backends/cuda/ops.py.
+BNB_FUSED_KERNEL_MAX_ROWS = 1536
+
+
+def bnb_fused_kernel_may_run(rows: int | None, device: torch.device) -> bool:
+    """Whether bitsandbytes may multiply ``rows`` activation rows with a fused kernel that
+    rounds its code table and absmax to the compute dtype (``weight_error``): its gemv for
+    one row, and on a GPU its ``gemm_4bit`` kernel up to ``BNB_FUSED_KERNEL_MAX_ROWS``."""
+    return rows == 1 or (rows is not None and rows <= BNB_FUSED_KERNEL_MAX_ROWS and device.type == "cuda")
+
+
 def weight_error(
     packed: PackedBnb4 | PackedHqq4 | PackedGemlite4,
     exact: torch.Tensor,
@@ -457,14 +470,21 @@ def weight_error(
     precision): for HQQ two roundings of ``(W_q - zero) * scale`` after rounding a wider
     stored zero and scale to the compute dtype (gemlite's conversion: the same, in the
     layer's dtype); for bitsandbytes' format the fp32 ``code * absmax`` rounded once,
-    except for a single activation row (``rows == 1``, the gemv path), where bitsandbytes'
-    CUDA gemv rounds the code table and absmax to the compute dtype and multiplies there.
+    except where bitsandbytes' own fused kernels may run, which round the code table and
+    absmax to the compute dtype and multiply there (``bnb4_matmul_weight_bound``):
+    - a single activation row on any device (``rows == 1``, the gemv path);
+    - up to ``BNB_FUSED_KERNEL_MAX_ROWS`` rows on a GPU, where ``gemm_4bit`` runs its fused
+      ``cgemm_4bit`` kernel at up to 4 rows always and beyond by a per-arch, per-shape
+      heuristic (bitsandbytes 0.50.2, backends/cuda/ops.py ``_gemm_4bit_use_custom_cuda``).
+      Measured on an H200 (issue 53, 2026-11-29): nf4 W64x128 in fp16 and bf16, rows 2-32
+      erred up to 1.11 x the dequantize model's bound and at most 0.55 x this one; from
+      33 rows, where it dequantizes and calls torch, 0.64 x the dequantize model's.
     The default ``u |W|`` undercounts both."""
     if isinstance(packed, PackedHqq4):
         return hqq4_dequantize_bound(packed, compute_dtype, compute_dtype, device=exact.device)
     if isinstance(packed, PackedGemlite4):
         return gemlite4_dequantize_bound(packed, compute_dtype, compute_dtype, device=exact.device)
-    if rows == 1:
+    if bnb_fused_kernel_may_run(rows, exact.device):
         return bnb4_matmul_weight_bound(packed, compute_dtype, device=exact.device)
     return bnb4_dequantize_bound(packed, compute_dtype, device=exact.device)
 
@@ -473,8 +493,8 @@ def layer_weight_error(
     packed: PackedBnb4 | PackedHqq4 | PackedGemlite4, exact: torch.Tensor, compute_dtype: torch.dtype
 ) -> torch.Tensor:
     """``E`` for a layer's forward, which picks its kernel by itself (bitsandbytes: a fused
-    gemv for one row, dequantize then GEMM otherwise): the larger of both models of
-    ``weight_error``."""
+    kernel for one row and, on a GPU, for a few hundred; dequantize then GEMM otherwise):
+    the larger of both models of ``weight_error``."""
     return torch.maximum(weight_error(packed, exact, compute_dtype), weight_error(packed, exact, compute_dtype, rows=1))
 
 

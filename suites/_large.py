@@ -149,9 +149,10 @@ def check_large_tensor(
         w = bnb4.decode(part, device=device)
         last = first + w.shape[0] - 1
         e_dequantized = bounds.bnb4_dequantize_bound(part, dtype, device)  # a weight dequantized, then multiplied
-        e_gemv = bounds.bnb4_matmul_weight_bound(part, dtype, device=device) if 1 in rows else None
-        for x, y in zip(xs, ys):
-            w_error = e_gemv if x.shape[0] == 1 else e_dequantized
+        fused = [bounds.bnb_fused_kernel_may_run(x.shape[0], device) for x in xs]  # bounds.weight_error
+        e_fused = bounds.bnb4_matmul_weight_bound(part, dtype, device=device) if any(fused) else None
+        for x, y, in_fused_kernel in zip(xs, ys, fused):
+            w_error = e_fused if in_fused_kernel else e_dequantized
             qcheck.within(
                 y[:, first : last + 1],
                 linear.linear(x.double(), w),
@@ -176,7 +177,7 @@ def check_large_tensor(
             )
             dx_exact = exact if dx_exact is None else dx_exact.add_(exact)
             dx_error = share if dx_error is None else dx_error.add_(share)
-        del w, e_dequantized, e_gemv
+        del w, e_dequantized, e_fused
     if x_grad is not None and dx_exact is not None and dx_error is not None:
         grad = x_grad.grad
         if grad is None or not torch.isfinite(grad).all():

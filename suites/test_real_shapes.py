@@ -76,16 +76,17 @@ def test_layer_shapes(qtarget, qbackend, qdevice, qcheck, qprofile, spec, dtype)
         packed = qbackend.export_packed(quantized)
         check_in_chunks(qcheck, qbackend.dequantize(quantized, dtype), packed, dtype, f"dequantize {shape}")
         w = reference_decode(packed, qdevice)
-        w_errors = {}  # the gemv's weight error model (1 row) and the others' (bounds.weight_error)
+        w_errors = {}  # by weight model: bitsandbytes' fused kernels' and the others' (bounds.weight_error)
         for rows in ROWS[qdevice.type]:
             qcheck.describe(rows=rows)
             x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(rows)).to(dtype).to(qdevice)
             x.requires_grad_(rows == ROWS[qdevice.type][-1])
             bias = torch.randn(shape[0], generator=torch.Generator().manual_seed(7)).to(dtype).to(qdevice)
             y = qbackend.matmul(x, quantized, bias, dtype)
-            if min(rows, 2) not in w_errors:
-                w_errors[min(rows, 2)] = weight_error(packed, w, dtype, rows=rows)
-            w_error = w_errors[min(rows, 2)]
+            model = (rows == 1, bounds.bnb_fused_kernel_may_run(rows, qdevice))
+            if model not in w_errors:
+                w_errors[model] = weight_error(packed, w, dtype, rows=rows)
+            w_error = w_errors[model]
             qcheck.within(
                 y,
                 linear.linear(x.double(), w, bias.double()),

@@ -59,6 +59,11 @@ from ._workloads import (
 # double-quantized model would fail there whatever its backend does. The layer, route and
 # backward checks take it.
 WORKLOAD_AXES = ("model", "format", "hqq_axis", "quant_storage", "dtype")
+# Each instance runs a model, seconds each (2-9 s on an H200 and on the 2-core CPU, a compiled
+# one up to 28 s): at the heads of the workers' shares, so that the run does not end with a
+# worker running the last of them while the others wait (on the CPU the main job's two workers
+# ended 7 s apart with three serving workloads last, 2026-11-29; docs/run-times.md).
+pytestmark = pytest.mark.qconform_heavy
 NEW_TOKENS = 3
 LONG_PREFILL = 96
 RANK, ALPHA = 4, 8
@@ -164,7 +169,6 @@ def _judged(oracle, word: str) -> int:
     return sum(n for (_, signature), n in oracle.judged.items() if word in signature.split())
 
 
-@pytest.mark.qconform_heavy
 @workload(
     "compiled",
     model=("qwen2",),

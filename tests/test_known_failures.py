@@ -230,6 +230,34 @@ def test_entries_that_could_match_here_and_mark_nothing_are_reported_stale(
     assert [f"{e['source']} ({e['backend']} {e['check']})" for e in stale] == stale_lines
 
 
+def test_an_entry_that_covers_a_test_an_earlier_entry_marked_is_not_stale(
+    fake_backend_project: pytest.Pytester,
+) -> None:
+    """The first entry that covers a test marks it; a later one that covers it too (an entry
+    for every CPU after one for an AVX512 CPU's kernels) matched something and is not named."""
+    later = entry(arch='"*"', reason='"the later entry"')
+    result, _ = run_with(fake_backend_project, ENTRY + "\n" + later, "-rx")
+    result.assert_outcomes(xfailed=1, passed=1, skipped=2)
+    assert "marked no collected test" not in result.stdout.str()
+    assert "dequantize returns garbage" in result.stdout.str() and "the later entry" not in result.stdout.str()
+
+
+@pytest.mark.parametrize(("profile", "stale"), [('"thorough"', False), ('"ci"', True), (None, True)])
+def test_an_entry_for_the_thorough_profile_is_judged_in_its_runs_only(
+    fake_backend_project: pytest.Pytester, profile: str | None, stale: bool
+) -> None:
+    """An entry whose tests only ``thorough`` draws names its profile, and a ``ci`` run that
+    collects none of them does not call it stale; without the key, or naming ``ci``, it is."""
+    unmatched = entry(test='"test_dequantize_drawn_only_in_thorough*"', profile=profile)
+    result, _ = run_with(fake_backend_project, ENTRY + "\n" + unmatched)
+    assert ("marked no collected test" in result.stdout.str()) is stale
+
+
+def test_a_profile_that_is_not_one_names_its_line() -> None:
+    with pytest.raises(KnownFailuresError, match=r"t\.toml:\d+: profile must be one of ci, thorough"):
+        parse(entry(profile='"nightly"'), "t.toml")
+
+
 def test_a_run_narrowed_by_k_judges_no_entry(fake_backend_project: pytest.Pytester) -> None:
     result, _ = run_with(fake_backend_project, entry(format='"fp4*"'), "-k", "quantize or dequantize")
     assert "marked no collected test" not in result.stdout.str()

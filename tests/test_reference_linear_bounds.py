@@ -331,3 +331,29 @@ def test_bnb4_matmul_weight_bound_covers_code_times_absmax_in_compute_dtype(comp
         single = bounds.rounding_bound(exact, compute)
         needed = max(needed, bounds.error_multiple(gemv_weight, exact, single))
     assert needed > 1.0
+
+
+def test_weight_error_takes_the_fused_kernels_model_where_bitsandbytes_may_run_them():
+    """bitsandbytes' gemv (one row, any device) and its GPU gemm_4bit kernel (up to 1536
+    rows in 0.50.2) round the code table and absmax to the compute dtype; elsewhere it
+    dequantizes in fp32 and rounds once. An H200's gemm_4bit at 2-32 rows erred up to 1.11 x
+    the dequantize model's bound (issue 53), so a GPU's few-row calls take the fused model."""
+    import numpy as np
+    from pytest_qconform.reference import bnb4
+    from pytest_qconform.reference.packed import PackedBnb4
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert bounds.bnb_fused_kernel_may_run(1, cpu) and bounds.bnb_fused_kernel_may_run(1, cuda)
+    assert not bounds.bnb_fused_kernel_may_run(2, cpu)
+    assert bounds.bnb_fused_kernel_may_run(2, cuda) and bounds.bnb_fused_kernel_may_run(1536, cuda)
+    assert not bounds.bnb_fused_kernel_may_run(1537, cuda) and not bounds.bnb_fused_kernel_may_run(None, cuda)
+    weight = torch.randn(64, 128, generator=torch.Generator().manual_seed(0))
+    packed, absmax = bnb4.quantize(weight, "nf4", 64)
+    p = PackedBnb4("nf4", 64, (64, 128), packed, absmax.float().numpy(), np.asarray(bnb4.code_table("nf4"), np.float32))
+    exact = bnb4.decode(p)
+    fused = bounds.bnb4_matmul_weight_bound(p, torch.float16)
+    assert torch.equal(bounds.weight_error(p, exact, torch.float16, rows=1), fused)
+    assert torch.equal(
+        bounds.weight_error(p, exact, torch.float16, rows=2), bounds.bnb4_dequantize_bound(p, torch.float16)
+    )
+    assert torch.all(fused >= bounds.weight_error(p, exact, torch.float16, rows=2))

@@ -1,7 +1,8 @@
-"""Where the heavy checks go in the collection: at the head of each pytest-xdist worker's
-first share, one per worker.
+"""Where the heavy checks go in the collection: at the heads of the pytest-xdist workers'
+first shares, in turn.
 
-Why: a ``qconform_heavy`` instance compiles a model (10-33 s each on the H100 host).
+Why: a ``qconform_heavy`` instance runs a model (a workload, 2-9 s) or compiles one (10-33 s
+each on the H100 host).
 pytest-xdist's ``worksteal`` (and ``load``) hands each worker a contiguous share of the
 collection first (the i-th of n shares, ``len(pending) // workers_left`` items each) and
 steals from the tail of a queue, so a test at the head of a share stays with that worker.
@@ -9,7 +10,10 @@ With every heavy instance at the front of the collection, all of them were in th
 worker's share: on the H100 one worker compiled the four compiled workloads one after
 another (80 s, the end of the run) while the other seven had run out of work at 93-96 s
 (docs/run-times.md, contract revision 6). So the k-th heavy instance leads share
-``k mod n``; in one process they simply go first.
+``k mod n``; in one process they simply go first. The tails of the shares, which idle
+workers steal from, are then quick checks: a worker keeps the test it runs and the next, so
+workloads left at the end of the collection had ended the CPU's main job with one worker
+running three of them for 7 s while the other waited.
 """
 
 from __future__ import annotations

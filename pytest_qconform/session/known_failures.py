@@ -36,7 +36,8 @@ from pytest_qconform.vocabulary import CaseKey
 
 PACKAGED = "pytest_qconform/session/known_failures.toml"
 REQUIRED = ("backend", "versions", "arch", "check", "reason", "link", "repro")
-OPTIONAL = ("format", "dtype", "test", "cpu_capability", "ends_process", "message")
+OPTIONAL = ("format", "dtype", "test", "cpu_capability", "ends_process", "message", "profile")
+PROFILES = ("ci", "thorough")
 ANY = "*"
 
 # This module's own session state: the entries read at start-up (kept here, beside the
@@ -72,6 +73,10 @@ class KnownFailure:
     # A regular expression the failure's message must match (``re.search``): for a condition of
     # the values a test draws (not of its instance), see ``apply``. Empty: every failure.
     message: str = ""
+    # The hypothesis profile whose instances the entry is written for ("thorough": its test
+    # ids exist in that profile's draws only); a run of another profile does not judge it
+    # stale (``stale_known_failures``). Matching does not read it.
+    profile: str = ANY
     source: str = ""  # "file:line" of the entry, for messages
 
     def matches(
@@ -161,6 +166,10 @@ def _parse_entry(raw: dict, source: str, lines: list[str], span: tuple[int, int]
         raise KnownFailuresError(
             f'{where("ends_process")}: ends_process must be "yes" or "no", got {raw["ends_process"]!r}'
         )
+    if raw.get("profile", ANY) not in (ANY, *PROFILES):
+        raise KnownFailuresError(
+            f"{where('profile')}: profile must be one of {', '.join(PROFILES)} (or '*'), got {raw['profile']!r}"
+        )
     try:
         versions = SpecifierSet("" if raw["versions"].strip() == ANY else raw["versions"])
     except InvalidSpecifier:
@@ -187,6 +196,7 @@ def _parse_entry(raw: dict, source: str, lines: list[str], span: tuple[int, int]
         cpu_capability=raw.get("cpu_capability", ANY),
         ends_process=raw.get("ends_process", "no"),
         message=_pattern(raw.get("message", ""), where("message")),
+        profile=raw.get("profile", ANY),
         source=where(),
     )
 
@@ -268,18 +278,24 @@ def apply(config: pytest.Config, items: list[pytest.Item]) -> None:
             if target is not None
             else tuple(m for m in (probe.device_kind, probe.arch, probe.family) if m)
         )
-        for i, entry in enumerate(entries):
-            if entry.matches(key, status.version if status else None, markers, item.name, probe.cpu_capability):
-                item.add_marker(
-                    pytest.mark.xfail(
-                        strict=not entry.message, reason=entry.xfail_reason(), run=entry.ends_process != "yes"
-                    )
-                )
-                if entry.message:
-                    item.stash[_MESSAGE] = entry.message
-                item.repr_failure = _native_repr_failure(item)  # type: ignore[method-assign]
-                matched.add(i)
-                break
+        covering = [
+            i
+            for i, entry in enumerate(entries)
+            if entry.matches(key, status.version if status else None, markers, item.name, probe.cpu_capability)
+        ]
+        if not covering:
+            continue
+        # The first entry marks the test. The others covered it too, so none of them is stale:
+        # an entry for every CPU (Linear4bit's in-place load) is not stale on an AVX512 CPU, where
+        # an earlier entry for that CPU's kernels takes the same test.
+        matched.update(covering)
+        entry = entries[covering[0]]
+        item.add_marker(
+            pytest.mark.xfail(strict=not entry.message, reason=entry.xfail_reason(), run=entry.ends_process != "yes")
+        )
+        if entry.message:
+            item.stash[_MESSAGE] = entry.message
+        item.repr_failure = _native_repr_failure(item)  # type: ignore[method-assign]
     stale_known_failures.remember(config, stale_known_failures.find(config, entries, matched, ran))
 
 

@@ -114,9 +114,10 @@ def _options() -> tuple[tuple[str, dict[str, Any]], ...]:
                 default=None,
                 type=instance_slice.parse,
                 metavar="N/M[@KEY]",
-                help="run N of every M instances, chosen by a hash of KEY (default: today's UTC "
-                "date) and each test id: a reproducible, daily rotated slice (e.g. of the thorough "
-                "profile in a CPU job); the summary says how many ran and how to replay the slice",
+                help="run part N of M parts of the instances (the M parts hold each instance once), "
+                "chosen by a hash of KEY (default: today's UTC date) and each test id: a reproducible, "
+                "daily rotated slice (e.g. of the thorough profile in a CPU job, or a GPU run split "
+                "into calls); the summary says how many ran and how to replay the slice",
             ),
         ),
         (

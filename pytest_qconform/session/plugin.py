@@ -45,8 +45,8 @@ def _register_markers(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
-        "qconform_heavy: a check whose instance takes many seconds (it compiles a model): run first, one at the "
-        "head of each pytest-xdist worker's first share, so that no worker ends the run with them",
+        "qconform_heavy: a check whose instance takes seconds (it runs or compiles a model): run first, at the "
+        "heads of the pytest-xdist workers' first shares in turn, so that no worker ends the run with them",
     )
     config.addinivalue_line(
         "markers",

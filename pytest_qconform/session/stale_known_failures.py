@@ -2,9 +2,11 @@
 says why that matters): said in the run's summary and kept in its report.
 
 An entry is judged only where it could have matched: its backend is under test and loads,
-its version range holds that version, its arch and CPU capability are this run's, and its
-check ran (some collected test of its backend has a matching operation: a run of one suite
-file judges the entries of that file's checks only). A run narrowed by ``-k``,
+its version range holds that version, its arch and CPU capability are this run's, its profile
+(if it names one: an entry for instances only ``thorough`` draws) is this run's, and its check
+ran (some collected test of its backend has a matching operation: a run of one suite file
+judges the entries of that file's checks only). An entry that covered a test marked by an
+earlier entry is not stale. A run narrowed by ``-k``,
 ``--qconform-format``, ``--qconform-dtype`` or ``--qconform-slice`` judges none: it leaves out instances an
 entry may be written for.
 """
@@ -41,6 +43,9 @@ class Entry(Protocol):
     def cpu_capability(self) -> str: ...
 
     @property
+    def profile(self) -> str: ...
+
+    @property
     def source(self) -> str: ...
 
     def covers_version(self, version: str | None) -> bool: ...
@@ -72,6 +77,7 @@ def find(
 
     probe = state.probe(config)
     markers = {m for m in (probe.device_kind, probe.arch, probe.family) if m}
+    profile = config.getoption("qconform_profile") or str(config.getini("qconform_profile")).strip().lower()
     stale = []
     for i, entry in enumerate(entries):
         status = probe.backend(entry.backend)
@@ -80,6 +86,8 @@ def find(
         if not entry.covers_version(status.version):
             continue
         if entry.arch != "*" and entry.arch not in markers:
+            continue
+        if entry.profile != "*" and entry.profile != profile:
             continue
         if entry.cpu_capability != "*" and not fnmatch.fnmatchcase(probe.cpu_capability or "", entry.cpu_capability):
             continue
