@@ -43,6 +43,8 @@ __all__ = [
     "decode",
     "decode_absmax",
     "encode",
+    "half_gaps",
+    "nested_absmax_bound",
     "pack_codes",
     "per_block_and_code",
     "quantize",
@@ -106,6 +108,28 @@ def code_values(codes: np.ndarray, quant_type: str, device: str | torch.device |
 
 def _nblocks(numel: int, blocksize: int) -> int:
     return -(-numel // blocksize)
+
+
+_U32 = 2.0**-24  # fp32's unit roundoff (reference.bounds imports this module)
+
+
+def half_gaps(table: torch.Tensor, scaled: torch.Tensor) -> torch.Tensor:
+    """Half the width of the code interval each scaled value falls into."""
+    codes = torch.sort(table).values
+    gaps = torch.diff(codes)
+    idx = torch.searchsorted(codes, scaled.clamp(codes[0], codes[-1]).contiguous()).clamp(1, len(codes) - 1)
+    return gaps[idx - 1] / 2
+
+
+def nested_absmax_bound(
+    nested: torch.Tensor, nested_map: torch.Tensor, normalized: torch.Tensor, absmax: torch.Tensor
+) -> torch.Tensor:
+    """How far a double-quantized absmax may decode from the block's ``absmax`` (float64, per
+    block): ``absmax - offset`` normalized by its group's ``nested`` absmax went through the
+    8-bit map, whose code is one of the two around the value (bitsandbytes' search need not
+    pick the nearest), so within the full gap of that interval times ``nested``, plus fp32
+    roundings of the decode."""
+    return nested * 2 * half_gaps(nested_map, normalized) + 4 * _U32 * absmax.abs()
 
 
 def decode_absmax(p: PackedBnb4, device: str | torch.device | None = "cpu") -> torch.Tensor:

@@ -36,9 +36,10 @@ fp32 summation), each nested absmax its group's ``max |A_b - offset|`` (within o
 rounding), and each stored absmax ``S_b`` within one nested code gap of ``A_b`` (the
 quantize check's bound; the search need not pick the nearest of the two codes around a
 value); then the grid check runs with ``A_b`` as the grid the quantizer rounded on and
-``|S_b - A_b|`` as the stored grid's shift (``requantize_bound(quantizer_absmax=...)``).
-A double-quantized layer requantized from a computed target (a merge) is not covered: it
-passes only bit-equal to ``saved``.
+``|S_b - A_b|`` as the stored grid's shift (``requantize.quantizer_block_maxima``). A
+double-quantized layer requantized from a computed target (a merge) is judged the same way
+with ``A_b`` known to within the block's largest target error: each of the bounds above
+widens by it (by the mean of them for the offset), and so does the grid's shift.
 
 Every tensor that is not a 4-bit layer's bytes (embeddings, a tied or untied lm_head,
 norms, the biases of the quantized layers, routers) must equal its source bit for bit
@@ -70,7 +71,7 @@ from pytest_qconform.backends.layers import LayerFacet
 
 from ._cases import packed_dequantize_bound, reference_decode
 from ._layers import lora_delta, merge_dequantized_dtype, quantizer_dtype, snapshot, snapshot_differences
-from ._quantizer import U32, nested_absmax_bound
+from ._quantizer import U32
 
 PEFT_PREFIX = "base_model.model."
 EXPERT_PARTS = {"gate_up_proj": "gate_up", "down_proj": "down"}  # 3-D parameter -> PerExpertLinears list
@@ -142,11 +143,7 @@ def _is_adapter(name: str) -> bool:
 
 
 def _grid_multiple(
-    packed: PackedBnb4 | PackedHqq4,
-    w: torch.Tensor,
-    error: torch.Tensor | None,
-    on_gpu: bool = False,
-    quantizer_absmax: torch.Tensor | None = None,
+    packed: PackedBnb4 | PackedHqq4, w: torch.Tensor, error: torch.Tensor | None, on_gpu: bool = False
 ) -> float:
     """``|decode - w| / requantize_bound``'s maximum: at most 1 for ``w``'s quantization on this grid."""
     if tuple(packed.shape) != tuple(w.shape):
@@ -160,7 +157,7 @@ def _grid_multiple(
         bounds.error_multiple(
             decoded,
             target,
-            requantize.requantize_bound(packed, target, error, quantizer_dtype(packed, on_gpu), quantizer_absmax),
+            requantize.requantize_bound(packed, target, error, quantizer_dtype(packed, on_gpu)),
         )
     )
 
@@ -173,23 +170,29 @@ def _block_absmax(packed: PackedBnb4, w: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(flat.abs(), (0, pad)).reshape(-1, packed.blocksize).amax(dim=1)
 
 
-def _nested_differences(packed: PackedBnb4, w: torch.Tensor) -> str | None:
-    """Where a double-quantized absmax is not the source's (module docstring), else None."""
-    a = _block_absmax(packed, w).double()
+def _nested_differences(packed: PackedBnb4, a: torch.Tensor, slack: torch.Tensor) -> str | None:
+    """Where a double-quantized absmax is not the source's (module docstring), else None: ``a``
+    each block's max ``|w|`` of the source or target (float64), ``slack`` how far the
+    quantizer's block maxima may be from it (0 for a source, the largest error for a target)."""
     code = np.asarray(packed.nested_code, dtype=np.float32).reshape(-1)
     if not np.array_equal(code, np.asarray(formats.dynamic_map_signed(), dtype=np.float32)):
         return "its nested code table is not the signed dynamic map bitsandbytes stores absmax codes of"
     n, group = a.numel(), int(packed.nested_blocksize or 0)
-    mean, offset = float(a.mean()), float(packed.offset)
-    if not abs(offset - mean) <= bounds.gamma(n + 1, U32) * mean:
+    mean, offset, mean_slack = float(a.mean()), float(packed.offset), float(slack.mean())
+    if not abs(offset - mean) <= bounds.gamma(n + 1, U32) * (mean + mean_slack) + mean_slack:
         return f"its absmax offset {offset!r} is not the mean of the source's block maxima ({mean!r})"
     groups = -(-n // max(group, 1))
     nested = torch.as_tensor(np.asarray(packed.nested_absmax, dtype=np.float64)).reshape(-1)
     if group < 1 or nested.numel() != groups:
         return f"{nested.numel()} nested absmax values for {n} blocks in groups of {group}"
     centered = a - offset
-    spread = torch.nn.functional.pad(centered.abs(), (0, groups * group - n)).reshape(groups, group).amax(dim=1)
-    wrong = torch.nonzero(~((nested - spread).abs() <= 2 * U32 * spread)).flatten()  # NaN is wrong too
+
+    def group_max(values: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.pad(values, (0, groups * group - n)).reshape(groups, group).amax(dim=1)
+
+    spread, group_slack = group_max(centered.abs()), group_max(slack)
+    allowed = 2 * U32 * (spread + group_slack) + group_slack
+    wrong = torch.nonzero(~((nested - spread).abs() <= allowed)).flatten()  # NaN is wrong too
     if wrong.numel():
         g = int(wrong[0])
         return (
@@ -197,10 +200,14 @@ def _nested_differences(packed: PackedBnb4, w: torch.Tensor) -> str | None:
             f"source (group {g}: stored {float(nested[g])!r}, source {float(spread[g])!r})"
         )
     scale = nested.repeat_interleave(group)[:n]
-    normalized = torch.where(scale > 0, centered / scale.clamp_min(1e-300), torch.zeros_like(centered))
+    inverse = torch.where(scale > 0, 1 / scale.clamp_min(1e-300), torch.zeros_like(scale))
+    normalized = centered * inverse
     stored = bnb4.decode_absmax(packed)
-    bound = nested_absmax_bound(scale, torch.as_tensor(code, dtype=torch.float64), normalized, a)
-    wrong = torch.nonzero(~((stored - a).abs() <= bound)).flatten()
+    table = torch.as_tensor(code, dtype=torch.float64)
+    bound = torch.stack(  # the quantizer's A_b lies within slack of a: the gaps at either end
+        [bnb4.nested_absmax_bound(scale, table, normalized + side * slack * inverse, a + slack) for side in (-1, 0, 1)]
+    ).amax(dim=0)
+    wrong = torch.nonzero(~((stored - a).abs() <= bound + slack)).flatten()
     if wrong.numel() == 0:
         return None
     b = int(wrong[0])
@@ -233,20 +240,16 @@ def _layer_verdict(
 ) -> str | None:
     """None when ``packed`` is the quantize-to-nearest of ``w`` on its own grid, else why not."""
     double_quant = isinstance(packed, PackedBnb4) and packed.double_quant
-    if double_quant and derived:
-        return (
-            "a double-quantized layer requantized from a computed target: only bit-equality with saved bytes is covered"
-        )
     if tuple(packed.shape) != tuple(w.shape):
         return f"shape {tuple(packed.shape)} != its source's {tuple(w.shape)}"
-    quantizer_absmax = None
     try:
         if double_quant:
-            problem = _nested_differences(packed, w)
+            target = w.detach().double().cpu()
+            slack = torch.zeros_like(target) if error is None else error.detach().double().cpu()
+            problem = _nested_differences(packed, *requantize.quantizer_block_maxima(packed, target, slack))
             if problem is not None:
                 return problem
-            quantizer_absmax = _block_absmax(packed, w)
-        multiple = _grid_multiple(packed, w, error, on_gpu, quantizer_absmax)
+        multiple = _grid_multiple(packed, w, error, on_gpu)
     except ValueError as exc:  # a state the reference cannot decode is no weight's quantization
         return f"its bytes do not decode ({exc})"
     if not multiple <= 1.0:

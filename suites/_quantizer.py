@@ -23,25 +23,6 @@ from ._cases import reference_decode
 U32 = bounds.unit_roundoff(torch.float32)
 
 
-def half_gaps(table: torch.Tensor, scaled: torch.Tensor) -> torch.Tensor:
-    """Half the width of the code interval each scaled value falls into."""
-    codes = torch.sort(table).values
-    gaps = torch.diff(codes)
-    idx = torch.searchsorted(codes, scaled.clamp(codes[0], codes[-1]).contiguous()).clamp(1, len(codes) - 1)
-    return gaps[idx - 1] / 2
-
-
-def nested_absmax_bound(
-    nested: torch.Tensor, nested_map: torch.Tensor, normalized: torch.Tensor, absmax: torch.Tensor
-) -> torch.Tensor:
-    """How far a double-quantized absmax may decode from the block's ``absmax`` (float64, per
-    block): ``absmax - offset`` normalized by its group's ``nested`` absmax went through the
-    8-bit map, whose code is one of the two around the value (bitsandbytes' search need not
-    pick the nearest), so within the full gap of that interval times ``nested``, plus fp32
-    roundings of the decode."""
-    return nested * 2 * half_gaps(nested_map, normalized) + 4 * U32 * absmax.abs()
-
-
 def _tie_band(scaled: torch.Tensor) -> torch.Tensor:
     """How near a midpoint between two codes a scaled value may be and still take either:
     fp32 rounding of the scaling and of the quantizer's thresholds (bitsandbytes' CUDA FP4
@@ -72,7 +53,7 @@ def round_trip_bound(
     (its threshold literal, ``_tie_band``), which the code check called a tie and this bound
     refused by 1.0000x (thorough, 2026-11-29; tests/test_suite_helpers.py)."""
     return (
-        (half_gaps(table, scaled) + _tie_band(scaled)) * block_absmax
+        (bnb4.half_gaps(table, scaled) + _tie_band(scaled)) * block_absmax
         + table.abs().max() * (stored_absmax - block_absmax).abs()
         + 4 * U32 * flat.abs()
         + 1e-300
@@ -111,7 +92,7 @@ def check_codes_and_absmax(qbackend, qcheck, spec: QuantSpec, weight: torch.Tens
         nested = nested.repeat_interleave(packed.nested_blocksize)[: len(ref_absmax)]
         nested_map = torch.as_tensor(np.asarray(packed.nested_code), dtype=torch.float64)
         normalized = (ref_absmax.cpu() - float(packed.offset)) / nested
-        bound = nested_absmax_bound(nested, nested_map, normalized, ref_absmax.cpu())
+        bound = bnb4.nested_absmax_bound(nested, nested_map, normalized, ref_absmax.cpu())
         # The worst block's normalized value and the nested code stored for it, in the message: a
         # known failure is scoped by that condition (the CPU quantizer's smallest codes, issue 53).
         worst = int(torch.argmax((got_absmax.double() - ref_absmax.cpu()).abs() / bound.clamp_min(1e-300)))

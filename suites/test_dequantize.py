@@ -16,8 +16,8 @@ from pytest_qconform.cases.strategies import WeightCase, fewer_examples, listed_
 
 from ._cases import (
     SIZES_LARGE_ON,
-    block_ids,
     claimed_real_sizes,
+    dequantize_rounding_units,
     packed_dequantize_bound,
     reference_decode,
     require_claim,
@@ -53,7 +53,7 @@ def check_dequantize(
         exact,
         packed_dequantize_bound(packed, exact, dtype),
         "dequantize vs reference decoding",
-        rounding_units=block_ids(packed),
+        rounding_units=dequantize_rounding_units(packed, dtype),
     )
 
 

@@ -488,7 +488,7 @@ def test_lifecycle_sequences(qtarget, qbackend, qdevice, qcheck, spec, dtype):
         moves=layer_caps.moves,
         backward=not unclaimed(caps, qtarget, spec, dtype, backward=True),
         other_dtype=_other_dtype(qbackend, qtarget, spec, dtype),
-        peft=layer_caps.peft and not spec.double_quant and importlib.util.find_spec("peft") is not None,
+        peft=layer_caps.peft and importlib.util.find_spec("peft") is not None,
         accelerate=importlib.util.find_spec("accelerate") is not None,
     )
     _run_pinned(life)

@@ -35,9 +35,10 @@ from ._layers import (
     require_layer_claim,
 )
 
-# Not double quantization: merging requantizes the base weight, and the reference's
-# requantization bound (reference.requantize) does not model a nested absmax.
-PEFT_AXES = ("format", "blocksize", "hqq_axis")
+# Double quantization too: merging requantizes the base weight, and the reference's
+# requantization bound (reference.requantize) places a nested absmax's grid from the merged
+# target's block maxima, known to within the target's error.
+PEFT_AXES = ("format", "blocksize", "double_quant", "hqq_axis")
 TARGETS = ("q_proj", "v_proj", "down_proj")
 RANK, ALPHA = 4, 8  # scaling alpha / r = 2, a power of two
 U32 = bounds.unit_roundoff(torch.float32)

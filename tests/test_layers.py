@@ -163,3 +163,26 @@ def test_layer_suites_without_the_layers_extra_skip_naming_it(pytester: pytest.P
     result.stdout.fnmatch_lines(["*needs safetensors, which is not installed: pip install 'pytest-qconform?layers?'*"])
     # every case skipped: nothing was checked, and the run says so (exit 5), not green
     assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED, result.stdout.str()[-2000:]
+
+
+def test_requantize_bound_places_a_double_quantized_grid_from_the_target() -> None:
+    """A double-quantized absmax is not stored in fp32: the bound takes the quantizer's block
+    maxima from the target, within the target's error (``quantizer_block_maxima``). bitsandbytes'
+    own double-quantized requantization of a target (known to within a bf16 rounding) passes;
+    the same codes decoded with another tensor's nested absmax and offset fail."""
+    pytest.importorskip("bitsandbytes")
+    from pytest_qconform.reference import bounds
+
+    from pytest_qconform.backends import registry
+
+    backend = registry.create("bitsandbytes")
+    target = torch.randn(8, 128, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    error = bounds.rounding_bound(target, torch.bfloat16)
+    spec = QuantSpec("nf4", 64, True)
+    fresh = backend.export_packed(backend.quantize(target.to(torch.bfloat16), spec))
+    assert fresh.double_quant
+    assert bool(((bnb4.decode(fresh) - target).abs() <= requantize.requantize_bound(fresh, target, error)).all())
+    stale = backend.export_packed(backend.quantize((target * 0.5).to(torch.bfloat16), spec))
+    mixed = type(fresh)(**{**vars(fresh), "nested_absmax": stale.nested_absmax, "offset": stale.offset})
+    bound = requantize.requantize_bound(mixed, target, error)
+    assert not bool(((bnb4.decode(mixed) - target).abs() <= bound).all())

@@ -137,3 +137,52 @@ def test_double_quantized_layers_are_traced_to_their_source():
     attn.q_proj, attn.k_proj = attn.k_proj, attn.q_proj
     with pytest.raises(AssertionError, match=r"self_attn.q_proj: .*"):
         check_provenance(_qcheck(), facet, lm, source)
+
+
+def test_a_merged_double_quantized_layer_is_traced_to_its_target():
+    """A merge requantizes ``decode + s B A`` (``derived``: the target and its error): the
+    quantizer's block maxima are known to within the target's error, so each nested check and
+    the grid widen by it. A layer quantized again from the merged target passes (the example
+    backend's quantizer and bitsandbytes' own); the layer left with its bytes from before the
+    merge, and one with a neighbour's nested absmax, fail."""
+    from pytest_qconform.reference import bounds
+    from pytest_qconform.suites._cases import reference_decode
+    from pytest_qconform.suites._provenance import check_provenance
+
+    from pytest_qconform.backends.spec import QuantSpec
+
+    backends = [None]
+    try:
+        from pytest_qconform.backends import registry
+
+        backends.append(registry.create("bitsandbytes"))
+    except Exception:  # noqa: BLE001 - bitsandbytes missing: the example backend alone
+        pass
+    name = "model.layers.0.self_attn.o_proj"
+    for backend in backends:
+        facet, lm, source = _quantized("llama", double_quant=True, backend=backend)
+        attn = lm.model.layers[0].self_attn
+        before = facet.packed(attn.o_proj)
+        w = reference_decode(before, torch.device("cpu"))
+        delta = torch.randn(w.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64) * 0.01
+        merged = (w + delta).to(torch.bfloat16)  # the sum as PEFT computes it, in the layer's dtype
+        derived = {name: (w + delta, bounds.rounding_bound(w + delta, torch.bfloat16))}
+        spec = QuantSpec(before.quant_type, int(before.blocksize), True)
+        old = attn.o_proj
+        attn.o_proj = facet.quantize(merged, None, spec, torch.bfloat16, "cpu")
+        assert facet.packed(attn.o_proj).double_quant
+        check_provenance(_qcheck(), facet, lm, source, derived=derived)
+        attn.o_proj = old
+        with pytest.raises(AssertionError, match=r"o_proj: neither its source's quantization: "):
+            check_provenance(_qcheck(), facet, lm, source, derived=derived)
+    facet, lm, source = _quantized("llama", double_quant=True)
+    attn = lm.model.layers[0].self_attn
+    w = reference_decode(facet.packed(attn.o_proj), torch.device("cpu"))
+    target = w + torch.randn(w.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64) * 0.01
+    derived = {name: (target, bounds.rounding_bound(target, torch.bfloat16))}
+    spec = QuantSpec("nf4", 64, True)
+    attn.o_proj = facet.quantize(target.to(torch.bfloat16), None, spec, torch.bfloat16, "cpu")
+    attn.o_proj._buffers["quant_nested_absmax"] = attn.q_proj._buffers["quant_nested_absmax"] * 1.5
+    attn.o_proj._rebuild()
+    with pytest.raises(AssertionError, match=r"o_proj: .*nested absmax are not their group's max"):
+        check_provenance(_qcheck(), facet, lm, source, derived=derived)

@@ -177,3 +177,40 @@ def test_the_round_trip_allows_what_the_code_check_calls_a_tie():
     assert float((flat - (-smallest) * absmax).abs()) <= float(bound)  # the near one
     second = float(table[(table > smallest) & (table < 0.2)].min())  # the next code out: 0.1667
     assert float((flat - (-second) * absmax).abs()) > float(bound)
+
+
+def test_a_double_quantized_dequantize_into_fp32_has_no_independent_rounding_units():
+    """Issue 53's last thorough-only verdict: triton-nf4's fp4-b128-dq dequantize into fp32,
+    bit-identical to ``fp32(code * fp32 absmax)`` (the nested absmax decoded with fp32
+    roundings, as bitsandbytes does), voted 82% of its blocks toward zero, and by decoded
+    value bitsandbytes' own fp4-b1024-dq voted 86% away: in fp32 a block's errors share its
+    absmax's roundings, so neither partition is independent and the check does not vote
+    there. Into bf16 the blocks vote: rounding to nearest passes, truncation is refused."""
+    import numpy as np
+    from pytest_qconform.reference import bnb4, bounds, faithful
+    from pytest_qconform.suites._cases import block_ids, dequantize_rounding_units
+
+    from pytest_qconform.backends import registry
+    from pytest_qconform.backends.spec import QuantSpec
+    from pytest_qconform.cases.strategies import WeightCase
+
+    backend = registry.create("triton-nf4")
+    quantized = backend.quantize(WeightCase((4, 4096), "normal", 11087).make(), QuantSpec("fp4", 128, True))
+    packed = backend.export_packed(quantized)
+    out = backend.dequantize(quantized, torch.float32)
+    exact = faithful.decode(packed, torch.device("cpu"))
+    table = torch.tensor(np.asarray(packed.code, np.float32)).reshape(-1)
+    codes = torch.tensor(bnb4.unpack_codes(packed.packed, exact.numel()).astype(np.int64))
+    nested_codes = torch.tensor(np.asarray(packed.absmax).reshape(-1).astype(np.int64))
+    assert nested_codes.numel() == 128 and packed.nested_blocksize == 256  # one nested group
+    nested = torch.tensor(np.asarray(packed.nested_code, np.float32))[nested_codes]
+    absmax = nested * float(np.asarray(packed.nested_absmax, np.float32).reshape(-1)[0]) + np.float32(packed.offset)
+    assert torch.equal(out.reshape(-1), table[codes] * absmax.repeat_interleave(128))  # correct fp32 arithmetic
+    assert bounds.rounding_direction_biased(out, exact, block_ids(packed)) is not None
+    assert dequantize_rounding_units(packed, torch.float32) is None
+    units = dequantize_rounding_units(packed, torch.bfloat16)
+    assert torch.equal(units, block_ids(packed))
+    nearest = exact.to(torch.bfloat16)
+    toward_zero = exact.float().view(torch.int32).bitwise_and(~0xFFFF).view(torch.float32)  # bf16, truncated
+    assert bounds.rounding_direction_biased(nearest, exact, units) is None
+    assert bounds.rounding_direction_biased(toward_zero, exact, units) is not None

@@ -144,7 +144,7 @@ class Checker:
         with round-to-nearest arithmetic, so its errors must not all point one way
         (``bounds.rounding_direction_biased``), judged by votes of independent units, an
         integer tensor naming each element's unit: its block or group for a dequantized
-        weight (``suites._cases.block_ids``), its output column for a matmul."""
+        weight (``suites._cases.dequantize_rounding_units``), its output column for a matmul."""
         from pytest_qconform.reference.bounds import rounding_direction_biased
 
         if tuple(actual.shape) != tuple(expected.shape):
