@@ -46,7 +46,7 @@ import torch
 from pytest_qconform.reference.bounds import _stored_dtype, unit_roundoff
 from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 
-__all__ = ["grid_values", "nearest_distance", "quantizer_block_maxima", "requantize_bound"]
+__all__ = ["grid_values", "nearest_distance", "nested_allowance", "quantizer_block_maxima", "requantize_bound"]
 
 U32 = unit_roundoff(torch.float32)
 
@@ -85,7 +85,7 @@ def quantizer_block_maxima(
     return _block_max(p, target.abs()), _block_max(p, target_error.abs().expand(target.shape))
 
 
-def _nested_allowance(p: PackedBnb4, used: torch.Tensor, slack: torch.Tensor) -> torch.Tensor:
+def nested_allowance(p: PackedBnb4, used: torch.Tensor, slack: torch.Tensor) -> torch.Tensor:
     """How far a correct double-quantization may decode each absmax from the quantizer's
     ``A_b``, wherever ``A_b`` lies within ``slack`` of ``used``: one nested code gap around
     its normalized value, times its group's nested absmax (``bnb4.nested_absmax_bound``). A
@@ -115,7 +115,7 @@ def _arithmetic_and_shift(
         shift = torch.zeros_like(stored)
         if p.double_quant:
             used, slack = quantizer_block_maxima(p, target, target_error)
-            shift = torch.minimum((stored - used).abs() + slack, _nested_allowance(p, used, slack))
+            shift = torch.minimum((stored - used).abs() + slack, nested_allowance(p, used, slack))
         per_element = lambda blocks: blocks.repeat_interleave(p.blocksize)[: p.numel].reshape(p.shape)  # noqa: E731
         return 2 * u * (t + per_element(used + slack)), per_element(shift)
     _, zero, scale = hqq4.decode_parts(p, target.device)

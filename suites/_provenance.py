@@ -199,19 +199,14 @@ def _nested_differences(packed: PackedBnb4, a: torch.Tensor, slack: torch.Tensor
             f"{wrong.numel()} of {groups} nested absmax are not their group's max |absmax - offset| of the "
             f"source (group {g}: stored {float(nested[g])!r}, source {float(spread[g])!r})"
         )
-    scale = nested.repeat_interleave(group)[:n]
-    inverse = torch.where(scale > 0, 1 / scale.clamp_min(1e-300), torch.zeros_like(scale))
-    normalized = centered * inverse
     stored = bnb4.decode_absmax(packed)
-    table = torch.as_tensor(code, dtype=torch.float64)
-    bound = torch.stack(  # the quantizer's A_b lies within slack of a: the gaps at either end
-        [bnb4.nested_absmax_bound(scale, table, normalized + side * slack * inverse, a + slack) for side in (-1, 0, 1)]
-    ).amax(dim=0)
+    bound = requantize.nested_allowance(packed, a, slack)  # from the quantizer's A_b, within slack of a
     wrong = torch.nonzero(~((stored - a).abs() <= bound + slack)).flatten()
     if wrong.numel() == 0:
         return None
     b = int(wrong[0])
-    at = float(scale[b]) or 1.0
+    at = float(nested[b // group]) or 1.0
+    normalized = centered / at
     return (
         f"{wrong.numel()} of {n} blocks' absmax decode more than a nested code gap from the block's max |w| "
         f"of the source (block {b}: decodes {float(stored[b])!r}, source max {float(a[b])!r}; normalized "
