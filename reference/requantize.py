@@ -46,7 +46,14 @@ import torch
 from pytest_qconform.reference.bounds import _stored_dtype, unit_roundoff
 from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 
-__all__ = ["grid_values", "nearest_distance", "nested_allowance", "quantizer_block_maxima", "requantize_bound"]
+__all__ = [
+    "block_maxima",
+    "grid_values",
+    "nearest_distance",
+    "nested_allowance",
+    "quantizer_block_maxima",
+    "requantize_bound",
+]
 
 U32 = unit_roundoff(torch.float32)
 
@@ -69,8 +76,9 @@ def nearest_distance(p: PackedBnb4 | PackedHqq4, target: torch.Tensor) -> torch.
     return (target.double().unsqueeze(-1) - grid).abs().amin(dim=-1)
 
 
-def _block_max(p: PackedBnb4, values: torch.Tensor) -> torch.Tensor:
-    """Each of ``p``'s blocks' maximum of ``values`` (non-negative, ``p.shape``), float64."""
+def block_maxima(p: PackedBnb4, values: torch.Tensor) -> torch.Tensor:
+    """Each of ``p``'s blocks' maximum of ``values`` (non-negative, ``p.shape``), float64: of
+    ``|w|``, the absmax a quantizer computes (exact: the max of values of ``w``'s dtype)."""
     flat = values.detach().double().reshape(-1)
     pad = (-flat.numel()) % p.blocksize
     return torch.nn.functional.pad(flat, (0, pad)).reshape(-1, p.blocksize).amax(dim=1)
@@ -82,7 +90,7 @@ def quantizer_block_maxima(
     """Where the fp32 block maxima ``A_b`` a double-quantized state's quantizer rounded with
     lie (module docstring): each block's ``max |t|`` and the most ``A_b`` may differ from it,
     the block's largest ``target_error``; float64, one value a block."""
-    return _block_max(p, target.abs()), _block_max(p, target_error.abs().expand(target.shape))
+    return block_maxima(p, target.abs()), block_maxima(p, target_error.abs().expand(target.shape))
 
 
 def nested_allowance(p: PackedBnb4, used: torch.Tensor, slack: torch.Tensor) -> torch.Tensor:

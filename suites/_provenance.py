@@ -162,14 +162,6 @@ def _grid_multiple(
     )
 
 
-def _block_absmax(packed: PackedBnb4, w: torch.Tensor) -> torch.Tensor:
-    """Each block's ``max |w|`` of the source, as the fp32 quantizer has it (exact: the max of
-    values of the weight's dtype, each exact in fp32)."""
-    flat = w.detach().float().cpu().reshape(-1)
-    pad = (-flat.numel()) % packed.blocksize
-    return torch.nn.functional.pad(flat.abs(), (0, pad)).reshape(-1, packed.blocksize).amax(dim=1)
-
-
 def _nested_differences(packed: PackedBnb4, a: torch.Tensor, slack: torch.Tensor) -> str | None:
     """Where a double-quantized absmax is not the source's (module docstring), else None: ``a``
     each block's max ``|w|`` of the source or target (float64), ``slack`` how far the
@@ -216,8 +208,8 @@ def _nested_differences(packed: PackedBnb4, a: torch.Tensor, slack: torch.Tensor
 
 def _absmax_differences(packed: PackedBnb4, w: torch.Tensor) -> str | None:
     """Where a plain bitsandbytes-layout absmax is not its block's ``max |w|`` (exact)."""
-    expected = _block_absmax(packed, w).numpy()
-    stored = np.asarray(packed.absmax, dtype=np.float32).reshape(-1)
+    expected = requantize.block_maxima(packed, w.detach().cpu().abs()).numpy()
+    stored = np.asarray(packed.absmax, dtype=np.float32).reshape(-1).astype(np.float64)
     if stored.shape != expected.shape:
         return f"{stored.size} absmax values for {expected.size} blocks of {packed.blocksize}"
     wrong = np.flatnonzero(stored != expected)
