@@ -4,7 +4,9 @@ Run only with ``pytest --qconform --benchmark-only`` (``nox -s bench``); a plain
 ``--qconform`` run skips them with the reason, as does a CPU run without
 ``--qconform-bench-shapes=small``. Weights N x K (out x in) of 4096x4096, 8192x8192
 and 14336x4096 (the shapes of 7-8B models' projections), bf16; matmul at batch 1
-(decoding: the gemv path), 4 (a few rows: the fused gemv too), 16 and 128. NF4 at blocksize 64, the CUDA default, plain and
+(decoding: the gemv path), 4 (a few rows: the fused gemv too), 16, 64, 128 and 512 (the
+window between decode and prefill, issue 52), beside two peers on a GPU: torch's int4
+tinygemm and the unquantized bf16 layer (``benchmark.peer``). NF4 at blocksize 64, the CUDA default, plain and
 (dequantize) double-quantized; quantize of the bf16 weight at NF4 blocksize 64 (load time);
 HQQ has no NF4 and is timed on its own 4-bit format at
 group 64, which stores the same 4.5 bits per weight. What is timed and how (CUDA
@@ -50,7 +52,7 @@ def test_benchmark_dequantize(qbench, qtarget, qbackend, benchmark, spec, dtype,
 def test_benchmark_matmul(qbench, qtarget, qbackend, benchmark, spec, dtype, qbench_shape, batch):
     require_claim(qbackend, qtarget, spec, dtype)
     qbench.matmul(benchmark, qbackend, spec, qbench_shape, batch, dtype)
-    if qbench.device.type == "cuda":  # torch's int4 tinygemm, timed once per case beside the backends
+    if qbench.device.type == "cuda":  # the peers (tinygemm, dense bf16), timed once per case beside the backends
         from pytest_qconform.benchmark import harness as bench
         from pytest_qconform.benchmark import peer as bench_peer
 

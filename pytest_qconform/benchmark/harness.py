@@ -55,7 +55,7 @@ from pytest_qconform.vocabulary import DtypeLabel
 
 FULL_SHAPES: tuple[tuple[int, int], ...] = ((4096, 4096), (8192, 8192), (14336, 4096))  # (N, K)
 SMALL_SHAPES: tuple[tuple[int, int], ...] = tuple((n // 32, k // 32) for n, k in FULL_SHAPES)
-BATCHES: tuple[int, ...] = (1, 4, 16, 128)
+BATCHES: tuple[int, ...] = (1, 4, 16, 64, 128, 512)
 
 MARKER = "qconform_benchmark"
 PROPERTY = "qconform_benchmark"  # user_properties key carrying a result's to_dict() to the recorder

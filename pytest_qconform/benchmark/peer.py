@@ -1,12 +1,14 @@
-"""torch's int4 tinygemm (``torch.ops.aten._weight_int4pack_mm``) timed beside the backends.
+"""Peers timed beside the backends: torch's int4 tinygemm and the unquantized bf16 layer.
 
-Why: it is the fastest 4-bit matmul torch ships, so a claim that a 4-bit kernel is fast
-means little without it in the same run (issue 27). It is a peer, not a backend: its
-format is int4 with a bf16 scale and zero point per group of 64 along K (4.5 stored bits
-per weight, as NF4 at blocksize 64 with fp32 absmax), not NF4, so the suites never judge it and its entries carry their own format label
-(``int4-g64``); it has no bitsandbytes ratio. CUDA, bf16 only; timed once per matmul
-case (shape, rows), the first time any backend's case runs, with the suite's timing:
-device time (``bench.device_times``) and eager time (``bench.eager_time``).
+Why: a claim that a 4-bit kernel is fast means little without the fastest 4-bit matmul
+torch ships in the same run (``torch.ops.aten._weight_int4pack_mm``, issue 27), nor
+without the layer it replaces: ``F.linear`` on the bf16 weight (issue 52: a 4-bit layer
+should be no slower than it). They are peers, not backends: the suites never judge them,
+their entries carry their own format labels (``int4-g64``: int4 with a bf16 scale and zero
+point per group of 64 along K, 4.5 stored bits per weight as NF4 at blocksize 64 with fp32
+absmax; ``bf16``: 16 bits per weight) and no bitsandbytes ratio. CUDA, bf16 only; timed
+once per matmul case (shape, rows), the first time any backend's case runs, with the
+suite's timing: device time (``bench.device_times``) and eager time (``bench.eager_time``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from pytest_qconform.report.records import dump
 
 PEER = "torch-int4-tinygemm"
 PEER_FORMAT = "int4-g64"
+DENSE = "torch-bf16-dense"
+DENSE_FORMAT = "bf16"
 GROUP = 64
 INNER_K_TILES = 8  # what torchao passes for bf16 on sm80+; K must be a multiple of 16 * 8
 _DONE = pytest.StashKey["set[tuple[Any, ...]]"]()
@@ -43,8 +47,8 @@ def _packed_weight(
 def time_peer_once(
     harness: Any, shape: tuple[int, int], batch: int, dtype: torch.dtype, facts: bench.DeviceFacts
 ) -> None:
-    """Time the peer for this case unless it was timed already in this session; record it
-    on ``harness.item`` like a backend's entry."""
+    """Time the peers for this case unless they were timed already in this session; record
+    each on ``harness.item`` like a backend's entry."""
     n, k = shape
     key = (harness.target.id, shape, batch, dtype)
     done = harness.config.stash.setdefault(_DONE, set())
@@ -53,31 +57,64 @@ def time_peer_once(
     done.add(key)
     device = harness.device
     generator = torch.Generator(device=device).manual_seed(bench.SEED + 2)
-    weight_bytes = n * k // 2 + (k // GROUP) * n * 2 * 2
     activation_bytes, output_bytes = batch * k * 2, batch * n * 2
+    case = (shape, batch, facts)
+    weight_bytes = n * k // 2 + (k // GROUP) * n * 2 * 2
     count = bench.copies_for(weight_bytes + activation_bytes, facts.cache_bytes)
     try:
         weights = [_packed_weight(n, k, device, generator) for _ in range(count)]
     except (RuntimeError, AttributeError) as exc:  # a torch without the op for this device: no peer, say why
         warnings.warn(
             f"benchmark peer {PEER}: cannot pack a {n}x{k} weight on {device} "
-            f"({type(exc).__name__}: {exc}); the report has no peer entry for it",
+            f"({type(exc).__name__}: {exc}); the report has no {PEER} entry for it",
             stacklevel=2,
         )
-        return
-    xs = [torch.randn(batch, k, generator=generator, device=device).to(dtype) for _ in range(count)]
+    else:
+        xs = [torch.randn(batch, k, generator=generator, device=device).to(dtype) for _ in range(count)]
 
-    def call(i: int) -> torch.Tensor:
-        packed, scales_and_zeros = weights[i]
-        return torch.ops.aten._weight_int4pack_mm(xs[i], packed, GROUP, scales_and_zeros)
+        def call(i: int) -> torch.Tensor:
+            packed, scales_and_zeros = weights[i]
+            return torch.ops.aten._weight_int4pack_mm(xs[i], packed, GROUP, scales_and_zeros)
 
+        _record(harness, PEER, PEER_FORMAT, call, count, (weight_bytes, activation_bytes, output_bytes), case)
+        del weights
+    dense_bytes = n * k * 2
+    count = bench.copies_for(dense_bytes + activation_bytes, facts.cache_bytes)
+    dense = [torch.randn(n, k, generator=generator, device=device).to(dtype) for _ in range(count)]
+    dense_xs = [torch.randn(batch, k, generator=generator, device=device).to(dtype) for _ in range(count)]
+    _record(
+        harness,
+        DENSE,
+        DENSE_FORMAT,
+        lambda i: torch.nn.functional.linear(dense_xs[i], dense[i]),
+        count,
+        (dense_bytes, activation_bytes, output_bytes),
+        case,
+    )
+
+
+def _record(
+    harness: Any,
+    name: str,
+    format: str,
+    call: Any,
+    count: int,
+    moved: tuple[int, int, int],
+    case: tuple[tuple[int, int], int, bench.DeviceFacts],
+) -> None:
+    """Time ``call(i)`` over ``count`` rotated inputs (device and eager time) and record it
+    on ``harness.item`` as peer ``name``'s entry; ``moved``: (weight, activation, output)
+    bytes, ``case``: (shape, batch, the device's facts)."""
+    weight_bytes, activation_bytes, output_bytes = moved
+    shape, batch, facts = case
+    device = harness.device
     with torch.no_grad(), torch.cuda.device(device):
         times, hidden = bench.device_times(call, count, bench.GPU_SAMPLES, facts, device)
         eager = bench.eager_time(call, count, device)
     entry = Benchmark(
-        backend=PEER,
+        backend=name,
         operation="matmul",
-        format=PEER_FORMAT,
+        format=format,
         dtype="bf16",
         target=harness.target.id,
         shape=shape,
@@ -92,7 +129,7 @@ def time_peer_once(
         output_bytes=output_bytes,
         copy_bandwidth_bytes_per_s=facts.copy_bandwidth_bytes_per_s,
         launch_hidden=hidden,
-        nodeid=f"{harness.item.nodeid}::{PEER}",
+        nodeid=f"{harness.item.nodeid}::{name}",
         eager_median_s=eager,
     )
     harness.item.user_properties.append((bench.PROPERTY, dump(entry)))

@@ -55,6 +55,7 @@ BACKEND_COLOURS = {
     "torch-int4-tinygemm": "C2",
     "triton-nf4": "C3",
     "hqq-gemlite": "C4",
+    "torch-bf16-dense": "C7",
 }
 
 

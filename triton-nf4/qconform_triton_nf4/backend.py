@@ -11,8 +11,10 @@ reference quantizer, which this module never calls. Double quantization of the f
 ``from_packed`` adopts bytes bitsandbytes produced, which is the interop the suites check.
 
 Matmul: as many rows as ``kernels.fused_rows_limit`` says the fused ``gemv_4bit`` serves
-faster go through it; more rows dequantize into the adapter's ``WeightBuffer`` in the
-compute dtype and call ``torch.matmul``. The
+faster go through it; more rows, up to ``kernels.tc_max_rows`` (a threshold per arch
+class: 64 on sm_90, measured; 0, off, elsewhere), through the fused tensor-core GEMM (``kernels.tc_gemm_4bit``);
+the rest dequantize into the adapter's ``WeightBuffer`` in the compute dtype and call
+``torch.matmul``. The
 backward (``dx = dy W``) dequantizes again rather than keeping the buffer's view, which
 the next call overwrites. On CPU the kernels run in Triton's interpreter, which needs
 ``TRITON_INTERPRET=1`` in the environment before the kernels are first imported.
@@ -239,6 +241,8 @@ class TritonNf4Backend(Backend):
         # The interpreter routes fewer rows to the tensor-core kernel (nf4_gemv.mma_rows).
         mma_low, mma_high = kernels.nf4_gemv.mma_rows()
         fused_max = min(FUSED_MAX_ROWS, mma_high)
+        # Past the fused rows, the tensor-core GEMM up to its arch class's threshold (0: off).
+        tc_high = kernels.tc_max_rows(device)
         return Capabilities(
             formats=_QUANT_TYPES,
             blocksizes=blocksizes,
@@ -255,9 +259,10 @@ class TritonNf4Backend(Backend):
             dispatch_rows=(
                 mma_low,  # per-row kernels -> tensor cores
                 kernels.nf4_gemv.PER_ROW_MAX_ROWS + 1,  # no tensor cores: -> GEMM
-                fused_max + 1,
+                fused_max + 1,  # -> tensor-core GEMM (where on), else dequantize + GEMM
+                *((tc_high + 1,) if tc_high > fused_max else ()),  # tensor-core GEMM -> dequantize + GEMM
             ),
-        )  # -> dequantize + GEMM
+        )
 
     # -- quantize / dequantize / matmul ------------------------------------------------------
     def quantize(self, weight: torch.Tensor, spec: QuantSpec) -> Quantized:

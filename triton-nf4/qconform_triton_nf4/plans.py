@@ -61,11 +61,16 @@ def linear_plan(
     bias: torch.Tensor | None,
     fused_max_rows: int,
     dequantized: Callable[[torch.dtype], torch.Tensor],
+    tc_max_rows: int | None = None,
 ) -> Plan:
     """``plan(x, bias) -> x W^T + b`` for activations and biases laid out like ``x`` and
     ``bias``: as many rows as the fused ``gemv_4bit`` serves faster (at most
-    ``fused_max_rows``) through its plan, validated by ``kernels.gemv_4bit_plan``; more rows
-    multiply ``dequantized(x.dtype)`` with ``torch.matmul``. ``kernel_args``:
+    ``fused_max_rows``) through its plan, validated by ``kernels.gemv_4bit_plan``; more
+    rows, up to ``tc_max_rows``, through the fused tensor-core GEMM where it reads x
+    (``kernels.tc_gemm_4bit_plan``); the rest multiply ``dequantized(x.dtype)`` with
+    ``torch.matmul``. ``tc_max_rows``: None for the threshold of x's arch class
+    (``kernels.tc_max_rows``: where bench/tc_gemm_sweep.py measured it faster, 0
+    elsewhere); the sweep and the tests pass their own. ``kernel_args``:
     ``Nf4State.kernel_args()``."""
     from qconform_triton_nf4 import kernels
 
@@ -73,6 +78,9 @@ def linear_plan(
     rows = math.prod(x.shape[:-1])
     if rows <= min(fused_max_rows, kernels.fused_rows_limit(x, packed, K)):
         return kernels.gemv_4bit_plan(x, packed, absmax, bias=bias, **kernel_args)
+    tc_rows = kernels.tc_max_rows(x.device) if tc_max_rows is None else tc_max_rows
+    if rows <= tc_rows and kernels.tc_gemm_readable(x, K):
+        return kernels.tc_gemm_4bit_plan(x, packed, absmax, bias=bias, **kernel_args)
 
     def dequantized_route(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         y = torch.matmul(x, dequantized(x.dtype).t())

@@ -3,10 +3,13 @@
 ``dequantize_4bit`` (bit-identical to bitsandbytes), ``gemv_4bit`` (fused dequantize-matmul
 for <= 32 rows: per-row kernels for one row, tensor cores (``nf4_mma``) from two),
 ``fused_rows_limit`` (up to how many rows that beats dequantize + GEMM) and
-``WeightBuffer`` (a reusable dequantize buffer). The code table is an argument, so NF4 and
-FP4 share every kernel. ``gemv_4bit_plan`` and ``dequantize_4bit_plan`` validate the same
-arguments and return the bound launches as a callable, for a caller that repeats the call
-(each entry point is its plan, called once).
+``WeightBuffer`` (a reusable dequantize buffer), and ``tc_gemm_4bit`` (``nf4_tc_gemm``: a
+fused tensor-core GEMM for tens to thousands of rows, which ``plans.linear_plan`` routes to
+up to ``tc_max_rows``, a threshold per arch class: 64 rows on sm_90, 0 where not measured). The code
+table is an argument, so NF4 and FP4 share every kernel. ``gemv_4bit_plan``,
+``tc_gemm_4bit_plan`` and ``dequantize_4bit_plan`` validate the same arguments and return
+the bound launches as a callable, for a caller that repeats the call (each entry point is
+its plan, called once).
 
 Run on CPU through Triton's interpreter: set ``TRITON_INTERPRET=1`` in the environment
 BEFORE this package is first imported. Triton (3.6 and 3.9 checked) decides between the
@@ -33,6 +36,13 @@ from qconform_triton_nf4.kernels.nf4_dequant import (
 )
 from qconform_triton_nf4.kernels.nf4_gemv import MAX_ROWS, fused_rows_limit, gemv_4bit, gemv_4bit_plan
 from qconform_triton_nf4.kernels.nf4_quantize import CodeBoundaries, code_boundaries, quantize_4bit
+from qconform_triton_nf4.kernels.nf4_tc_gemm import (
+    TcConfig,
+    tc_gemm_4bit,
+    tc_gemm_4bit_plan,
+    tc_gemm_readable,
+    tc_max_rows,
+)
 from qconform_triton_nf4.kernels.weight_buffer import WeightBuffer
 
 if interpreter_active():
@@ -42,6 +52,7 @@ __all__ = [
     "MAX_ROWS",
     "SUPPORTED_BLOCKSIZES",
     "CodeBoundaries",
+    "TcConfig",
     "WeightBuffer",
     "code_boundaries",
     "dequantize_4bit",
@@ -50,5 +61,9 @@ __all__ = [
     "gemv_4bit",
     "gemv_4bit_plan",
     "quantize_4bit",
+    "tc_gemm_4bit",
+    "tc_gemm_4bit_plan",
+    "tc_gemm_readable",
+    "tc_max_rows",
     "interpreter_active",
 ]

@@ -784,6 +784,67 @@ def _largest_dividing_tile(K: int, block_k: int) -> int:
     return 0
 
 
+def check_linear_call(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    absmax: torch.Tensor,
+    *,
+    blocksize: int,
+    shape: tuple[int, ...],
+    code: torch.Tensor,
+    nested_absmax: torch.Tensor | None,
+    nested_code: torch.Tensor | None,
+    nested_blocksize: int,
+    bias: torch.Tensor | None,
+    where: str,
+) -> tuple[int, int]:
+    """The checks of every fused matmul entry point (``gemv_4bit``, ``nf4_tc_gemm.tc_gemm_4bit``)
+    on x, the state and the bias: a ValueError naming the first problem, else (N, K)."""
+    if len(shape) != 2:
+        raise ValueError(f"{where}: shape must be (N, K) of the weight, got {shape}")
+    N, K = (int(s) for s in shape)
+    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"{where}: x must be bf16, fp16 or fp32, got {x.dtype}")
+    if x.dim() == 0 or x.shape[-1] != K:
+        raise ValueError(f"{where}: x must be [..., K={K}] for a weight of shape {shape}, got {tuple(x.shape)}")
+    check_packed_state(
+        packed,
+        absmax,
+        blocksize=blocksize,
+        numel=N * K,
+        code=code,
+        nested_absmax=nested_absmax,
+        nested_code=nested_code,
+        nested_blocksize=nested_blocksize,
+        where=where,
+    )
+    if x.device != packed.device:
+        raise ValueError(f"{where}: x is on {x.device} but the packed weight is on {packed.device}")
+    if bias is not None and (bias.numel() != N or bias.device != x.device):
+        raise ValueError(f"{where}: bias must have N={N} entries on {x.device}, got {bias.numel()} on {bias.device}")
+    return N, K
+
+
+def empty_linear_plan(
+    x: torch.Tensor, N: int, K: int
+) -> Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor] | None:
+    """The plan of a matmul with nothing to multiply (no rows, no outputs: an empty result;
+    K = 0: the bias, or zeros), or None where there is something to multiply."""
+    out_shape = (*x.shape[:-1], N)
+    dtype, device = x.dtype, x.device
+    if math.prod(x.shape[:-1]) == 0 or N == 0:
+        return lambda x, bias: torch.empty(out_shape, dtype=dtype, device=device)
+    if K == 0:
+
+        def bias_only(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+            if bias is None:
+                return torch.zeros(out_shape, dtype=dtype, device=device)
+            return bias.reshape(N).to(dtype).expand(out_shape).contiguous()
+
+        return bias_only
+    return None
+
+
 def gemv_4bit(
     x: torch.Tensor,
     packed: torch.Tensor,
@@ -842,28 +903,19 @@ def gemv_4bit_plan(
     Triton's specialization read). The plan checks nothing: a caller that keeps it (the
     Triton adapter's ``plans``) keys it on those properties."""
     where = "kernels.gemv_4bit"
-    if len(shape) != 2:
-        raise ValueError(f"{where}: shape must be (N, K) of the weight, got {shape}")
-    N, K = (int(s) for s in shape)
-    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        raise ValueError(f"{where}: x must be bf16, fp16 or fp32, got {x.dtype}")
-    if x.dim() == 0 or x.shape[-1] != K:
-        raise ValueError(f"{where}: x must be [..., K={K}] for a weight of shape {shape}, got {tuple(x.shape)}")
-    check_packed_state(
+    N, K = check_linear_call(
+        x,
         packed,
         absmax,
         blocksize=blocksize,
-        numel=N * K,
+        shape=shape,
         code=code,
         nested_absmax=nested_absmax,
         nested_code=nested_code,
         nested_blocksize=nested_blocksize,
+        bias=bias,
         where=where,
     )
-    if x.device != packed.device:
-        raise ValueError(f"{where}: x is on {x.device} but the packed weight is on {packed.device}")
-    if bias is not None and (bias.numel() != N or bias.device != x.device):
-        raise ValueError(f"{where}: bias must have N={N} entries on {x.device}, got {bias.numel()} on {bias.device}")
     x2 = x.reshape(-1, K)  # a view whenever the strides allow: the kernel takes strides
     M = x2.shape[0]
     if M > MAX_ROWS:
@@ -872,17 +924,9 @@ def gemv_4bit_plan(
             f"gemv handles at most {MAX_ROWS}: dequantize_4bit the weight and use a matmul instead"
         )
     out_shape = (*x.shape[:-1], N)
-    dtype, device = x.dtype, x.device
-    if M == 0 or N == 0:
-        return lambda x, bias: torch.empty(out_shape, dtype=dtype, device=device)
-    if K == 0:
-
-        def bias_only(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-            if bias is None:
-                return torch.zeros(out_shape, dtype=dtype, device=device)
-            return bias.reshape(N).to(dtype).expand(out_shape).contiguous()
-
-        return bias_only
+    empty = empty_linear_plan(x, N, K)
+    if empty is not None:
+        return empty
     check_launchable(x.device, where)
     if N * K >= 2**31 * min(blocksize, 64):
         raise ValueError(f"{where}: a weight of {N} x {K} exceeds the kernel's int32 block index")
