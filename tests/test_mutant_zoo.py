@@ -44,8 +44,11 @@ from zoo import (
     SETTING_MUTANTS,
     SIZE_MUTANTS,
     SIZE_SUITES,
+    TC_ROUTE_MUTANTS,
+    TC_ROUTE_SUITES,
     USER_INPUT_SUITES,
     WORKLOAD_SUITES,
+    TritonTcRoute,
 )
 
 # The zoo's runs beside the original suites': each runs these suites against the mutants of
@@ -430,11 +433,47 @@ def test_our_kernels_pass_the_checks_their_mutants_fail(kernel_zoo_report: dict)
 
 @pytest.mark.parametrize("mutant", KERNEL_MUTANTS, ids=lambda m: m.name)
 def test_kernel_mutant_is_caught_by_its_check(kernel_zoo_report: dict, mutant) -> None:
-    verdicts = _verdicts(kernel_zoo_report, mutant.name)
+    _assert_caught(kernel_zoo_report, mutant)
+
+
+def _assert_caught(report: dict, mutant) -> None:
+    """``mutant``'s cells of the operation it names (``catches``) include a fail in ``report``."""
+    verdicts = _verdicts(report, mutant.name)
     assert "fail" in verdicts.get(mutant.catches, set()), (
         f"{mutant.name} ({mutant.__doc__.strip().splitlines()[0]}) was not caught by the "
         f"{mutant.catches} suite: {verdicts}"
     )
+
+
+TC_ROUTE_CONFTEST = textwrap.dedent("""
+    from qconform_triton_nf4.kernels import nf4_tc_gemm
+    from zoo import TC_ROUTE_MUTANTS, TC_ROUTE_ROWS, TritonTcRoute, narrowed
+
+    def pytest_qconform_backends(config):
+        nf4_tc_gemm.TC_MAX_ROWS["interpreter"] = TC_ROUTE_ROWS  # the route on in Triton's interpreter, this run only
+        return {m.name: narrowed(m) for m in (TritonTcRoute, *TC_ROUTE_MUTANTS)}
+""")
+
+
+@pytest.fixture(scope="module")
+def tc_route_zoo_report(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The route check (``TC_ROUTE_SUITES``) against the real triton-nf4 with its tensor-core
+    GEMM route on in the interpreter, and against that route's mutants, in one run."""
+    pytest.importorskip("triton")
+    root = tmp_path_factory.mktemp("zoo-tc-route")
+    (root / "conftest.py").write_text(TC_ROUTE_CONFTEST)
+    names = [TritonTcRoute.name] + [m.name for m in TC_ROUTE_MUTANTS]
+    return _run_zoo(root, names, " or ".join(TC_ROUTE_SUITES))
+
+
+def test_the_tc_route_passes_the_check_its_mutants_fail(tc_route_zoo_report: dict) -> None:
+    verdicts = _verdicts(tc_route_zoo_report, TritonTcRoute.name)
+    assert verdicts.get("matmul") == {"pass"}, verdicts
+
+
+@pytest.mark.parametrize("mutant", TC_ROUTE_MUTANTS, ids=lambda m: m.name)
+def test_tc_route_mutant_is_caught_by_its_check(tc_route_zoo_report: dict, mutant) -> None:
+    _assert_caught(tc_route_zoo_report, mutant)
 
 
 # -- bugs planted in the libraries (issue 36): one run each, the real backend under the mutant's name --

@@ -933,6 +933,45 @@ class KernelRoundsTowardZero(TritonNf4Backend):
 KERNEL_MUTANTS: tuple[type[TritonNf4Backend], ...] = (KernelRoundsTowardZero,)
 
 
+# -- issue 52: our fused tensor-core GEMM's route -----------------------------------------------------------------
+# The route (``kernels.nf4_tc_gemm``, past the fused kernels' rows up to ``TC_MAX_ROWS`` of the arch class)
+# is on where it was measured faster (sm_90), off in Triton's interpreter. The zoo's run turns it on for
+# the interpreter (tests/test_mutant_zoo.py, ``TC_ROUTE_CONFTEST``), so that the matmul check meets the
+# real route at its rows under the twin's name, and the mutant's planted bug on that route only.
+TC_ROUTE_SUITES: tuple[str, ...] = ("test_matmul_every_route",)
+TC_ROUTE_ROWS = 64  # the sm_90 threshold, the route's rows in the zoo's run
+
+
+class TritonTcRoute(TritonNf4Backend):
+    """The real Triton backend, named apart: the zoo's run takes its tensor-core GEMM route."""
+
+    name = "triton-nf4-tc-route"
+
+
+class TcRouteReadsNeighbourAbsmax(TritonTcRoute):
+    """The tensor-core GEMM route fed each block's neighbour's absmax (the absmax tensor
+    shifted by one: an off-by-one in the block index of the route's launch), the kernel
+    itself unchanged; the rows the fused kernels take and those past the route are right."""
+
+    name = "mutant-tc-route-neighbour-absmax"
+    catches = "matmul"
+    suites = TC_ROUTE_SUITES
+
+    def linear(self, x, state, bias):
+        from qconform_triton_nf4 import kernels
+
+        K = state.shape[1]
+        rows = math.prod(x.shape[:-1])
+        fused = kernels.fused_rows_limit(x, state.packed, K)
+        if fused < rows <= kernels.tc_max_rows(x.device) and kernels.tc_gemm_readable(x, K):
+            absmax = state.absmax.reshape(-1).roll(1)
+            return kernels.tc_gemm_4bit(x, state.packed, absmax, bias=bias, **state.kernel_args())
+        return super().linear(x, state, bias)
+
+
+TC_ROUTE_MUTANTS: tuple[type[TritonNf4Backend], ...] = (TcRouteReadsNeighbourAbsmax,)
+
+
 # -- issue 36: bugs only a real workload's calls show ----------------------------------------------------------
 # The workload suite (a ``-k`` name), run against these mutants and the correct backend only: each
 # builds whole models, so the original mutants are not run through it.

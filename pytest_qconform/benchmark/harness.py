@@ -257,7 +257,10 @@ def _sleep_rate(device: torch.device) -> float:
     return cycles / (start.elapsed_time(end) / 1e3)
 
 
-def _measure_facts(device: torch.device) -> DeviceFacts:
+def measure_facts(device: torch.device) -> DeviceFacts:
+    """``device``'s facts measured now (its cache size, a device-to-device copy's bandwidth,
+    the sleep kernel's rate): what ``device_facts`` keeps per session, for the benchmark
+    scripts that run outside one (triton-nf4/bench)."""
     if device.type != "cuda":
         src = torch.empty(CPU_COPY_BYTES, dtype=torch.uint8)
         src.fill_(1)
@@ -290,7 +293,7 @@ def device_facts(config: pytest.Config, device: torch.device) -> DeviceFacts:
     """This session's facts for ``device``, measured on first use."""
     facts = config.stash.setdefault(_FACTS, {})
     if str(device) not in facts:
-        facts[str(device)] = _measure_facts(device)
+        facts[str(device)] = measure_facts(device)
     return facts[str(device)]
 
 

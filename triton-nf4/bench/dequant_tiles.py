@@ -48,7 +48,7 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="*", default=["4096x4096", "8192x8192", "14336x4096"])
     args = parser.parse_args()
     device = torch.device("cuda")
-    facts = bench._measure_facts(device)
+    facts = bench.measure_facts(device)
     backend = create("triton-nf4")
     dtype = torch.bfloat16
     rows = []

@@ -108,7 +108,7 @@ def measure(which: str, label: str, row_counts: tuple[int, ...] = ROWS) -> list[
     from pytest_qconform.benchmark import harness as bench
 
     device = torch.device("cuda")
-    facts = bench._measure_facts(device)
+    facts = bench.measure_facts(device)
     rows_out = []
     with torch.no_grad():
         for name, shape, rows, call in _cases(which, device, row_counts):

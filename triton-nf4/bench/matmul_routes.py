@@ -89,7 +89,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     device = torch.device("cuda")
-    facts = bench._measure_facts(device)
+    facts = bench.measure_facts(device)
     triton_backend, bnb_backend = create("triton-nf4"), create("bitsandbytes")
     spec = QuantSpec("nf4", 64)
     dtype = torch.bfloat16

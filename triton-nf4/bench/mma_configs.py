@@ -57,7 +57,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     device = torch.device("cuda")
-    facts = bench._measure_facts(device)
+    facts = bench.measure_facts(device)
     ours, bnb = create("triton-nf4"), create("bitsandbytes")
     spec, dtype = QuantSpec("nf4", 64), torch.bfloat16
     rows_out = []

@@ -82,7 +82,7 @@ def case_configs(n: int, rows: int, device: torch.device) -> list[tuple[str, Any
     """(name, configuration) of every tensor-core timing of a case: the table's, then the grid's."""
     from qconform_triton_nf4.kernels import nf4_tc_gemm
 
-    return [("table", nf4_tc_gemm.config_for(rows, n, device))] + [(c.label(), c) for c in grid(rows)]
+    return [("table", nf4_tc_gemm.config_for(rows, device))] + [(c.label(), c) for c in grid(rows)]
 
 
 # ------------------------------------------------------------------ compiling ahead
@@ -217,34 +217,34 @@ def summarize(cases: list[dict], fused_max_rows: int) -> dict:
             ],
         }
     table: dict[str, dict[str, Any]] = {}
-    for klass in ("all",):
-        for rows in sorted({c["rows"] for c in cases}):
-            group = [c for c in cases if c["rows"] == rows and c.get("best")]
-            if not group:
-                continue
-            names = [n for n in group[0]["tc"] if n != "table" and all("us" in c["tc"].get(n, {}) for c in group)]
-            if not names:
-                continue
+    for rows in sorted({c["rows"] for c in cases}):
+        group = [c for c in cases if c["rows"] == rows and c.get("best")]
+        names = (
+            [n for n in group[0]["tc"] if n != "table" and all("us" in c["tc"].get(n, {}) for c in group)]
+            if group
+            else []
+        )
+        if not names:
+            continue
 
-            def worst(name: str, group: list[dict] = group) -> float:
-                return max(c["tc"][name]["us"] / c["best"]["us"] for c in group)
+        def worst(name: str, group: list[dict] = group) -> float:
+            return max(c["tc"][name]["us"] / c["best"]["us"] for c in group)
 
-            chosen = min(names, key=worst)
-            table.setdefault(str(rows), {})[klass] = {
-                "config": group[0]["tc"][chosen]["config"],
-                "label": chosen,
-                "worst_ratio_to_best": round(worst(chosen), 3),
-                "us": {c["shape"]: c["tc"][chosen]["us"] for c in group},
-                "route_us": {c["shape"]: c["route"].get("us") for c in group},
-            }
+        chosen = min(names, key=worst)
+        table[str(rows)] = {
+            "config": group[0]["tc"][chosen]["config"],
+            "label": chosen,
+            "worst_ratio_to_best": round(worst(chosen), 3),
+            "us": {c["shape"]: c["tc"][chosen]["us"] for c in group},
+            "route_us": {c["shape"]: c["route"].get("us") for c in group},
+        }
     tc_max_rows = 0
     for rows in sorted(int(r) for r in table):
         if rows <= fused_max_rows:
             continue
+        entry = table[str(rows)]
         wins = all(
-            entry["route_us"][shape] is not None and us < entry["route_us"][shape]
-            for entry in table[str(rows)].values()
-            for shape, us in entry["us"].items()
+            entry["route_us"][shape] is not None and us < entry["route_us"][shape] for shape, us in entry["us"].items()
         )
         if not wins:
             break
@@ -266,7 +266,7 @@ def table_source(suggested: dict) -> str:
     for index, rows in enumerate(rows_list):
         entry = suggested[str(rows)]
         most = "2**31" if index == len(rows_list) - 1 else str(rows)
-        lines.append(f"    ({most}, {text(entry['all']['config'])}),")
+        lines.append(f"    ({most}, {text(entry['config'])}),")
     return "\n".join(lines)
 
 
@@ -357,7 +357,7 @@ def main() -> int:
             record["compile_ahead"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
         print(f"compiled ahead: {record['compile_ahead']}", flush=True)
 
-    facts = harness._measure_facts(device)
+    facts = harness.measure_facts(device)
     ours = create("triton-nf4")
     spec = QuantSpec("nf4", BLOCKSIZE, double_quant=args.double_quant)
     dtype = torch.bfloat16
@@ -469,10 +469,7 @@ def main() -> int:
         print(f"\nSuggested nf4_tc_gemm._GPU_CONFIGS for {record['arch_class']} (worst ratio to each case's best):")
         print(table_source(suggested))
         for rows, entry in sorted(suggested.items(), key=lambda item: int(item[0])):
-            print(
-                f"  rows {rows}: "
-                + ", ".join(f"{k} {v['label']} x{v['worst_ratio_to_best']}" for k, v in entry.items())
-            )
+            print(f"  rows {rows}: {entry['label']} x{entry['worst_ratio_to_best']}")
     print(f"\nSuggested TC_MAX_ROWS[{record['arch_class']!r}] = {record.get('suggested_tc_max_rows', 0)}")
     if skipped_for_budget:
         print(f"{skipped_for_budget} candidate timings skipped past --budget-s {args.budget_s}")

@@ -148,26 +148,28 @@ def extra_calls() -> list[dict]:
 
 
 def tc_gemm_calls() -> list[dict]:
-    """``tc_gemm_4bit`` calls: a default run does not route to the tensor-core GEMM while its
-    thresholds are 0 (``nf4_tc_gemm.TC_MAX_ROWS``). 64 rows of each x dtype (the table's
-    configuration for them) on a weight deep enough (64 steps of K) that the plan splits K
-    on the larger device, so the split-sum variant is compiled too."""
+    """``tc_gemm_4bit`` calls: the kernel-call log is recorded in Triton's interpreter, where
+    no arch class routes to the tensor-core GEMM (``nf4_tc_gemm.TC_MAX_ROWS``). 64 rows of
+    each x dtype (the table's configuration for them) on a weight deep enough (64 steps of K)
+    that the plan splits K, and on one of a single step, which it cannot split: both the
+    split-sum variant and the one that rounds in place are compiled."""
     import torch
 
     meta = torch.device("meta")
-    rows, features, depth, blocksize = 64, 64, 4096, 64
-    weight = (
-        torch.empty(features * depth // 2, dtype=torch.uint8, device=meta),
-        torch.empty(features * depth // blocksize, dtype=torch.float32, device=meta),
-    )
+    rows, features, blocksize = 64, 64, 64
     code = torch.empty(16, dtype=torch.float32, device=meta)
     return [
         kernel_calls.record(
             "tc_gemm_4bit",
-            (torch.empty(rows, depth, dtype=dtype, device=meta), *weight),
+            (
+                torch.empty(rows, depth, dtype=dtype, device=meta),
+                torch.empty(features * depth // 2, dtype=torch.uint8, device=meta),
+                torch.empty(features * depth // blocksize, dtype=torch.float32, device=meta),
+            ),
             {"blocksize": blocksize, "shape": (features, depth), "code": code},
         )
         for dtype in (torch.bfloat16, torch.float16)
+        for depth in (4096, 64)
     ]
 
 
@@ -208,42 +210,24 @@ def _platform(kind: str, multiprocessors: int, mma_ptx: bool) -> Iterator[None]:
     (``mma_ptx``: NVIDIA from sm_80), come from here instead of the absent device."""
     import torch
 
-    from qconform_triton_nf4.kernels import nf4_gemv, nf4_mma, nf4_tc_gemm
+    from qconform_triton_nf4.kernels import nf4_gemv, nf4_mma
 
-    for module, name in (
-        (nf4_gemv, "ptx_shuffle_ok"),
-        (nf4_gemv, "_multiprocessors"),
-        (nf4_mma, "mma_ptx_ok"),
-        (nf4_tc_gemm, "tc_ptx_ok"),
-    ):
+    for module, name in ((nf4_gemv, "ptx_shuffle_ok"), (nf4_gemv, "_multiprocessors"), (nf4_mma, "mma_ptx_ok")):
         if not hasattr(module, name):
             raise RuntimeError(
                 f"compile_check: {module.__name__} has no {name}() any more; update _platform, "
                 "which answers the entry points' device questions for the replay"
             )
-    saved = (
-        torch.version.hip,
-        nf4_gemv.ptx_shuffle_ok,
-        nf4_gemv._multiprocessors,
-        nf4_mma.mma_ptx_ok,
-        nf4_tc_gemm.tc_ptx_ok,
-    )
-    shuffle_ok, tc_ptx_ok = nf4_gemv.ptx_shuffle_ok, nf4_tc_gemm.tc_ptx_ok
+    saved = (torch.version.hip, nf4_gemv.ptx_shuffle_ok, nf4_gemv._multiprocessors, nf4_mma.mma_ptx_ok)
+    shuffle_ok = nf4_gemv.ptx_shuffle_ok
     torch.version.hip = ROCM_HIP_VERSION if kind == "rocm" else None
     nf4_gemv.ptx_shuffle_ok = lambda device: shuffle_ok(torch.device("cuda"))
     nf4_gemv._multiprocessors = lambda device: multiprocessors
     nf4_mma.mma_ptx_ok = lambda device: mma_ptx
-    nf4_tc_gemm.tc_ptx_ok = lambda device: tc_ptx_ok(torch.device("cuda"))
     try:
         yield
     finally:
-        (
-            torch.version.hip,
-            nf4_gemv.ptx_shuffle_ok,
-            nf4_gemv._multiprocessors,
-            nf4_mma.mma_ptx_ok,
-            nf4_tc_gemm.tc_ptx_ok,
-        ) = saved
+        torch.version.hip, nf4_gemv.ptx_shuffle_ok, nf4_gemv._multiprocessors, nf4_mma.mma_ptx_ok = saved
 
 
 @contextlib.contextmanager

@@ -62,6 +62,7 @@ import torch
 import triton
 import triton.language as tl
 
+from qconform_triton_nf4.kernels import nf4_gemv
 from qconform_triton_nf4.kernels.launch import BoundLaunch, pointers
 from qconform_triton_nf4.kernels.nf4_dequant import (
     bf16_bits,
@@ -109,8 +110,8 @@ class TcConfig:
 # the last for more. Measured on an H200 (bench/tc_gemm_sweep.py: bf16, NF4 blocksize 64,
 # device us, 48 configurations a case at 8192^2, 4096^2, 14336 x 4096 and 4096 x 14336;
 # results/tc-gemm-v21-h200.json): each row class's configuration whose worst ratio to the
-# best of each shape is smallest (32 rows 1.06, 64 rows 1.08, 128 rows 1.16; past 128 rows,
-# where the route does not take this kernel, 128 rows' entry).
+# best of each shape is smallest (32 rows 1.06, 64 rows 1.08, 128 rows 1.16); past 64 rows,
+# where the route does not take this kernel (direct calls, the sweep), 128 rows' entry.
 _GPU_CONFIGS: tuple[tuple[int, TcConfig], ...] = (
     (32, TcConfig(32, 64, 64, 4, 3, split_k=8)),
     (64, TcConfig(64, 64, 64, 4, 4, split_k=4)),
@@ -154,9 +155,9 @@ def tc_max_rows(device: torch.device) -> int:
     return TC_MAX_ROWS.get(arch_class(device), 0)
 
 
-def config_for(M: int, N: int, device: torch.device) -> TcConfig:
-    """The configuration table's choice for M rows of x on ``device`` (N: kept for a table
-    by shape class; one class measured so far)."""
+def config_for(M: int, device: torch.device) -> TcConfig:
+    """The configuration table's choice for M rows of x on ``device`` (one table for every
+    shape: the sweep's choice per rows over four shapes)."""
     if device.type == "cpu":
         return _INTERPRETER_CONFIG
     if torch.version.hip is not None:
@@ -173,12 +174,6 @@ def splits_for(tiles: int, steps: int, multiprocessors: int, programs_per_sm: in
     ``steps`` K steps, at most ``MAX_SPLITS``."""
     wanted = round(programs_per_sm * multiprocessors / max(tiles, 1))
     return max(1, min(wanted, steps // MIN_STEPS_PER_SPLIT, MAX_SPLITS))
-
-
-def tc_ptx_ok(device: torch.device) -> bool:
-    """Whether the kernel may use its inline PTX (the shuffle lookup): compiled for an
-    NVIDIA GPU."""
-    return device.type == "cuda" and torch.version.hip is None and not interpreter_active()
 
 
 def tc_gemm_readable(x: torch.Tensor, K: int) -> bool:
@@ -401,14 +396,13 @@ def plan_gemm_4bit_tc(
     (``config_for``) where None."""
     M, K = x2.shape
     device = x2.device
-    config = config or config_for(M, N, device)
+    config = config or config_for(M, device)
     block_k = min(config.block_k, K & -K)  # the largest power of two <= block_k that divides K
     steps = K // block_k
     tiles = math.ceil(M / config.block_m) * math.ceil(N / config.block_n)
     splits = config.split_k or splits_for(tiles, steps, multiprocessors, config.programs_per_sm)
     per_split = math.ceil(steps / max(1, min(splits, steps)))
     splits = math.ceil(steps / per_split)  # every split keeps at least one step
-    table = code
     bf16_bits = x2.dtype == torch.bfloat16 and interpreter_active()
     stride_xm = x2.stride(0) if M > 1 else K
     stride_xk = x2.stride(1)
@@ -423,7 +417,7 @@ def plan_gemm_4bit_tc(
             BF16_BITS=bf16_bits,
             EMULATED=interpreter_active(),
             X_FP16=x2.dtype == torch.float16,
-            PTX=tc_ptx_ok(device),
+            PTX=nf4_gemv.ptx_shuffle_ok(device),  # the lookup by warp shuffle, as the gemv kernels
             BLOCK_M=config.block_m,
             BLOCK_N=config.block_n,
             BLOCK_K=block_k,
@@ -434,7 +428,7 @@ def plan_gemm_4bit_tc(
             enable_fp_fusion=False,  # keep nested_code * scale + offset two roundings, like dequantize_4bit
         ),
     )
-    fixed, nested = (packed, absmax, table), (nested_absmax, nested_code)
+    fixed, nested = (packed, absmax, code), (nested_absmax, nested_code)
     fixed_pointers, nested_pointers = pointers(fixed), pointers(nested)  # for the bound launch
     tickets: dict[int, torch.Tensor] = {}  # per stream: one int32 per tile, zero between launches
     stream_of: Callable[[int], int] | None = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -443,7 +437,7 @@ def plan_gemm_4bit_tc(
 
     def run(x2: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None) -> None:
         bound = launch.bound
-        p, a, t = fixed_pointers if bound else fixed
+        p, a, c = fixed_pointers if bound else fixed
         nested_arguments = nested_pointers if bound else nested
         out_arg = out.view(torch.int16) if bf16_bits else out
         if splits == 1:
@@ -455,13 +449,13 @@ def plan_gemm_4bit_tc(
             ticket = tickets.get(stream)
             if ticket is None:
                 ticket = tickets[stream] = torch.zeros(tiles, dtype=torch.int32, device=device)
-        launch(x2, p, a, t, bias if bias is not None else a, out_arg, work, ticket, *nested_arguments, *tail)
+        launch(x2, p, a, c, bias if bias is not None else a, out_arg, work, ticket, *nested_arguments, *tail)
 
     def native(x: torch.Tensor, bias: torch.Tensor | None, out_shape: tuple[int, ...]) -> Any:
         if bf16_bits:
             return None
-        p, a, t = fixed_pointers
-        args = (None, p, a, t, a, None, None, None if splits > 1 else a, *nested_pointers, *tail)
+        p, a, c = fixed_pointers
+        args = (None, p, a, c, a, None, None, None if splits > 1 else a, *nested_pointers, *tail)
         if splits == 1:
             return launch.native(args, NATIVE_ROLES, x, bias, out_shape)
         roles = dict(NATIVE_ROLES, work=6, counters=7)
@@ -526,10 +520,8 @@ def tc_gemm_4bit_plan(
     """``tc_gemm_4bit``'s arguments validated and its launch bound: ``plan(x, bias)`` for
     every x and bias laid out as these (dtype, shape, strides, data-pointer alignment,
     device), as ``gemv_4bit_plan``; ``config`` overrides the table's (the sweep's)."""
-    from qconform_triton_nf4.kernels.nf4_gemv import _multiprocessors, check_linear_call, empty_linear_plan
-
     where = "kernels.tc_gemm_4bit"
-    N, K = check_linear_call(
+    N, K = nf4_gemv.check_linear_call(
         x,
         packed,
         absmax,
@@ -542,7 +534,7 @@ def tc_gemm_4bit_plan(
         bias=bias,
         where=where,
     )
-    empty = empty_linear_plan(x, N, K)
+    empty = nf4_gemv.empty_linear_plan(x, N, K)
     if empty is not None:
         return empty
     if not tc_gemm_readable(x, K):
@@ -569,7 +561,7 @@ def tc_gemm_4bit_plan(
         offset=offset_value,
         double_quant=double_quant,
         code=code.contiguous(),
-        multiprocessors=_multiprocessors(x.device) if x.device.type != "cpu" else 1,
+        multiprocessors=nf4_gemv._multiprocessors(x.device) if x.device.type != "cpu" else 1,
         config=config,
     )
     out_shape = (*x.shape[:-1], N)
