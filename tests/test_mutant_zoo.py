@@ -447,10 +447,11 @@ def _assert_caught(report: dict, mutant) -> None:
 
 TC_ROUTE_CONFTEST = textwrap.dedent("""
     from qconform_triton_nf4.kernels import nf4_tc_gemm
-    from zoo import TC_ROUTE_MUTANTS, TC_ROUTE_ROWS, TritonTcRoute, narrowed
+    from zoo import TC_ROUTE_MUTANTS, TritonTcRoute, narrowed
 
     def pytest_qconform_backends(config):
-        nf4_tc_gemm.TC_MAX_ROWS["interpreter"] = TC_ROUTE_ROWS  # the route on in Triton's interpreter, this run only
+        # the route on in Triton's interpreter at sm_90's rows, in this run only
+        nf4_tc_gemm.TC_MAX_ROWS["interpreter"] = nf4_tc_gemm.TC_MAX_ROWS["sm90"]
         return {m.name: narrowed(m) for m in (TritonTcRoute, *TC_ROUTE_MUTANTS)}
 """)
 

@@ -936,10 +936,9 @@ KERNEL_MUTANTS: tuple[type[TritonNf4Backend], ...] = (KernelRoundsTowardZero,)
 # -- issue 52: our fused tensor-core GEMM's route -----------------------------------------------------------------
 # The route (``kernels.nf4_tc_gemm``, past the fused kernels' rows up to ``TC_MAX_ROWS`` of the arch class)
 # is on where it was measured faster (sm_90), off in Triton's interpreter. The zoo's run turns it on for
-# the interpreter (tests/test_mutant_zoo.py, ``TC_ROUTE_CONFTEST``), so that the matmul check meets the
+# the interpreter at sm_90's rows (tests/test_mutant_zoo.py, ``TC_ROUTE_CONFTEST``), so that the matmul check meets the
 # real route at its rows under the twin's name, and the mutant's planted bug on that route only.
 TC_ROUTE_SUITES: tuple[str, ...] = ("test_matmul_every_route",)
-TC_ROUTE_ROWS = 64  # the sm_90 threshold, the route's rows in the zoo's run
 
 
 class TritonTcRoute(TritonNf4Backend):

@@ -62,7 +62,7 @@ import torch
 import triton
 import triton.language as tl
 
-from qconform_triton_nf4.kernels import nf4_gemv
+import qconform_triton_nf4.kernels.nf4_gemv as nf4_gemv
 from qconform_triton_nf4.kernels.launch import BoundLaunch, pointers
 from qconform_triton_nf4.kernels.nf4_dequant import (
     bf16_bits,
