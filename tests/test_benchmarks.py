@@ -268,6 +268,45 @@ def test_benchplot_cli_writes_png_beside_the_report(tmp_path: Path, capsys) -> N
     assert (tmp_path / "t.png").read_bytes().startswith(b"\x89PNG")
 
 
+def test_benchplot_draws_the_matmuls_over_the_dense_layer_and_refuses_a_run_without_it(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """``--metric dense``: each backend's matmul time over the dense bf16 peer's of the same
+    shape and rows (a panel per shape, a line per backend, the peer itself not drawn);
+    ``<stem>-dense.png`` beside the report. A run without the peer is refused, no PNG."""
+    pytest.importorskip("matplotlib")
+    from pytest_qconform.benchmark.peer import DENSE
+
+    entries = [
+        entry(backend=backend, batch=rows, median_s=time_s, eager_median_s=time_s * 1.1)
+        for rows in (1, 16, 64)
+        for backend, time_s in (("triton-nf4", 20e-6 * rows**0.5), ("bitsandbytes", 40e-6), (DENSE, 38e-6))
+    ]
+    drawn = []
+    path = write_report(bench_report(*entries), tmp_path)
+    import matplotlib.axes
+
+    original = matplotlib.axes.Axes.plot
+
+    def spy(self, *args, **kwargs):
+        drawn.append((self.get_title(), kwargs.get("label"), list(args[1]) if len(args) > 1 else None))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", spy)
+    assert benchplot.main([str(path), "--metric", "dense"]) == 0
+    png = path.with_name(f"{path.stem}-dense.png")
+    assert png.read_bytes().startswith(b"\x89PNG") and capsys.readouterr().out.strip() == str(png)
+    device = {label: ys for _, label, ys in drawn if label is not None}
+    assert set(device) == {"bitsandbytes (nf4-b64)", "triton-nf4 (nf4-b64)"}  # the peer is the unit, not a line
+    assert device["bitsandbytes (nf4-b64)"] == pytest.approx([40 / 38] * 3)
+    assert device["triton-nf4 (nf4-b64)"] == pytest.approx([20 / 38, 80 / 38, 160 / 38])
+    (tmp_path / "other").mkdir()
+    without = write_report(bench_report(*(e for e in entries if e.backend != DENSE)), tmp_path / "other")
+    assert benchplot.main([str(without), "--metric", "dense"]) == 2
+    assert f"has no {DENSE} matmul entries" in capsys.readouterr().err
+    assert not list((tmp_path / "other").glob("*.png"))
+
+
 @pytest.mark.parametrize("module", ["pytest_qconform", "pytest_qconform.benchmark.plot", "pytest_qconform.matrix.cli"])
 def test_every_cli_prints_its_help(module: str) -> None:
     """argparse formats help strings with %: a bare "%" in one crashed ``--help``."""

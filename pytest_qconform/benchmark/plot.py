@@ -1,12 +1,17 @@
 """Plot a benchmark run: % of the copy floor (or time) per backend, for every case.
 
 CLI: ``python -m pytest_qconform.benchmark.plot REPORT.json [--out PNG] [--metric percent|time]``.
-Writes ``<report-stem>-bench.png`` next to the report unless ``--out`` says otherwise.
+Writes ``<report-stem>-bench.png`` next to the report (``<report-stem>-dense.png`` for the
+``dense`` metric) unless ``--out`` says otherwise.
 One panel per operation; cases (shape, batch, format family) along x, one bar per
 backend and format. ``percent`` (default) is ``percent_of_floor``: 100 means the
 backend moved its unavoidable bytes as fast as the run's device-to-device copy.
 ``time`` draws the device time as bars and, where the report has it, the eager per-call
-time (a loop of calls from Python, nothing queued) as a tick over each bar.
+time (a loop of calls from Python, nothing queued) as a tick over each bar. ``dense``
+draws, per matmul shape, each backend's time over the unquantized bf16 layer's
+(``peer.DENSE``) against the rows: device time solid, eager time dashed, 1 the dense
+layer, so a line below 1 is faster than the layer it replaces and a crossing is where it
+stops being (issue 52).
 """
 
 from __future__ import annotations
@@ -16,12 +21,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from pytest_qconform.benchmark.peer import DENSE
 from pytest_qconform.report.benchmarks import Benchmark
 from pytest_qconform.report.figures import write_figure_png
 from pytest_qconform.report.run_report import ReportError, RunReport, read_report
 from pytest_qconform.report.storage import ReportsFolder
 
-METRICS = ("percent", "time")
+METRICS = ("percent", "time", "dense")
 PROG = "qconform benchplot"
 
 
@@ -29,9 +35,10 @@ class BenchPlotError(ValueError):
     """A report that cannot be plotted; the message names it and says what to do."""
 
 
-def default_png(report_path: str | Path) -> Path:
+def default_png(report_path: str | Path, metric: str = "percent") -> Path:
     path = Path(report_path)
-    return ReportsFolder(path.parent).bench_plot(path)
+    folder = ReportsFolder(path.parent)
+    return folder.bench_dense_plot(path) if metric == "dense" else folder.bench_plot(path)
 
 
 def _case(entry: Benchmark) -> str:
@@ -72,6 +79,8 @@ def render(report: RunReport, png_path: str | Path, metric: str = "percent") -> 
         raise BenchPlotError(
             f"{where}: has no benchmark entries; write one with pytest --qconform --benchmark-only (nox -s bench)"
         )
+    if metric == "dense":
+        return _render_against_dense(report, png_path)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -83,11 +92,7 @@ def render(report: RunReport, png_path: str | Path, metric: str = "percent") -> 
     fig = Figure(figsize=(max(7.0, 1.0 + 0.32 * widest * len(series)), 3.4 * len(operations)), dpi=100)
     FigureCanvasAgg(fig)
     copy = report.benchmarks[0].copy_bandwidth_bytes_per_s
-    fig.suptitle(
-        f"{report.arch} ({report.probe.get('device_name')}) on {report.host}, {report.created}; "
-        f"copy {copy / 1e9:.0f} GB/s",
-        fontsize=9,
-    )
+    fig.suptitle(f"{_run_title(report)}; copy {copy / 1e9:.0f} GB/s", fontsize=9)
     for row, op in enumerate(operations):
         ax = fig.add_subplot(len(operations), 1, row + 1)
         entries = sorted((e for e in report.benchmarks if e.operation == op), key=_case_order)
@@ -130,6 +135,66 @@ def render(report: RunReport, png_path: str | Path, metric: str = "percent") -> 
     return write_figure_png(fig, png_path)
 
 
+def _run_title(report: RunReport) -> str:
+    return f"{report.arch} ({report.probe.get('device_name')}) on {report.host}, {report.created}"
+
+
+def _render_against_dense(report: RunReport, png_path: str | Path) -> Path:
+    """The ``dense`` metric (module docstring): one panel per matmul shape."""
+    where = report.source or "report"
+    matmuls = [e for e in report.benchmarks if e.operation == "matmul" and e.batch is not None]
+    dense = {(e.shape, e.batch): e for e in matmuls if e.backend == DENSE}
+    if not dense:
+        raise BenchPlotError(
+            f"{where}: has no {DENSE} matmul entries to compare with; they are timed on a GPU beside the backends "
+            "(pytest --qconform --benchmark-only)"
+        )
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    shapes = sorted({shape for shape, _ in dense})
+    series = sorted({_series(e) for e in matmuls if e.backend != DENSE})
+    fig = Figure(figsize=(4.2 * len(shapes), 3.6), dpi=100)
+    FigureCanvasAgg(fig)
+    fig.suptitle(f"{_run_title(report)}; matmul time over the dense bf16 layer's", fontsize=9)
+    for column, shape in enumerate(shapes):
+        ax = fig.add_subplot(1, len(shapes), column + 1)
+        for index, name in enumerate(series):
+            cases = sorted(
+                (e for e in matmuls if _series(e) == name and e.shape == shape and (e.shape, e.batch) in dense),
+                key=lambda e: e.batch or 0,
+            )
+            if not cases:
+                continue
+            colour = _colour(name, index)
+            pairs = [(e, dense[(e.shape, e.batch)]) for e in cases]
+            ax.plot(
+                [e.batch or 0 for e in cases],
+                [e.median_s / peer.median_s for e, peer in pairs],
+                marker="o",
+                color=colour,
+                label=name,
+            )
+            eager = [
+                (e.batch or 0, e.eager_median_s / peer.eager_median_s)
+                for e, peer in pairs
+                if e.eager_median_s and peer.eager_median_s
+            ]
+            if eager:
+                ax.plot(*zip(*eager), linestyle="--", linewidth=0.8, color=colour)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        ax.set_title(f"{shape[0]}x{shape[1]}", fontsize=9)
+        ax.set_xlabel("rows", fontsize=8)
+        if column == 0:
+            ax.set_ylabel("time / dense bf16 (solid: device, dashed: eager)", fontsize=8)
+        ax.tick_params(labelsize=7)
+    fig.axes[0].legend(fontsize=7, frameon=False)
+    fig.tight_layout()
+    return write_figure_png(fig, png_path)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pytest_qconform.benchmark.plot",
@@ -143,7 +208,8 @@ def _parser() -> argparse.ArgumentParser:
         "--metric",
         choices=METRICS,
         default="percent",
-        help="percent: %% of the copy floor (default); time: median time per call",
+        help="percent: %% of the copy floor (default); time: median time per call; "
+        "dense: matmul time over the dense bf16 layer's, by rows",
     )
     return parser
 
@@ -153,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         report = read_report(args.report)
-        png = render(report, args.out or default_png(args.report), args.metric)
+        png = render(report, args.out or default_png(args.report, args.metric), args.metric)
     except (ReportError, BenchPlotError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

@@ -6,6 +6,7 @@ A folder of reports (``reports/`` in this repository, a run's ``--qconform-repor
     <arch>-<host>-<UTC time>.json        one run report per run: the cells the matrix merges
     bench/<arch>-<host>-<UTC time>.json  a benchmark run (``nox -s bench``): timings, no cells,
     bench/<same stem>-bench.png          so not a matrix input; and its plot
+    bench/<same stem>-dense.png          its matmuls over the dense bf16 layer's time (a GPU run's)
     sections/<tool>.json                 a tool's section of the matrix (report/sections.py: the
                                          Triton wing's compile check writes triton-nf4.json)
     MATRIX.md, matrix.png, site/         the merged matrix, its heatmap and its page
@@ -115,6 +116,10 @@ class ReportsFolder:
     def bench_plot(self, report: Path) -> Path:
         """A benchmark report's plot: ``<report stem>-bench.png`` beside it."""
         return report.with_name(f"{report.stem}-bench.png")
+
+    def bench_dense_plot(self, report: Path) -> Path:
+        """A benchmark report's plot against the dense bf16 layer: ``<report stem>-dense.png``."""
+        return report.with_name(f"{report.stem}-dense.png")
 
     def bench_reports(self) -> list[Path]:
         """The benchmark runs' reports in ``bench/``, sorted."""
