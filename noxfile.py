@@ -142,7 +142,9 @@ def kernel_calls(session: nox.Session) -> None:
     the suites or the kernels' entry points change: the draws are derandomized, but a CPU
     run gives some size-1 dimensions of x other strides, which Triton keys on (triton-nf4/bench/notes.md
     "Warm-up"). tests/test_triton_warmup.py checks that a replayed log launches the
-    recorded run's kernel keys. Runs in the current environment."""
+    recorded run's kernel keys. Runs in the current environment; extra arguments go to pytest
+    (``-n 15 --dist worksteal`` on a 16-core GPU runner: each worker's calls are written into
+    the one log, qconform_triton_nf4/call_recording.py)."""
     session.run(
         _python(session),
         *RECORDING_RUN,

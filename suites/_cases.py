@@ -60,6 +60,25 @@ LADDER_TOP: tuple[int, ...] = tuple(r for r in ROWS_LADDER if r > LADDER_SPLIT)
 # vocabulary (N = 151936, past 2^17) at the lm_head check's K = 64 (9.7 M elements).
 LONG_K_SHAPE = (10, 14336)
 WIDE_N_SHAPE = (151936, 64)
+# A QLoRA batch of 8 x 8192 tokens through that down projection in one call: 65536 rows at
+# K = 14336, where a grid's row dimension and the K loop meet (each was reached alone). Its
+# activation is 7.5 GB in float64, so the check is a GPU's: ``large`` there, and not claimed
+# on a CPU (``prefill_at_long_k_rows``).
+PREFILL_ROWS = 65536
+# Rows judged at once of such a call: its float64 reference and bound a slice at a time (a
+# 4096-row slice of x is 0.47 GiB in float64), so that instances on several workers fit one
+# GPU (the whole call judged at once took 50 GiB, and four workers' ran out of an H200's memory).
+PREFILL_JUDGED_ROWS = 4096
+
+
+def prefill_at_long_k_rows(device: torch.device) -> int:
+    """``PREFILL_ROWS`` on a GPU; on a CPU the check is not claimed (skipped with the reason)."""
+    if device.type == "cpu":
+        skip_not_claimed(
+            f"{PREFILL_ROWS} rows at K = {LONG_K_SHAPE[1]} are checked on a GPU (the float64 activation alone is "
+            f"{PREFILL_ROWS * LONG_K_SHAPE[1] * 8 / 2**30:.1f} GiB)"
+        )
+    return PREFILL_ROWS
 
 
 def claimed_real_sizes(caps: Capabilities, spec: QuantSpec) -> tuple[tuple[int, int], ...]:

@@ -30,8 +30,11 @@ from ._cases import (
     LADDER_LOW,
     LADDER_SHAPE,
     LADDER_TOP,
+    LONG_K_SHAPE,
+    PREFILL_JUDGED_ROWS,
     SIZES_LARGE_ON,
     claimed_real_sizes,
+    prefill_at_long_k_rows,
     reference_decode,
     require_claim,
     weight_error,
@@ -221,9 +224,12 @@ def check_backward_rows(qtarget, qbackend, qdevice, qcheck, spec, dtype, rows, x
     check_backward(qbackend, qdevice, qcheck, spec, dtype, WeightCase(LADDER_SHAPE, "normal", seed=19), act)
 
 
-def check_backward(qbackend, qdevice, qcheck, spec, dtype, case: WeightCase, act: ActivationCase) -> None:
+def check_backward(
+    qbackend, qdevice, qcheck, spec, dtype, case: WeightCase, act: ActivationCase, judged_rows: int | None = None
+) -> None:
     """``dx = dy W`` and ``db = sum(dy)`` through the backend's matmul against float64, for a
-    contiguous activation ``act`` (a backward reads dy, not x's layout) and a bias."""
+    contiguous activation ``act`` (a backward reads dy, not x's layout) and a bias.
+    ``judged_rows``: dx judged that many rows at a time (its float64 reference and bound)."""
     n, k = case.shape
     qcheck.describe(**case.describe(), **act.describe())
     quantized = qbackend.quantize(case.make(qdevice), spec)
@@ -240,8 +246,14 @@ def check_backward(qbackend, qdevice, qcheck, spec, dtype, case: WeightCase, act
     packed = qbackend.export_packed(quantized)
     w = reference_decode(packed, qdevice)
     dy2 = dy.double().reshape(-1, n)
-    e_dx = bounds.grad_bound(dy2, w, dtype, dtype, w_error=weight_error(packed, w, dtype))
-    qcheck.within(x.grad.reshape(-1, k), dy2 @ w, e_dx, f"d x at {rows} rows")
+    e_w = weight_error(packed, w, dtype)
+    dx = x.grad.reshape(-1, k)
+    step = judged_rows or rows
+    for first in range(0, rows, step):
+        part = dy2[first : first + step]
+        where = "" if step >= rows else f", rows {first}..{first + part.shape[0] - 1}"
+        e_dx = bounds.grad_bound(part, w, dtype, dtype, w_error=e_w)
+        qcheck.within(dx[first : first + step], part @ w, e_dx, f"d x at {rows} rows{where}")
     ones = torch.ones(1, dy2.shape[0], dtype=torch.float64, device=dy2.device)
     qcheck.within(bias.grad, dy2.sum(0), _mm_bound(ones, dy2, dtype)[0], f"d bias, a sum over {rows} rows")
 
@@ -282,3 +294,18 @@ def test_backward_real_sizes(qtarget, qbackend, qdevice, qcheck, spec, dtype):
         check_backward(
             qbackend, qdevice, qcheck, spec, dtype, WeightCase(shape, "normal", seed=shape[0] + shape[1]), act
         )
+
+
+@pytest.mark.qconform_large_on(*SIZES_LARGE_ON)
+@pytest.mark.qconform_heavy
+@pytest.mark.qconform_ci_strength(1)  # each value once: 5-10 s an instance on an H200
+@pytest.mark.qconform_axes("format", "double_quant", "hqq_axis", "dtype")
+def test_backward_prefill_at_long_k(qtarget, qbackend, qdevice, qcheck, spec, dtype):
+    """The gradients of 65536 rows at K = 14336 in one call (``_cases.PREFILL_ROWS``): dx is
+    65536 x 14336, the bias' gradient a sum over 65536 rows. ``large`` on a GPU; not claimed
+    on a CPU."""
+    require_claim(qbackend, qtarget, spec, dtype, backward=True)
+    rows = prefill_at_long_k_rows(qdevice)
+    act = ActivationCase((rows,), "contiguous", seed=rows)
+    case = WeightCase(LONG_K_SHAPE, "normal", seed=14336)
+    check_backward(qbackend, qdevice, qcheck, spec, dtype, case, act, judged_rows=PREFILL_JUDGED_ROWS)

@@ -2,10 +2,11 @@
 
 Run only with ``pytest --qconform --benchmark-only`` (``nox -s bench``); a plain
 ``--qconform`` run skips them with the reason, as does a CPU run without
-``--qconform-bench-shapes=small``. Weights N x K (out x in) of 4096x4096, 8192x8192
-and 14336x4096 (the shapes of 7-8B models' projections), bf16; matmul at batch 1
-(decoding: the gemv path), 4 (a few rows: the fused gemv too), 16, 64, 128 and 512 (the
-window between decode and prefill, issue 52), beside two peers on a GPU: torch's int4
+``--qconform-bench-shapes=small``. Weights N x K (out x in) of 4096x4096, 8192x8192,
+14336x4096 and 4096x14336 (the shapes of 7-8B models' projections: attention, MLP up/gate,
+down), bf16; matmul at batch 1 (decoding: the gemv path), 4 (a few rows: the fused gemv
+too), 16, 64, 128, 256 and 512 (the window between decode and prefill, issue 52), 2048 and
+8192 (prefill, where every implementation is bound by its GEMM), beside two peers on a GPU: torch's int4
 tinygemm and the unquantized bf16 layer (``benchmark.peer``). NF4 at blocksize 64, the CUDA default, plain and
 (dequantize) double-quantized; quantize of the bf16 weight at NF4 blocksize 64 (load time);
 HQQ has no NF4 and is timed on its own 4-bit format at

@@ -42,11 +42,13 @@ from ._cases import (
     LADDER_SHAPE,
     LADDER_TOP,
     LONG_K_SHAPE,
+    PREFILL_JUDGED_ROWS,
     SIZES_LARGE_ON,
     SMALL_BATCH_SHAPES,
     distinct_scales,
     dtype_id,
     has_distinct_at_least,
+    prefill_at_long_k_rows,
     reference_decode,
     require_claim,
     weight_error,
@@ -148,10 +150,17 @@ def check_product(
     y = matmul_in_form(qbackend, qcheck, x, quantized, bias, compute_dtype, call_form)
     qcheck.equal(y.dtype, x_dtype, "matmul output dtype (the activation's dtype)")
     packed = qbackend.export_packed(quantized)
-    w_exact = reference_decode(packed, qdevice)
+    judge_product(qcheck, packed, reference_decode(packed, qdevice), x, y, bias, compute_dtype, x.numel() // k)
+
+
+def judge_product(qcheck, packed, w_exact, x, y, bias, compute_dtype, rows: int, where: str = "") -> None:
+    """``y`` (the backend's product of ``x`` and the weight ``packed``, decoded exactly as
+    ``w_exact``) against float64 ``x W^T + b``: the bound, the rounding direction where the
+    columns are independent units, and torch's own ``F.linear`` (``check_product``'s
+    docstring). ``rows``: the call's rows, which choose bitsandbytes' weight model; x and y
+    may be a slice of them (``where`` names it)."""
     b_exact = bias.double() if bias is not None else None
     y_exact = linear.linear(x.double(), w_exact, b_exact)
-    rows = x.numel() // k
     w_error = weight_error(packed, w_exact, compute_dtype, rows=rows)
     bound = bounds.matmul_bound(x.double(), w_exact, b_exact, compute_dtype, y.dtype, w_error=w_error, exact=y_exact)
     # Columns are independent rounding units where no weight rounding is shared (the docstring).
@@ -162,14 +171,15 @@ def check_product(
         and not shared_scales
         and not _rounded_weights_biased(x, w_exact, b_exact, compute_dtype, y_exact, units)
     )
-    qcheck.within(y, y_exact, bound, "matmul vs float64 x W^T + b", rounding_units=units if independent else None)
+    what = f"matmul vs float64 x W^T + b{where}"
+    qcheck.within(y, y_exact, bound, what, rounding_units=units if independent else None)
     # Beside the worst-case bound: no less accurate than torch's own F.linear on the same decoded
     # weights in the same dtypes (reference.comparative: a reduced-precision accumulator passes the
     # bound), allowing the format's own decode roundings (the dequantize model of E, not the wider
     # one of bitsandbytes' fused kernels).
     decode_error = weight_error(packed, w_exact, compute_dtype)
     found = comparative.comparative_linear(y, x, w_exact, b_exact, y_exact, compute_dtype, w_error=decode_error)
-    qcheck.comparative(found, "matmul vs float64 x W^T + b")
+    qcheck.comparative(found, what)
 
 
 @pytest.mark.qconform_operation("matmul")
@@ -342,3 +352,31 @@ def test_matmul_long_k(qtarget, qbackend, qdevice, qcheck, spec, dtype, rows):
     check_matmul(
         qbackend, qdevice, qcheck, spec, dtype, dtype, case, ActivationCase((rows,), "contiguous", rows), with_bias=True
     )
+
+
+@pytest.mark.qconform_operation("matmul")
+@pytest.mark.qconform_large_on(*SIZES_LARGE_ON)
+@pytest.mark.qconform_heavy
+@pytest.mark.qconform_ci_strength(1)  # each value once: 5-10 s an instance on an H200
+@pytest.mark.qconform_axes("format", "double_quant", "hqq_axis", "dtype")
+def test_matmul_prefill_at_long_k(qtarget, qbackend, qdevice, qcheck, spec, dtype):
+    """65536 rows at K = 14336 in one call (``_cases.PREFILL_ROWS``, ``LONG_K_SHAPE``): a QLoRA
+    batch of 8 x 8192 tokens through an MLP's down projection, where the rows' grid dimension
+    and the K loop meet; each alone is reached by the rows ladder and ``test_matmul_long_k``.
+    ``large`` on a GPU; not claimed on a CPU."""
+    require_claim(qbackend, qtarget, spec, dtype)
+    rows = prefill_at_long_k_rows(qdevice)
+    case = WeightCase(LONG_K_SHAPE, "normal", seed=14336)
+    act = ActivationCase((rows,), "contiguous", rows)
+    qcheck.describe(**case.describe(), **act.describe(), bias=True)
+    quantized = qbackend.quantize(case.make(qdevice), spec)
+    x = act.make(LONG_K_SHAPE[1], dtype, qdevice)
+    bias = torch.randn(LONG_K_SHAPE[0], generator=torch.Generator().manual_seed(rows)).to(dtype).to(qdevice)
+    y = qbackend.matmul(x, quantized, bias, dtype)
+    qcheck.equal(y.dtype, dtype, "matmul output dtype (the activation's dtype)")
+    packed = qbackend.export_packed(quantized)
+    w_exact = reference_decode(packed, qdevice)
+    for first in range(0, rows, PREFILL_JUDGED_ROWS):  # the float64 judgment a slice of rows at a time
+        last = min(first + PREFILL_JUDGED_ROWS, rows)
+        where = f", rows {first}..{last - 1} of one {rows}-row call"
+        judge_product(qcheck, packed, w_exact, x[first:last], y[first:last], bias, dtype, rows, where)

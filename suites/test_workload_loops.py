@@ -95,7 +95,7 @@ from ._provenance import check_provenance, quantized_layers, snapshot_model, sou
 from ._workloads import SOURCE_SEED, check_cache_filled, check_first_adamw_step, float_model, lora_targets, prompts
 from ._workloads import quantized_model as build_quantized_model
 
-LOOP_AXES = ("model", "format", "hqq_axis", "dtype", "loop")
+LOOP_AXES = ("model", "format", "double_quant", "hqq_axis", "dtype", "loop")
 LOOP_MODELS = ("llama", "qwen2", "gpt2")  # the transformers families (the per-expert MoE has no loader)
 RANK, ALPHA = 4, 8  # LoRA scaling alpha / r = 2, a power of two
 LR, EPS = 1e-3, 1e-8
@@ -292,8 +292,7 @@ def applies(machine: WorkloadLoop, step: str) -> bool:
         "qlora_step": loop.peft and loop.backward and not merged,
         "take_reference_copy": machine.reference is None,
         "score_with_reference": machine.reference is not None,
-        # merge's grid is unknown for double-quantized absmax (reference.requantize)
-        "merge_adapter": lora and not merged and not loop.spec.double_quant,
+        "merge_adapter": lora and not merged,
         "unmerge_adapter": merged,
         "swap_adapter": lora and not merged,
         "sync_policy_weights": not lora,
@@ -307,8 +306,8 @@ def claimed(loop: Loop, step: str) -> bool:
     """Whether the backend claims ``step`` at all (in some state of a loop)."""
     return {
         "qlora_step": loop.peft and loop.backward,
-        "merge_adapter": loop.peft and loop.backward and not loop.spec.double_quant,
-        "unmerge_adapter": loop.peft and loop.backward and not loop.spec.double_quant,
+        "merge_adapter": loop.peft and loop.backward,
+        "unmerge_adapter": loop.peft and loop.backward,
         "swap_adapter": loop.peft and loop.backward,
         "move_to_cpu_and_back": loop.device.type != "cpu" and {"to", "cpu"} <= set(loop.moves),
     }.get(step, True)

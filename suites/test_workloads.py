@@ -53,12 +53,11 @@ from ._workloads import (
 
 # The settings users set are axes beside the model: the format, HQQ's grouping axis, the
 # packed storage dtype (FSDP-QLoRA stores the bytes as bf16, passed as transformers'
-# ``bnb_4bit_quant_storage`` or ``Linear4bit(quant_storage=...)``) and the compute dtype.
-# Double quantization is not one yet: each workload ends with provenance, whose truth (the
-# source weight quantized to nearest, ``reference.requantize``) covers plain absmax only, so a
-# double-quantized model would fail there whatever its backend does. The layer, route and
-# backward checks take it.
-WORKLOAD_AXES = ("model", "format", "hqq_axis", "quant_storage", "dtype")
+# ``bnb_4bit_quant_storage`` or ``Linear4bit(quant_storage=...)``), double quantization
+# (``bnb_4bit_use_double_quant``, QLoRA's setting: each workload's provenance traces a
+# double-quantized absmax, its nested absmax and offset to the source, ``_provenance``) and
+# the compute dtype.
+WORKLOAD_AXES = ("model", "format", "double_quant", "hqq_axis", "quant_storage", "dtype")
 # Each instance runs a model, seconds each (2-9 s on an H200 and on the 2-core CPU, a compiled
 # one up to 28 s): at the heads of the workers' shares, so that the run does not end with a
 # worker running the last of them while the others wait (on the CPU the main job's two workers
@@ -173,8 +172,10 @@ def _judged(oracle, word: str) -> int:
     "compiled",
     model=("qwen2",),
     format=("nf4", "hqq4"),
-    # One instance per backend: each compiles two graphs (10-20 s on an H100). The storage is
-    # held at its default here (uint8); every other workload varies it.
+    # One instance per backend: each compiles two graphs (10-20 s on an H100). The storage and
+    # double quantization are held at their defaults here (uint8, off); every other workload
+    # varies them, and test_compiled.py compiles double-quantized layers.
+    double_quant=(False,),
     hqq_axis=(1,),
     quant_storage=(torch.uint8,),
     dtype=(torch.bfloat16,),

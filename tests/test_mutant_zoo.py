@@ -13,10 +13,10 @@ the suites concluded. Each mutant must fail the operation whose check targets it
 class, and each correct backend must pass all of every run; a mutant of a setting users pass
 (issue 51: ``SETTING_MUTANTS``) must also pass every check when the setting's axis is held at
 its default, so that the axis is what catches it; the mutants of sizes real runs reach (issue 51:
-``SIZE_MUTANTS``, run against the rows ladder with ``--qconform-large``) must pass the matmul
-suite without the ladder. A mutant whose class needs a
-GPU (``needs_gpu``: CUDA graphs) is left out of a run without one, and its test skips
-saying so.
+``SIZE_MUTANTS``, run against the rows ladder and the 65536-row call at K = 14336 with
+``--qconform-large``) must pass the matmul suite without them. A mutant whose class needs a
+GPU (``needs_gpu``: CUDA graphs, a check whose float64 activation a CPU does not hold) is
+left out of a run without one, and its test skips saying so.
 """
 
 from __future__ import annotations
@@ -559,8 +559,11 @@ SIZE_CONFTEST = textwrap.dedent("""
 def test_size_mutants_are_missed_without_the_ladder(tmp_path) -> None:
     """The other half of ``test_mutant_is_caught_by_its_check`` for the sizes' bugs (a tier
     at undeclared row counts, a grid dimension capped at 65535, offsets exact only up to
-    2^24): the matmul suite without the rows ladder passes every one, every cell; only the
-    ladder's rungs catch them (its 2049 and 4095, its 65536 and 65537)."""
+    2^24, a split-K tier past 2^29 activation elements): the matmul suite without the rows
+    ladder and the large checks passes every one, every cell; only the ladder's rungs catch
+    the first three (its 2049 and 4095, its 65536 and 65537), and only the 65536-row call at
+    K = 14336 the last (a GPU's check: ``needs_gpu``; the ladder's top, 65537 x 256, is 58
+    times below its tier)."""
     (tmp_path / "conftest.py").write_text(SIZE_CONFTEST)
     report = _run_zoo(tmp_path, [m.name for m in SIZE_MUTANTS], SIZE_MISSED_WITHOUT)
     for mutant in SIZE_MUTANTS:

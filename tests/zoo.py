@@ -1678,7 +1678,13 @@ MUTANTS = MUTANTS + SETTING_MUTANTS
 # activation's elements. The rows ladder (``axes.ROWS_LADDER``: its checks are ``SIZE_SUITES``; the rungs above
 # 2^12 + 1 are large on a CPU, so the zoo's run of them passes --qconform-large) catches each; the matmul suite
 # without the ladder passes each, every cell (tests/test_mutant_zoo.py, ``SIZE_MISSED_WITHOUT``).
-SIZE_SUITES: tuple[str, ...] = ("test_matmul_rows_ladder", "test_backward_rows_ladder", "test_dequantize_real_sizes")
+# On a GPU, the matmul of 65536 rows at K = 14336 in one call too (``large`` there, not claimed on a CPU).
+SIZE_SUITES: tuple[str, ...] = (
+    "test_matmul_rows_ladder",
+    "test_backward_rows_ladder",
+    "test_dequantize_real_sizes",
+    "test_matmul_prefill_at_long_k",
+)
 
 
 def _rows_of(x: torch.Tensor) -> int:
@@ -1751,7 +1757,36 @@ class ActivationOffsetsInFloat32(TorchNF4Backend):
         return super().matmul(read, q, bias, compute_dtype)
 
 
-SIZE_MUTANTS: tuple[type[Backend], ...] = (UndeclaredRowTier, RowsPastGridLimit, ActivationOffsetsInFloat32)
+class ActivationTierDropsLastSplit(TorchNF4Backend):
+    """A matmul that takes a split-K path once the activation passes 2^29 elements (a tier
+    chosen by the problem's size, as kernels bound by a workspace choose one), whose sum
+    leaves out the last of its four K splits. 65536 rows at K = 14336 (a QLoRA batch through
+    an MLP's down projection: 9.4 x 10^8 elements) reach it; the ladder's top (65537 x 256)
+    and the long K (300 x 14336) stay far below, as does every other check. Only
+    ``test_matmul_prefill_at_long_k`` catches it, a GPU's check (its float64 activation)."""
+
+    name = "mutant-activation-tier-drops-split"
+    catches = "matmul"
+    suites = SIZE_SUITES
+    needs_gpu = True
+    TIER = 1 << 29
+    SPLITS = 4
+
+    def matmul(self, x, q, bias, compute_dtype):
+        if x.numel() <= self.TIER:
+            return super().matmul(x, q, bias, compute_dtype)
+        kept = x.shape[-1] - x.shape[-1] // self.SPLITS
+        cut = x.clone()
+        cut[..., kept:] = 0
+        return super().matmul(cut, q, bias, compute_dtype)
+
+
+SIZE_MUTANTS: tuple[type[Backend], ...] = (
+    UndeclaredRowTier,
+    RowsPastGridLimit,
+    ActivationOffsetsInFloat32,
+    ActivationTierDropsLastSplit,
+)
 MUTANTS = MUTANTS + SIZE_MUTANTS
 
 

@@ -13,7 +13,8 @@ How a case is timed, and why:
   alone, not Python or launch overhead; ``launch_hidden`` says whether that held (the
   device had not started the batch when the host finished queuing it; if a backend
   synchronizes inside its call it cannot hold, and the sample includes the gaps). The
-  result is the median over ``GPU_SAMPLES`` samples after a warm-up that compiles,
+  result is the median over ``GPU_SAMPLES`` samples (fewer, down to ``LEAST_SAMPLES``,
+  where they would take more than ``MEASURE_SECONDS``) after a warm-up that compiles,
   autotunes and fills the allocator. pytest-benchmark still runs (``benchmark.pedantic``)
   on a synchronized call: its table is the latency a host sees (``host_median_s``).
 - **Weights out of L2.** A benchmark that reads the same 9 MB weight every call times
@@ -53,9 +54,9 @@ from pytest_qconform.report.benchmarks import RATIO_BASELINE, Benchmark, BenchOp
 from pytest_qconform.report.records import dump
 from pytest_qconform.vocabulary import DtypeLabel
 
-FULL_SHAPES: tuple[tuple[int, int], ...] = ((4096, 4096), (8192, 8192), (14336, 4096))  # (N, K)
+FULL_SHAPES: tuple[tuple[int, int], ...] = ((4096, 4096), (8192, 8192), (14336, 4096), (4096, 14336))  # (N, K)
 SMALL_SHAPES: tuple[tuple[int, int], ...] = tuple((n // 32, k // 32) for n, k in FULL_SHAPES)
-BATCHES: tuple[int, ...] = (1, 4, 16, 64, 128, 512)
+BATCHES: tuple[int, ...] = (1, 4, 16, 64, 128, 256, 512, 2048, 8192)
 
 MARKER = "qconform_benchmark"
 PROPERTY = "qconform_benchmark"  # user_properties key carrying a result's to_dict() to the recorder
@@ -70,6 +71,19 @@ GPU_QUEUE = 50  # calls queued behind one sleep
 GPU_WARMUP_CALLS = 10
 HOST_ROUNDS = 20  # pytest-benchmark rounds of a synchronized call (GPU)
 EAGER_LOOPS, EAGER_CALLS = 7, 100  # eager time: median over loops of this many back-to-back calls
+# The timed calls of one measurement are fewer where a call is slow, so that a case takes
+# about this long (the peer tinygemm takes 37-65 ms a call at 8192 rows: its 200 device and
+# 700 eager calls were a minute a case), but never fewer than these many.
+MEASURE_SECONDS = 1.0
+LEAST_SAMPLES, LEAST_EAGER_CALLS = 20, 5
+
+
+def calls_within(seconds_per_call: float, most: int, least: int, budget_s: float = MEASURE_SECONDS) -> int:
+    """How many calls of ``seconds_per_call`` fit ``budget_s``, from ``least`` to ``most``."""
+    fitting = int(budget_s / seconds_per_call) if seconds_per_call > 0 else most
+    return max(least, min(most, fitting))
+
+
 CPU_ROUNDS, CPU_WARMUP_ROUNDS = 20, 2
 GPU_COPY_MIN_BYTES, CPU_COPY_BYTES = 256 * 2**20, 64 * 2**20
 SEED = 0
@@ -189,7 +203,8 @@ def device_times(
     call: Callable[[int], Any], n_inputs: int, samples: int, facts: DeviceFacts, device: torch.device
 ) -> tuple[list[float], bool]:
     """Per-call device seconds of ``call(i % n_inputs)`` for ``samples`` calls after a
-    warm-up, and whether every batch was queued ahead of the device (launch cost hidden)."""
+    warm-up (fewer where calls are slow: ``calls_within``), and whether every batch was
+    queued ahead of the device (launch cost hidden)."""
     counter = itertools.count()
 
     def next_call() -> None:
@@ -203,6 +218,7 @@ def device_times(
         next_call()
     host_per_call = (time.perf_counter() - started) / n_inputs
     torch.cuda.synchronize(device)
+    samples = calls_within((time.perf_counter() - started) / n_inputs, samples, LEAST_SAMPLES)
 
     queue = min(GPU_QUEUE, samples)
     sleep_s = 2 * queue * host_per_call + 1e-3
@@ -228,20 +244,26 @@ def device_times(
 
 def eager_time(call: Callable[[int], Any], n_inputs: int, device: torch.device) -> float:
     """Seconds per call of ``call(i % n_inputs)`` issued back to back from Python with
-    nothing queued ahead: the median over ``EAGER_LOOPS`` loops of ``EAGER_CALLS`` calls,
-    each loop closed by one synchronize. Whichever is slower, the host issuing a call or
-    the device running it, sets this time: it is what a model's forward sees without a
-    CUDA graph (issue 27), where ``device_times`` hides the host."""
+    nothing queued ahead: the median over ``EAGER_LOOPS`` loops of ``EAGER_CALLS`` calls
+    (fewer where calls are slow: ``calls_within``), each loop closed by one synchronize.
+    Whichever is slower, the host issuing a call or the device running it, sets this time:
+    it is what a model's forward sees without a CUDA graph (issue 27), where
+    ``device_times`` hides the host."""
     for i in range(max(GPU_WARMUP_CALLS, n_inputs)):
         call(i % n_inputs)
     torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    for i in range(n_inputs):
+        call(i % n_inputs)
+    torch.cuda.synchronize(device)
+    per_loop = calls_within((time.perf_counter() - started) / n_inputs / EAGER_LOOPS, EAGER_CALLS, LEAST_EAGER_CALLS)
     loops = []
     for _ in range(EAGER_LOOPS):
         started = time.perf_counter()
-        for i in range(EAGER_CALLS):
+        for i in range(per_loop):
             call(i % n_inputs)
         torch.cuda.synchronize(device)
-        loops.append((time.perf_counter() - started) / EAGER_CALLS)
+        loops.append((time.perf_counter() - started) / per_loop)
     return statistics.median(loops)
 
 

@@ -3,11 +3,13 @@
 CLI: ``python -m pytest_qconform.benchmark.plot REPORT.json [--out PNG] [--metric percent|time]``.
 Writes ``<report-stem>-bench.png`` next to the report (``<report-stem>-dense.png`` for the
 ``dense`` metric) unless ``--out`` says otherwise.
-One panel per operation; cases (shape, batch, format family) along x, one bar per
-backend and format. ``percent`` (default) is ``percent_of_floor``: 100 means the
-backend moved its unavoidable bytes as fast as the run's device-to-device copy.
-``time`` draws the device time as bars and, where the report has it, the eager per-call
-time (a loop of calls from Python, nothing queued) as a tick over each bar. ``dense``
+One row of panels per operation. An operation with rows (matmul) has a panel per weight
+shape, a line per backend and format against the rows; the others have one panel, cases
+(shape, format family) along x, a bar per backend and format. ``percent`` (default) is
+``percent_of_floor``: 100 means the backend moved its unavoidable bytes as fast as the
+run's device-to-device copy. ``time`` draws the device time and, where the report has it,
+the eager per-call time (a loop of calls from Python, nothing queued): dashed beside a
+line, a tick over a bar. ``dense``
 draws, per matmul shape, each backend's time over the unquantized bf16 layer's
 (``peer.DENSE``) against the rows: device time solid, eager time dashed, 1 the dense
 layer, so a line below 1 is faster than the layer it replaces and a crossing is where it
@@ -88,51 +90,108 @@ def render(report: RunReport, png_path: str | Path, metric: str = "percent") -> 
         op for op in ("dequantize", "matmul", "quantize") if any(e.operation == op for e in report.benchmarks)
     ]
     series = sorted({_series(e) for e in report.benchmarks})
-    widest = max(len({_case(e) for e in report.benchmarks if e.operation == op}) for op in operations)
-    fig = Figure(figsize=(max(7.0, 1.0 + 0.32 * widest * len(series)), 3.4 * len(operations)), dpi=100)
+    shapes = {
+        op: sorted({e.shape for e in report.benchmarks if e.operation == op})
+        for op in operations
+        if _by_rows(report, op)
+    }
+    columns = max((len(found) for found in shapes.values()), default=1)
+    widest = max(
+        (len({_case(e) for e in report.benchmarks if e.operation == op}) for op in operations if op not in shapes),
+        default=0,
+    )
+    fig = Figure(figsize=(max(7.0, 4.2 * columns, 1.0 + 0.32 * widest * len(series)), 3.4 * len(operations)), dpi=100)
     FigureCanvasAgg(fig)
+    grid = fig.add_gridspec(len(operations), columns)
     copy = report.benchmarks[0].copy_bandwidth_bytes_per_s
     fig.suptitle(f"{_run_title(report)}; copy {copy / 1e9:.0f} GB/s", fontsize=9)
     for row, op in enumerate(operations):
-        ax = fig.add_subplot(len(operations), 1, row + 1)
         entries = sorted((e for e in report.benchmarks if e.operation == op), key=_case_order)
-        cases = list(dict.fromkeys(_case(e) for e in entries))
-        width = 0.8 / len(series)
-        for s_index, name in enumerate(series):
-            values = {
-                _case(e): (e.percent_of_floor if metric == "percent" else e.median_s * 1e6)
-                for e in entries
-                if _series(e) == name
-            }
-            xs = [i + (s_index - (len(series) - 1) / 2) * width for i, case in enumerate(cases) if case in values]
-            ys = [values[case] for case in cases if case in values]
-            if xs:
-                bars = ax.bar(xs, ys, width=width, label=name, color=_colour(name, s_index))
-            eager = {
-                _case(e): e.eager_median_s * 1e6 for e in entries if _series(e) == name and e.eager_median_s is not None
-            }
-            if metric == "time" and eager and xs:  # eager time: a tick over the bar, in the bar's colour
-                ex = [i + (s_index - (len(series) - 1) / 2) * width for i, case in enumerate(cases) if case in eager]
-                ax.scatter(
-                    ex,
-                    [eager[case] for case in cases if case in eager],
-                    marker="_",
-                    s=120,
-                    linewidths=2,
-                    color=bars.patches[0].get_facecolor(),
-                    zorder=3,
-                )
-        if metric == "percent":
-            ax.axhline(100.0, color="black", linewidth=0.8, linestyle="--")
-            ax.set_ylabel("% of copy floor")
-        else:
-            ax.set_ylabel("us per call: bar device, tick eager")
-            ax.set_yscale("log")
+        if op in shapes:
+            for column, shape in enumerate(shapes[op]):
+                ax = fig.add_subplot(grid[row, column])
+                ax.set_title(f"{op} ({entries[0].dtype}) {shape[0]}x{shape[1]}", fontsize=9)
+                _draw_by_rows(ax, [e for e in entries if e.shape == shape], series, metric, first=column == 0)
+            continue
+        ax = fig.add_subplot(grid[row, :])
+        _draw_bars(ax, entries, series, metric)
         ax.set_title(f"{op} ({entries[0].dtype})", fontsize=9)
-        ax.set_xticks(range(len(cases)), labels=cases, rotation=30, ha="right", fontsize=7)
-        ax.legend(fontsize=7, frameon=False)
-    fig.tight_layout()
+    legend_room = 0.0
+    if shapes:  # the lines' legend once, below the panels, where it covers no line
+        handles = {label: handle for ax in fig.axes for handle, label in zip(*ax.get_legend_handles_labels())}
+        fig.legend(
+            handles.values(), handles.keys(), loc="lower center", ncol=min(4, len(handles)), fontsize=7, frameon=False
+        )
+        legend_room = 0.28 / (3.4 * len(operations))
+    fig.tight_layout(rect=(0, legend_room, 1, 1))
     return write_figure_png(fig, png_path)
+
+
+def _by_rows(report: RunReport, op: str) -> bool:
+    """Whether ``op``'s cases have a row count each (the matmuls): drawn by rows, a panel per
+    shape, where a bar per case was unreadable past a few batches (36 cases x 4 series)."""
+    return all(e.batch is not None for e in report.benchmarks if e.operation == op)
+
+
+def _value(entry: Benchmark, metric: str) -> float:
+    return entry.percent_of_floor if metric == "percent" else entry.median_s * 1e6
+
+
+def _label_axis(ax, metric: str, ylabel: str) -> None:
+    if metric == "percent":
+        ax.axhline(100.0, color="black", linewidth=0.8, linestyle="--")
+        ax.set_ylabel("% of copy floor", fontsize=8)
+    else:
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.set_yscale("log")
+
+
+def _draw_by_rows(ax, entries: list[Benchmark], series: list[str], metric: str, first: bool) -> None:
+    """One line per series against the rows (log 2); with ``time``, the eager time dashed."""
+    for index, name in enumerate(series):
+        cases = sorted((e for e in entries if _series(e) == name), key=lambda e: e.batch or 0)
+        if not cases:
+            continue
+        colour = _colour(name, index)
+        ax.plot([e.batch or 0 for e in cases], [_value(e, metric) for e in cases], marker="o", color=colour, label=name)
+        eager = [(e.batch or 0, e.eager_median_s * 1e6) for e in cases if e.eager_median_s is not None]
+        if metric == "time" and eager:
+            ax.plot(*zip(*eager), linestyle="--", linewidth=0.8, color=colour)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("rows", fontsize=8)
+    ax.tick_params(labelsize=7)
+    _label_axis(ax, metric, "us per call: solid device, dashed eager")
+    if not first:
+        ax.set_ylabel("")
+
+
+def _draw_bars(ax, entries: list[Benchmark], series: list[str], metric: str) -> None:
+    """One bar per series and case; with ``time``, the eager time a tick over its bar."""
+    cases = list(dict.fromkeys(_case(e) for e in entries))
+    width = 0.8 / len(series)
+    for s_index, name in enumerate(series):
+        values = {_case(e): _value(e, metric) for e in entries if _series(e) == name}
+        xs = [i + (s_index - (len(series) - 1) / 2) * width for i, case in enumerate(cases) if case in values]
+        ys = [values[case] for case in cases if case in values]
+        if xs:
+            bars = ax.bar(xs, ys, width=width, label=name, color=_colour(name, s_index))
+        eager = {
+            _case(e): e.eager_median_s * 1e6 for e in entries if _series(e) == name and e.eager_median_s is not None
+        }
+        if metric == "time" and eager and xs:  # eager time: a tick over the bar, in the bar's colour
+            ex = [i + (s_index - (len(series) - 1) / 2) * width for i, case in enumerate(cases) if case in eager]
+            ax.scatter(
+                ex,
+                [eager[case] for case in cases if case in eager],
+                marker="_",
+                s=120,
+                linewidths=2,
+                color=bars.patches[0].get_facecolor(),
+                zorder=3,
+            )
+    _label_axis(ax, metric, "us per call: bar device, tick eager")
+    ax.set_xticks(range(len(cases)), labels=cases, rotation=30, ha="right", fontsize=7)
+    ax.legend(fontsize=7, frameon=False)
 
 
 def _run_title(report: RunReport) -> str:

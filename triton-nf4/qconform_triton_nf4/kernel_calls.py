@@ -40,7 +40,7 @@ import torch
 
 from pytest_qconform.backends.adapter_helpers import dtype_from_name, dtype_name
 
-ENTRY_POINTS: tuple[str, ...] = ("dequantize_4bit", "gemv_4bit", "quantize_4bit")
+ENTRY_POINTS: tuple[str, ...] = ("dequantize_4bit", "gemv_4bit", "quantize_4bit", "tc_gemm_4bit")
 DEFAULT_RUN_CALLS = Path(__file__).with_name("default_run_kernel_calls.json")
 _ALIGNMENT = 16
 
@@ -162,6 +162,8 @@ class Recorder:
             # a plan takes its entry point's arguments and reaches the same launches
             (kernels, "dequantize_4bit_plan", "dequantize_4bit"),
             (kernels, "gemv_4bit_plan", "gemv_4bit"),
+            (kernels, "tc_gemm_4bit", "tc_gemm_4bit"),
+            (kernels, "tc_gemm_4bit_plan", "tc_gemm_4bit"),
         ):
             original = getattr(owner, name)
             self._patched.append((owner, name, original))
@@ -172,6 +174,14 @@ class Recorder:
         for owner, name, original in reversed(self._patched):
             setattr(owner, name, original)
         self._patched.clear()
+
+    def merge(self, calls: list[dict]) -> None:
+        """Add another process's log (a pytest-xdist worker's), its new calls after these."""
+        for entry in calls:
+            text = json.dumps(entry, sort_keys=True)
+            if text not in self._seen:
+                self._seen.add(text)
+                self.calls.append(entry)
 
     def write(self, path: Path) -> None:
         """The log as JSON, one call per line (diffs stay readable)."""

@@ -254,20 +254,11 @@ class Warmup:
 
 
 def start_warmup(config: pytest.Config) -> None:
-    """Start the warm-up when ``skip_reason`` finds none; install the call recorder if asked."""
-    from qconform_triton_nf4 import kernel_calls
+    """Start the warm-up when ``skip_reason`` finds none; install the call recording if asked
+    (``call_recording``)."""
+    from qconform_triton_nf4 import call_recording, kernel_calls
 
-    record_to = config.getoption("qconform_record_kernel_calls")
-    if record_to:
-        if hasattr(config, "workerinput") or config.getoption("numprocesses", None):
-            raise pytest.UsageError("--qconform-record-kernel-calls: record in one process, without -n")
-        recorder = kernel_calls.Recorder().__enter__()
-
-        def stop_and_write() -> None:
-            recorder.__exit__(None, None, None)
-            recorder.write(Path(record_to))
-
-        config.add_cleanup(stop_and_write)
+    call_recording.start(config)
     # The machine and triton-nf4 alone: a pytest-xdist controller checks its other backends
     # only once its workers have started (session.setup).
     probe = guests.machine(config)

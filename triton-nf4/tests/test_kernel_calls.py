@@ -78,7 +78,13 @@ def test_recorder_logs_each_distinct_call_once_and_restores_the_entry_points() -
     from qconform_triton_nf4.kernels import weight_buffer
 
     def entry_points():
-        return (kernels.dequantize_4bit, kernels.gemv_4bit, weight_buffer.dequantize_4bit, kernels.quantize_4bit)
+        return (
+            kernels.dequantize_4bit,
+            kernels.gemv_4bit,
+            weight_buffer.dequantize_4bit,
+            kernels.quantize_4bit,
+            kernels.tc_gemm_4bit_plan,
+        )
 
     originals = entry_points()
     data, absmax, kw = _packed((8, 128), double_quant=True)
@@ -90,8 +96,15 @@ def test_recorder_logs_each_distinct_call_once_and_restores_the_entry_points() -
             kernels.gemv_4bit(x, data, absmax, **kw)
             kernels.WeightBuffer().dequantize(data, absmax, out_dtype=torch.float32, **kw)
             kernels.quantize_4bit(x, blocksize=64, boundaries=boundaries)  # as the backend quantizes
+            kernels.tc_gemm_4bit_plan(x, data, absmax, **kw)  # as plans.linear_plan routes past 32 rows
     assert entry_points() == originals
-    assert [c["fn"] for c in recorder.calls] == ["dequantize_4bit", "gemv_4bit", "dequantize_4bit", "quantize_4bit"]
+    assert [c["fn"] for c in recorder.calls] == [
+        "dequantize_4bit",
+        "gemv_4bit",
+        "dequantize_4bit",
+        "quantize_4bit",
+        "tc_gemm_4bit",
+    ]
     assert recorder.calls[1]["args"][0] == kernel_calls.encode(x)
     assert recorder.calls[0]["kwargs"]["out_dtype"] == {"dtype": "float16"}
 
@@ -101,11 +114,12 @@ def test_written_log_loads_and_replays(tmp_path: Path) -> None:
     with kernel_calls.Recorder() as recorder:
         kernels.dequantize_4bit(data, absmax, out_dtype=torch.bfloat16, **kw)
         kernels.gemv_4bit(torch.randn(1, 64).to(DEVICE), data, absmax, **kw)
+        kernels.tc_gemm_4bit(torch.randn(40, 64).to(DEVICE, torch.bfloat16), data, absmax, **kw)
     path = tmp_path / "calls.json"
     recorder.write(path)
     assert kernel_calls.load(path) == recorder.calls
     assert kernel_calls.replay(kernel_calls.load(path), DEVICE) | {"seconds": 0} == {
-        "calls": 2,
+        "calls": 3,
         "failed": 0,
         "first_error": None,
         "seconds": 0,

@@ -185,11 +185,31 @@ def test_bad_worker_count_is_a_usage_error(pytester: pytest.Pytester) -> None:
     result.stderr.fnmatch_lines(["*--qconform-warmup-workers: expected a whole number >= 0, got -2*"])
 
 
-def test_recording_refuses_xdist(pytester: pytest.Pytester) -> None:
+def test_recording_under_xdist_writes_every_workers_calls_once(pytester: pytest.Pytester) -> None:
+    """Each worker hands its calls to the controller (``call_recording``), which writes one
+    log: here four rows counts called on two workers, each distinct call once."""
     pytest.importorskip("xdist")
-    result = pytester.runpytest_subprocess("--qconform", "-n", "2", "--qconform-record-kernel-calls", "calls.json")
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--qconform-record-kernel-calls: record in one process, without -n*"])
+    pytester.makepyfile(
+        test_calls="""
+import pytest, torch
+import bitsandbytes.functional as F
+from qconform_triton_nf4 import kernels
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 4])
+def test_call(rows):
+    w = torch.randn(8, 64, generator=torch.Generator().manual_seed(0))
+    data, state = F.quantize_4bit(w, blocksize=64, quant_type="nf4")
+    x = torch.ones(rows, 64)
+    kernels.gemv_4bit(x, data, state.absmax, blocksize=64, shape=(8, 64), code=state.code)
+"""
+    )
+    result = pytester.runpytest_subprocess(
+        "--qconform", "-n", "2", "--qconform-record-kernel-calls", "calls.json", "--qconform-no-report", "test_calls.py"
+    )
+    result.assert_outcomes(passed=5)
+    calls = kernel_calls.load(pytester.path / "calls.json")
+    assert sorted(c["args"][0]["tensor"]["shape"][0] for c in calls) == [1, 2, 3, 4]
+    assert {c["fn"] for c in calls} == {"gemv_4bit"}
 
 
 def test_no_warmup_line_without_a_gpu(pytester: pytest.Pytester) -> None:

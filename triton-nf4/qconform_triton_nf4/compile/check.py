@@ -148,11 +148,12 @@ def extra_calls() -> list[dict]:
 
 
 def tc_gemm_calls() -> list[dict]:
-    """``tc_gemm_4bit`` calls: the kernel-call log is recorded in Triton's interpreter, where
-    no arch class routes to the tensor-core GEMM (``nf4_tc_gemm.TC_MAX_ROWS``). 64 rows of
-    each x dtype (the table's configuration for them) on a weight deep enough (64 steps of K)
-    that the plan splits K, and on one of a single step, which it cannot split: both the
-    split-sum variant and the one that rounds in place are compiled."""
+    """``tc_gemm_4bit`` calls beyond the log's (the GPU run's route, ``nf4_tc_gemm.TC_MAX_ROWS``:
+    33-64 rows on sm_90, and fewer rows in layouts the fused kernels do not read; its weights
+    are at most 1024 deep). 64 rows of each x dtype (the table's configuration for them) on a
+    weight deep enough (64 steps of K) that the plan splits K, and on one of a single step,
+    which it cannot split: both the split-sum variant and the one that rounds in place are
+    compiled."""
     import torch
 
     meta = torch.device("meta")
