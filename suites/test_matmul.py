@@ -75,11 +75,21 @@ SENSITIVITY_LEADING, SENSITIVITY_SHAPE = (5,), (64, 128)
 
 
 def check_matmul(
-    qbackend, qdevice, qcheck, spec, compute_dtype, x_dtype, case, act, with_bias, call_form=PLAIN_CALL
+    qbackend,
+    qdevice,
+    qcheck,
+    spec,
+    compute_dtype,
+    x_dtype,
+    case,
+    act,
+    with_bias,
+    call_form=PLAIN_CALL,
+    judged_rows: int | None = None,
 ) -> None:
     qcheck.describe(**case.describe())
     quantized = qbackend.quantize(case.make(qdevice), spec)
-    check_product(qbackend, qdevice, qcheck, compute_dtype, x_dtype, quantized, act, with_bias, call_form)
+    check_product(qbackend, qdevice, qcheck, compute_dtype, x_dtype, quantized, act, with_bias, call_form, judged_rows)
 
 
 def form_claim(call_form: str) -> dict[str, str]:
@@ -119,9 +129,19 @@ def _rounded_weights_biased(x, w_exact, b_exact, compute_dtype, y_exact, units) 
 
 
 def check_product(
-    qbackend, qdevice, qcheck, compute_dtype, x_dtype, quantized, act, with_bias, call_form=PLAIN_CALL
+    qbackend,
+    qdevice,
+    qcheck,
+    compute_dtype,
+    x_dtype,
+    quantized,
+    act,
+    with_bias,
+    call_form=PLAIN_CALL,
+    judged_rows: int | None = None,
 ) -> None:
-    """One matmul of a quantized weight against float64 ``x W^T + b``.
+    """One matmul of a quantized weight against float64 ``x W^T + b`` (``judged_rows``: the
+    one call judged that many rows at a time, its float64 reference and bound a slice each).
 
     Its rounding direction is voted by output columns (round to nearest errs both ways over
     independent units; columns of equal weight rows are one unit, ``weight_row_units``) only where the weight's own roundings are not shared between them: a
@@ -150,7 +170,16 @@ def check_product(
     y = matmul_in_form(qbackend, qcheck, x, quantized, bias, compute_dtype, call_form)
     qcheck.equal(y.dtype, x_dtype, "matmul output dtype (the activation's dtype)")
     packed = qbackend.export_packed(quantized)
-    judge_product(qcheck, packed, reference_decode(packed, qdevice), x, y, bias, compute_dtype, x.numel() // k)
+    w_exact = reference_decode(packed, qdevice)
+    rows = x.numel() // k
+    if judged_rows is None or judged_rows >= rows:
+        judge_product(qcheck, packed, w_exact, x, y, bias, compute_dtype, rows)
+        return
+    x2, y2 = x.reshape(rows, k), y.reshape(rows, n)
+    for first in range(0, rows, judged_rows):
+        last = min(first + judged_rows, rows)
+        where = f", rows {first}..{last - 1} of one {rows}-row call"
+        judge_product(qcheck, packed, w_exact, x2[first:last], y2[first:last], bias, compute_dtype, rows, where)
 
 
 def judge_product(qcheck, packed, w_exact, x, y, bias, compute_dtype, rows: int, where: str = "") -> None:
@@ -368,15 +397,4 @@ def test_matmul_prefill_at_long_k(qtarget, qbackend, qdevice, qcheck, spec, dtyp
     rows = prefill_at_long_k_rows(qdevice)
     case = WeightCase(LONG_K_SHAPE, "normal", seed=14336)
     act = ActivationCase((rows,), "contiguous", rows)
-    qcheck.describe(**case.describe(), **act.describe(), bias=True)
-    quantized = qbackend.quantize(case.make(qdevice), spec)
-    x = act.make(LONG_K_SHAPE[1], dtype, qdevice)
-    bias = torch.randn(LONG_K_SHAPE[0], generator=torch.Generator().manual_seed(rows)).to(dtype).to(qdevice)
-    y = qbackend.matmul(x, quantized, bias, dtype)
-    qcheck.equal(y.dtype, dtype, "matmul output dtype (the activation's dtype)")
-    packed = qbackend.export_packed(quantized)
-    w_exact = reference_decode(packed, qdevice)
-    for first in range(0, rows, PREFILL_JUDGED_ROWS):  # the float64 judgment a slice of rows at a time
-        last = min(first + PREFILL_JUDGED_ROWS, rows)
-        where = f", rows {first}..{last - 1} of one {rows}-row call"
-        judge_product(qcheck, packed, w_exact, x[first:last], y[first:last], bias, dtype, rows, where)
+    check_matmul(qbackend, qdevice, qcheck, spec, dtype, dtype, case, act, True, judged_rows=PREFILL_JUDGED_ROWS)

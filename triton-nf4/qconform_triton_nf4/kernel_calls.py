@@ -141,11 +141,7 @@ class Recorder:
 
     def _wrap(self, name: str, function: Callable) -> Callable:
         def logged(*args: Any, **kwargs: Any) -> Any:
-            entry = record(name, args, kwargs)
-            text = json.dumps(entry, sort_keys=True)
-            if text not in self._seen:
-                self._seen.add(text)
-                self.calls.append(entry)
+            self.merge([record(name, args, kwargs)])
             return function(*args, **kwargs)
 
         return logged
@@ -176,7 +172,8 @@ class Recorder:
         self._patched.clear()
 
     def merge(self, calls: list[dict]) -> None:
-        """Add another process's log (a pytest-xdist worker's), its new calls after these."""
+        """Add ``calls`` (one logged call, or another process's log: a pytest-xdist
+        worker's) after these, each distinct call once."""
         for entry in calls:
             text = json.dumps(entry, sort_keys=True)
             if text not in self._seen:

@@ -30,6 +30,7 @@ pytest.importorskip("triton")
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+from launch_spy import spy_launches, spy_on  # noqa: E402
 
 from qconform_triton_nf4 import kernels  # noqa: E402  (after TRITON_INTERPRET)
 from qconform_triton_nf4.kernels.nf4_mma import _sum_tile_splits  # noqa: E402
@@ -232,16 +233,6 @@ def per_row_kernels(monkeypatch):
     monkeypatch.setattr(nf4_gemv, "mma_rows", lambda: (nf4_gemv.MAX_ROWS + 1, nf4_gemv.MAX_ROWS))
 
 
-def spy_on(monkeypatch, module, name):
-    """Replace kernel ``name`` of ``module`` by a wrapper that records each launch's grid."""
-    launched = []
-    kernel = getattr(module, name)
-    monkeypatch.setattr(
-        module, name, type("Spy", (), {"__getitem__": lambda _, grid: launched.append(grid) or kernel[grid]})()
-    )
-    return launched
-
-
 def compiled_variants(monkeypatch, module, name):
     """Replace kernel ``name`` of ``module`` by a wrapper that collects what each launch
     returns: on a GPU, Triton's compiled kernel, one object per specialization key."""
@@ -428,18 +419,7 @@ def test_tensor_core_split_sums_are_added_in_split_order_by_the_last_program(mon
         nf4_mma, "_GPU_CONFIG" if DEVICE.type == "cuda" else "_INTERPRETER_CONFIG", dict.fromkeys(range(1, 5), config)
     )
     monkeypatch.setattr(nf4_mma, "_GPU_CONFIG_NARROW", {})
-    launches = []
-    kernel = nf4_mma._gemm_4bit_mma_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **meta):
-                launches.append((grid, args))
-                return kernel[grid](*args, **meta)
-
-            return launch
-
-    monkeypatch.setattr(nf4_mma, "_gemm_4bit_mma_kernel", Spy())
+    launches = spy_launches(monkeypatch, nf4_mma, "_gemm_4bit_mma_kernel")
     N = 40
     K = 512 * (nf4_mma.RUN if DEVICE.type == "cuda" else 1)  # 8 units: chunks, on a GPU runs (ABSMAX_QUADS)
     packed, state, kw = quantize((N, K), "nf4", 64, False, seed=3)

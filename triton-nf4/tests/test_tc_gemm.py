@@ -28,6 +28,7 @@ pytest.importorskip("triton")
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+from launch_spy import spy_launches, spy_on  # noqa: E402
 
 from pytest_qconform.backends.base import QuantSpec  # noqa: E402  (after TRITON_INTERPRET)
 from qconform_triton_nf4 import kernels  # noqa: E402
@@ -138,18 +139,7 @@ def test_split_sums_are_added_in_split_order_and_the_tickets_left_zero(monkeypat
     """With K split, the last program of each tile writes ``((0 + split 0) + split 1) + ...
     + bias`` of the splits' fp32 sums, rounded once, bit for bit, and leaves every ticket
     zero for the next launch; a plan's second call gives the same bits."""
-    launches = []
-    kernel = nf4_tc_gemm._gemm_4bit_tc_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **meta):
-                launches.append((grid, args))
-                return kernel[grid](*args, **meta)
-
-            return launch
-
-    monkeypatch.setattr(nf4_tc_gemm, "_gemm_4bit_tc_kernel", Spy())
+    launches = spy_launches(monkeypatch, nf4_tc_gemm, "_gemm_4bit_tc_kernel")
     state = quantized_state((40, 256), "nf4", True)
     gen = torch.Generator().manual_seed(7)
     x = torch.randn(45, 256, generator=gen).to(torch.bfloat16).to(DEVICE)
@@ -196,13 +186,7 @@ def test_linear_plan_routes_past_the_fused_rows_up_to_the_threshold(monkeypatch)
     """Rows past the fused kernels' limit go to the tensor-core GEMM up to ``tc_max_rows``
     (the threshold of the arch class where not given: 0, the route off, where not measured);
     more rows, fp32 x and K not a multiple of 32 go to dequantize + matmul."""
-    launched = []
-    kernel = nf4_tc_gemm._gemm_4bit_tc_kernel
-    monkeypatch.setattr(
-        nf4_tc_gemm,
-        "_gemm_4bit_tc_kernel",
-        type("Spy", (), {"__getitem__": lambda _, g: launched.append(g) or kernel[g]})(),
-    )
+    launched = spy_on(monkeypatch, nf4_tc_gemm, "_gemm_4bit_tc_kernel")
     fused = min(FUSED_MAX_ROWS, kernels.nf4_gemv.mma_rows()[1])
     class_rows = nf4_tc_gemm.TC_MAX_ROWS[nf4_tc_gemm.arch_class(DEVICE)]
 
