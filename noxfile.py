@@ -5,7 +5,8 @@ page for the docs); ``nox -s lint`` runs ruff and mypy;
 ``nox -s tests`` runs the project's own tests in the current environment; ``nox -s downstream``
 installs the example downstream backend into a fresh virtualenv and runs the suites on it (and on its broken twin);
 ``nox -s bench`` runs the benchmark suite into reports/bench/ and plots it; ``nox -s kernel-calls``
-records the Triton warm-up's call log; ``nox -s compile-check`` compiles our Triton kernels
+records the Triton warm-up's call log; ``nox -s covering-arrays`` refreshes the packaged covering
+arrays; ``nox -s compile-check`` compiles our Triton kernels
 for every listed arch and writes the results and docs/kernels-compiled.md.
 """
 
@@ -152,6 +153,16 @@ def kernel_calls(session: nox.Session) -> None:
         "--qconform-record-kernel-calls=triton-nf4/qconform_triton_nf4/default_run_kernel_calls.json",
         *session.posargs,
     )
+
+
+@nox.session(name="covering-arrays", python=False)
+def covering_arrays(session: nox.Session) -> None:
+    """Record the covering arrays this machine's default and ``thorough`` collections ask
+    for into the packaged store the workers read before building one
+    (pytest_qconform/cases/covering_store.py, record_covering_arrays.py). Run it after axes.py, covertable or a
+    backend's claims change, on a CPU and on a GPU (a GPU's claims ask other questions);
+    tests/test_covering_store.py says when it is due."""
+    session.run(_python(session), "-m", "pytest_qconform.cases.record_covering_arrays", "write")
 
 
 @nox.session(name="gemlite-configs", python=False)

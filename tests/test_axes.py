@@ -148,12 +148,12 @@ def test_instances_come_from_claims_and_the_report_records_coverage(pytester: py
 def test_weight_shapes_follow_the_claimed_layouts() -> None:
     nf4_only = Capabilities(("nf4", "fp4"), (64,), False, (torch.float32,), ("cpu",))
     hqq_only = Capabilities(("hqq4",), (64,), False, (torch.float32,), ("cpu",), axes=(0, 1))
-    assert axes.AXES["weight_shape"].claimed(nf4_only, True) == strategies.WEIGHT_SHAPES
-    assert axes.AXES["weight_shape"].claimed(hqq_only, True) == strategies.HQQ_WEIGHT_SHAPES
+    assert axes.AXES["weight_shape"].claimed(nf4_only, True) == axes.WEIGHT_SHAPES
+    assert axes.AXES["weight_shape"].claimed(hqq_only, True) == axes.HQQ_WEIGHT_SHAPES
     rows = axes.covering_rows(axes.CheckAxes(("format", "weight_shape"), {}).values(BNB_AND_HQQ, True), 2)
     assert {(row["format"], row["weight_shape"]) for row in rows} == {
-        *((fmt, shape) for fmt in ("nf4", "fp4") for shape in strategies.WEIGHT_SHAPES),
-        *(("hqq4", shape) for shape in strategies.HQQ_WEIGHT_SHAPES),
+        *((fmt, shape) for fmt in ("nf4", "fp4") for shape in axes.WEIGHT_SHAPES),
+        *(("hqq4", shape) for shape in axes.HQQ_WEIGHT_SHAPES),
     }
 
 
@@ -225,7 +225,7 @@ def test_every_pair_of_path_values_is_an_instance_of_the_checks_that_take_them(p
     }
     layout_shapes = {
         fmt: {axes.AXES["weight_shape"].label(shape) for shape in shapes}
-        for fmt, shapes in (("nf4", strategies.WEIGHT_SHAPES), ("hqq4", strategies.HQQ_WEIGHT_SHAPES))
+        for fmt, shapes in (("nf4", axes.WEIGHT_SHAPES), ("hqq4", axes.HQQ_WEIGHT_SHAPES))
     }
     for check, path_axes in PATH_AXES.items():
         rows = [row for row in instances if row["check"] == check]

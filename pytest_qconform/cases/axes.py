@@ -43,7 +43,26 @@ import torch
 
 from pytest_qconform.backends.base import Capabilities, QuantSpec
 from pytest_qconform.cases.claims import DTYPE_LABELS
-from pytest_qconform.cases.strategies import DISTRIBUTIONS, HQQ_WEIGHT_SHAPES, WEIGHT_SHAPES
+
+# Few shapes on purpose: bitsandbytes' CPU path torch.compiles its dequantize per new
+# shape, so the shape set decides the CPU run time. Each shape covers a contract clause:
+# a multiple of every blocksize, an odd element count with a partial final block, one block.
+# Kernels specialize on them (whole blocks and tiles or masked ones, one weight row), so
+# they are an axis (``AXES["weight_shape"]``), not a draw.
+WEIGHT_SHAPES: tuple[tuple[int, int], ...] = ((64, 128), (33, 47), (1, 64))
+# HQQ groups run along the rows of the grouped weight: shapes whose rows and element count
+# divide by every group size it takes.
+HQQ_WEIGHT_SHAPES: tuple[tuple[int, int], ...] = ((64, 128), (16, 256))
+# The weight's value distributions (``strategies.weight`` draws the values of each).
+DISTRIBUTIONS: tuple[str, ...] = (
+    "normal",
+    "heavy_tailed",
+    "outliers",
+    "zero_blocks",
+    "constant_blocks",
+    "subnormal_small",
+    "near_fp16_max",
+)
 
 # The axes that make up a QuantSpec; a check naming any of them takes a ``spec`` argument.
 SPEC_AXES: tuple[str, ...] = ("format", "blocksize", "double_quant", "hqq_axis", "quant_storage")
@@ -245,7 +264,7 @@ AXES: dict[str, Axis] = {
         Axis("value_range", "where in the dtype's range the values lie", lambda caps, bf16: VALUE_RANGES),
         Axis(
             "distribution",
-            "the weight's value distribution (strategies.DISTRIBUTIONS)",
+            "the weight's value distribution (DISTRIBUTIONS)",
             lambda caps, bf16: DISTRIBUTIONS,
         ),
         Axis("weight_layout", "the memory layout of the weight handed to quantize", lambda caps, bf16: WEIGHT_LAYOUTS),
@@ -328,7 +347,8 @@ def covering_rows(
     Built once per process for each distinct question (``_covering_rows_of``): a session
     asks the same one for every target and backend that claims the same values (474 calls,
     110 distinct, on an H200's default run), and covertable's greedy search is pure Python
-    (6.4 s of each pytest-xdist worker's start there, profiled 2026-11-29)."""
+    (6.4 s of each pytest-xdist worker's start there, profiled 2026-11-29). A question the
+    packaged store answers (``covering_store``) is not built at all."""
     rows = _covering_rows_of(tuple(values.items()), strength, tuple(jointly))
     return [dict(row) for row in rows]
 
@@ -339,7 +359,12 @@ def _covering_rows_of(
 ) -> tuple[tuple[tuple[str, Any], ...], ...]:
     """``covering_rows`` of ``dict(items)``, as tuples (hashable and immutable: every caller
     gets its own dicts)."""
-    return tuple(tuple(row.items()) for row in _build_covering_rows(dict(items), strength, jointly))
+    from pytest_qconform.cases import covering_store
+
+    rows = covering_store.stored_rows(items, strength, jointly)
+    if rows is None:
+        rows = _build_covering_rows(dict(items), strength, jointly)
+    return tuple(tuple(row.items()) for row in rows)
 
 
 def _build_covering_rows(

@@ -83,25 +83,12 @@ from dataclasses import dataclass  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-# Few shapes on purpose: bitsandbytes' CPU path torch.compiles its dequantize per new
-# shape, so the shape set decides the CPU run time. Each shape covers a contract clause:
-# a multiple of every blocksize, an odd element count with a partial final block, one block.
-# Kernels specialize on them (whole blocks and tiles or masked ones, one weight row), so
-# they are an axis (``axes.AXES["weight_shape"]``), not a draw.
-WEIGHT_SHAPES: tuple[tuple[int, int], ...] = ((64, 128), (33, 47), (1, 64))
-# HQQ groups run along the rows of the grouped weight: shapes whose rows and element count
-# divide by every group size it takes.
-HQQ_WEIGHT_SHAPES: tuple[tuple[int, int], ...] = ((64, 128), (16, 256))
+# The weight shapes and value distributions are axes (``axes.WEIGHT_SHAPES``, ``axes.DISTRIBUTIONS``):
+# kernels specialize on them. Defined there: a pytest-xdist controller, which draws nothing,
+# imports the axes but not hypothesis.
+from pytest_qconform.cases.axes import DISTRIBUTIONS, WEIGHT_SHAPES  # noqa: E402
+
 SEEDS = st.integers(0, 2**31 - 1)
-DISTRIBUTIONS: tuple[str, ...] = (
-    "normal",
-    "heavy_tailed",
-    "outliers",
-    "zero_blocks",
-    "constant_blocks",
-    "subnormal_small",
-    "near_fp16_max",
-)
 FP16_MAX = 65504.0
 
 

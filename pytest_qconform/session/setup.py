@@ -92,13 +92,23 @@ def start_session(config: pytest.Config) -> None:
     config.stash[state.PROBE] = probe
     config.stash[state.TARGETS] = build_targets(probe, config.getoption("markexpr") or "")
     config.stash[state.CASES] = {}
+    if _starts_workers(config):  # it draws nothing: hypothesis is imported once the workers start
+        config.stash[state.PENDING_BACKEND_CHECK] = lambda: _check_backends_beside_the_workers(config)
+        return
     from pytest_qconform.cases import strategies
 
     strategies.load_profile(profile, _example_database(config, profile))
-    if _starts_workers(config):
-        config.stash[state.PENDING_BACKEND_CHECK] = lambda: check_backends(config)
-    else:
-        check_backends(config)
+    check_backends(config)
+
+
+def _check_backends_beside_the_workers(config: pytest.Config) -> None:
+    """A pytest-xdist controller's deferred start, run while its workers import and collect
+    (10-15 s on the H200, where it would otherwise wait): the backends' check, and
+    hypothesis' import. The controller draws nothing, but hypothesis' pytest plugin imports
+    hypothesis for its summary at the session's end (1-1.5 s on the H200), where every
+    worker has finished and the wait is the run's."""
+    check_backends(config)
+    import hypothesis  # noqa: F401
 
 
 COMPILE_THREADS_VARIABLE = "TORCHINDUCTOR_COMPILE_THREADS"
