@@ -546,8 +546,9 @@ def test_setting_mutant_is_missed_with_its_axis_at_the_default(tmp_path, mutant)
 
 # The matmul suite without the rows ladder: the declared routes (``test_matmul_every_route``), the drawn
 # and listed rows of the matmul checks, K = 14336 (large on a CPU: not run here). Not the lm_head widths:
-# their rows are at most 128 (fixed), and each instance there costs seconds.
-SIZE_MISSED_WITHOUT = "test_matmul.py and not rows_ladder and not lm_head_widths"
+# their rows are at most 128 (fixed), and each instance there costs seconds. And the backward suite's main
+# check (its drawn rows and shapes), for the gradient's mutant.
+SIZE_MISSED_WITHOUT = "(test_matmul.py and not rows_ladder and not lm_head_widths) or test_gradients_match_reference"
 SIZE_CONFTEST = textwrap.dedent("""
     from zoo import SIZE_MUTANTS, narrowed
 
@@ -560,10 +561,11 @@ def test_size_mutants_are_missed_without_the_ladder(tmp_path) -> None:
     """The other half of ``test_mutant_is_caught_by_its_check`` for the sizes' bugs (a tier
     at undeclared row counts, a grid dimension capped at 65535, offsets exact only up to
     2^24, a split-K tier past 2^29 activation elements): the matmul suite without the rows
-    ladder and the large checks passes every one, every cell; only the ladder's rungs catch
-    the first three (its 2049 and 4095, its 65536 and 65537), and only the 65536-row call at
-    K = 14336 the last (a GPU's check: ``needs_gpu``; the ladder's top, 65537 x 256, is 58
-    times below its tier)."""
+    ladder and the large checks (and the backward suite's main check) passes every one, every
+    cell; only the ladder's rungs catch the first three (its 2049 and 4095, its 65536 and
+    65537), and only the 65536-row call at K = 14336 the two tiers past 2^29 activation
+    elements, forward and backward (GPU checks: ``needs_gpu``; the ladder's top, 65537 x 256,
+    is 58 times below the tier)."""
     (tmp_path / "conftest.py").write_text(SIZE_CONFTEST)
     report = _run_zoo(tmp_path, [m.name for m in SIZE_MUTANTS], SIZE_MISSED_WITHOUT)
     for mutant in SIZE_MUTANTS:

@@ -1678,12 +1678,14 @@ MUTANTS = MUTANTS + SETTING_MUTANTS
 # activation's elements. The rows ladder (``axes.ROWS_LADDER``: its checks are ``SIZE_SUITES``; the rungs above
 # 2^12 + 1 are large on a CPU, so the zoo's run of them passes --qconform-large) catches each; the matmul suite
 # without the ladder passes each, every cell (tests/test_mutant_zoo.py, ``SIZE_MISSED_WITHOUT``).
-# On a GPU, the matmul of 65536 rows at K = 14336 in one call too (``large`` there, not claimed on a CPU).
+# On a GPU, the matmul and backward of 65536 rows at K = 14336 in one call too (``large`` there, not claimed on a
+# CPU).
 SIZE_SUITES: tuple[str, ...] = (
     "test_matmul_rows_ladder",
     "test_backward_rows_ladder",
     "test_dequantize_real_sizes",
     "test_matmul_prefill_at_long_k",
+    "test_backward_prefill_at_long_k",
 )
 
 
@@ -1781,11 +1783,47 @@ class ActivationTierDropsLastSplit(TorchNF4Backend):
         return super().matmul(cut, q, bias, compute_dtype)
 
 
+class GradientTierDropsLastSplit(TorchNF4Backend):
+    """A backward that takes a split path once the activation passes 2^29 elements, whose dx
+    (``dy W``, summed over the output features) leaves out the last of its four splits of
+    them: dx misses those features' part, and so does the bias' gradient. The backward of
+    65536 rows at K = 14336 (a QLoRA batch through an MLP's down projection) reaches it; the
+    forward is right, and every other backward check stays far below the tier. Only
+    ``test_backward_prefill_at_long_k`` catches it, a GPU's check."""
+
+    name = "mutant-gradient-tier-drops-split"
+    catches = "backward"
+    suites = SIZE_SUITES
+    needs_gpu = True
+    TIER = 1 << 29
+    SPLITS = 4
+
+    def matmul(self, x, q, bias, compute_dtype):
+        y = super().matmul(x, q, bias, compute_dtype)
+        if x.numel() <= self.TIER or not y.requires_grad:
+            return y
+        kept = y.shape[-1] - y.shape[-1] // self.SPLITS
+
+        class DropLastSplit(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, t):
+                return t.view_as(t)
+
+            @staticmethod
+            def backward(ctx, dy):
+                cut = dy.clone()
+                cut[..., kept:] = 0
+                return cut
+
+        return DropLastSplit.apply(y)
+
+
 SIZE_MUTANTS: tuple[type[Backend], ...] = (
     UndeclaredRowTier,
     RowsPastGridLimit,
     ActivationOffsetsInFloat32,
     ActivationTierDropsLastSplit,
+    GradientTierDropsLastSplit,
 )
 MUTANTS = MUTANTS + SIZE_MUTANTS
 
