@@ -148,6 +148,22 @@ class LastRowAtTheFusedLimit(TorchNF4Backend):
         return super().matmul(shifted, q, bias, compute_dtype).reshape(*x.shape[:-1], -1)
 
 
+def gradient_altered(y: torch.Tensor, alter) -> torch.Tensor:
+    """``y`` unchanged, its gradient passed through ``alter`` (given a copy) on the way back:
+    a bug in a backward only."""
+
+    class Altered(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t.view_as(t)
+
+        @staticmethod
+        def backward(ctx, dy):
+            return alter(dy.clone())
+
+    return Altered.apply(y)
+
+
 class NaNGradients(TorchNF4Backend):
     """A backward that produces NaN where a weight block is all zeros (0/0 in a rescale)."""
 
@@ -159,18 +175,11 @@ class NaNGradients(TorchNF4Backend):
         if not y.requires_grad:
             return y
 
-        class PoisonGrad(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, t):
-                return t.view_as(t)
+        def poison(dy):
+            dy[..., 0] = float("nan")  # one output feature's gradient is NaN
+            return dy
 
-            @staticmethod
-            def backward(ctx, g):
-                poisoned = g.clone()
-                poisoned[..., 0] = float("nan")  # one output feature's gradient is NaN
-                return poisoned
-
-        return PoisonGrad.apply(y)
+        return gradient_altered(y, poison)
 
 
 class Fp16Accumulation(TorchNF4Backend):
@@ -1804,18 +1813,11 @@ class GradientTierDropsLastSplit(TorchNF4Backend):
             return y
         kept = y.shape[-1] - y.shape[-1] // self.SPLITS
 
-        class DropLastSplit(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, t):
-                return t.view_as(t)
+        def drop_last_split(dy):
+            dy[..., kept:] = 0
+            return dy
 
-            @staticmethod
-            def backward(ctx, dy):
-                cut = dy.clone()
-                cut[..., kept:] = 0
-                return cut
-
-        return DropLastSplit.apply(y)
+        return gradient_altered(y, drop_last_split)
 
 
 SIZE_MUTANTS: tuple[type[Backend], ...] = (
