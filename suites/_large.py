@@ -1,6 +1,7 @@
 """Checks of tensors too large to decode in one piece: the reference compares them a
-slice of whole (nested) blocks at a time. Used by ``test_real_shapes``; the 2^31-element
-check runs from here in a child process (``_isolated``), so it must be importable."""
+slice of whole (nested) blocks, or of whole HQQ groups, at a time. Used by
+``test_real_shapes``; the 2^31-element check runs from here in a child process
+(``_isolated``), so it must be importable."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import math
 
 import numpy as np
 import torch
-from pytest_qconform.reference import bnb4, bounds, linear
-from pytest_qconform.reference.packed import PackedBnb4
+from pytest_qconform.reference import bnb4, bounds, hqq4, linear
+from pytest_qconform.reference.packed import PackedBnb4, PackedHqq4
 
 from pytest_qconform.backends.base import Backend, Capabilities, QuantSpec
 from pytest_qconform.session.outcomes import skip_not_claimed
@@ -40,31 +41,73 @@ def slice_blocks(p: PackedBnb4, first_element: int, elements: int) -> PackedBnb4
     return dataclasses.replace(p, shape=(elements,), packed=packed, absmax=absmax, nested_absmax=nested)
 
 
+def slice_groups(p: PackedHqq4, first_element: int, elements: int) -> PackedHqq4:
+    """Elements ``[first_element, first_element + elements)`` of an HQQ state grouped along
+    its rows (axis 1: one group of ``group_size`` consecutive elements per row of Q) as a
+    state of their own (1-D), packed as HQQ packs it (``hqq4``: the high nibbles of byte row
+    ``r`` hold Q's row ``r``, the low nibbles its row ``r + R/2``), so the reference decodes
+    a slice at a time. The slice must hold an even number of whole groups."""
+    if p.axis != 1:
+        raise ValueError(f"slice_groups: HQQ axis {p.axis} groups run across rows; only axis 1 is sliced")
+    rows, cols = hqq4.grouped_shape(tuple(p.shape), p.group_size, p.axis)
+    elements = min(elements, rows * cols - first_element)
+    if first_element % p.group_size or elements % (2 * p.group_size):
+        raise ValueError(
+            f"slice_groups: elements {first_element}..{first_element + elements - 1} are not an even number of "
+            f"whole groups of {p.group_size}"
+        )
+    first, count, half = first_element // p.group_size, elements // p.group_size, rows // 2
+    data = np.asarray(p.packed).reshape(half, cols)
+    high = data[first : min(first + count, half)] >> 4  # Q's rows below R/2
+    low = data[max(first, half) - half : max(first + count, half) - half] & 0x0F  # Q's rows from R/2 on
+    q = np.concatenate([high, low]).astype(np.uint8)
+    packed = (q[: count // 2] << 4) | q[count // 2 :]
+    scale = np.asarray(p.scale).reshape(-1)[first : first + count].reshape(count, 1)
+    zero = np.asarray(p.zero).reshape(-1)[first : first + count].reshape(count, 1)
+    return dataclasses.replace(p, shape=(elements,), packed=packed, scale=scale, zero=zero)
+
+
+def _slice(p: PackedBnb4 | PackedHqq4, first_element: int, elements: int) -> PackedBnb4 | PackedHqq4:
+    return (
+        slice_blocks(p, first_element, elements)
+        if isinstance(p, PackedBnb4)
+        else slice_groups(p, first_element, elements)
+    )
+
+
+def _slice_unit(p: PackedBnb4 | PackedHqq4) -> int:
+    """The elements a slice starts and ends on: a nested group of blocks, or two HQQ groups."""
+    return p.blocksize * (p.nested_blocksize or 1) if isinstance(p, PackedBnb4) else 2 * p.group_size
+
+
 def check_in_chunks(qcheck, out: torch.Tensor, packed, dtype: torch.dtype, what: str) -> None:
     """``out`` (the backend's dequantization) against the reference, a slice at a time."""
-    if not isinstance(packed, PackedBnb4) or packed.numel <= CHUNK_ELEMENTS:
+    numel = math.prod(packed.shape)
+    if not isinstance(packed, (PackedBnb4, PackedHqq4)) or numel <= CHUNK_ELEMENTS:
         exact = reference_decode(packed, out.device)
         qcheck.within(out, exact, packed_dequantize_bound(packed, exact, dtype), what)
         return
-    group = packed.blocksize * (packed.nested_blocksize or 1)
-    step = max(group, CHUNK_ELEMENTS // group * group)
+    unit = _slice_unit(packed)
+    step = max(unit, CHUNK_ELEMENTS // unit * unit)
     flat = out.reshape(-1)
-    for start in range(0, packed.numel, step):
-        part = slice_blocks(packed, start, step)
-        exact = bnb4.decode(part, device=out.device)
+    for start in range(0, numel, step):
+        part = _slice(packed, start, step)
+        exact = reference_decode(part, out.device)
         qcheck.within(
-            flat[start : start + part.numel],
+            flat[start : start + exact.numel()],
             exact,
-            bounds.bnb4_dequantize_bound(part, dtype, out.device),
-            f"{what}, elements {start}..{start + part.numel - 1}",
+            packed_dequantize_bound(part, exact, dtype),
+            f"{what}, elements {start}..{start + exact.numel() - 1}",
         )
 
 
-def random_state(spec: QuantSpec, shape: tuple[int, int], seed: int) -> PackedBnb4:
-    """Random codes and scales in bitsandbytes' layout (no float weight of 8 GiB to
-    quantize): every byte pattern and block is as likely as any other."""
+def random_state(spec: QuantSpec, shape: tuple[int, int], seed: int) -> PackedBnb4 | PackedHqq4:
+    """Random codes and scales in the spec's layout, bitsandbytes' or HQQ's (no float weight
+    of 8 GiB to quantize): every byte pattern and block is as likely as any other."""
     rng = np.random.default_rng(seed)
     numel = math.prod(shape)
+    if spec.format == "hqq4":
+        return _random_hqq_state(spec, shape, rng)
     blocks = math.ceil(numel / spec.blocksize)
     state = PackedBnb4(
         quant_type=spec.format,
@@ -89,6 +132,29 @@ def random_state(spec: QuantSpec, shape: tuple[int, int], seed: int) -> PackedBn
     )
 
 
+def _bf16_values(values: np.ndarray) -> np.ndarray:
+    """float32 values rounded to bfloat16 (held in float32: NumPy has no bf16), as HQQ's
+    bf16 layer stores its scale and zero."""
+    return torch.from_numpy(values.astype(np.float32)).to(torch.bfloat16).float().numpy()
+
+
+def _random_hqq_state(spec: QuantSpec, shape: tuple[int, int], rng: np.random.Generator) -> PackedHqq4:
+    """Random 4-bit values in HQQ's ``4bit_u8`` packing, with a scale and a zero point per
+    group as a bf16 layer holds them (zero points around the codes' middle, as HQQ's are)."""
+    rows, cols = hqq4.grouped_shape(shape, spec.blocksize, spec.axis)
+    groups = rows if spec.axis == 1 else cols
+    per_group = (groups, 1) if spec.axis == 1 else (1, groups)
+    return PackedHqq4(
+        shape=shape,
+        group_size=spec.blocksize,
+        axis=spec.axis,
+        packed=rng.integers(0, 256, (rows // 2, cols), dtype=np.uint8),
+        scale=_bf16_values(rng.uniform(0.005, 0.02, per_group)),
+        zero=_bf16_values(rng.uniform(6.0, 9.0, per_group)),
+        meta={"compute_dtype": "bfloat16", "scale_dtype": "bfloat16", "zero_dtype": "bfloat16", "nbits": 4},
+    )
+
+
 def route_rows(caps: Capabilities) -> tuple[int, ...]:
     """One activation per route the backend declares: one row, the first row count of each
     route (``dispatch_rows``, ``max_gemv_rows + 1``), the fused path's last
@@ -99,11 +165,11 @@ def route_rows(caps: Capabilities) -> tuple[int, ...]:
     return tuple(sorted(rows))
 
 
-def _weight_rows(packed: PackedBnb4, first: int, count: int) -> PackedBnb4:
+def _weight_rows(packed: PackedBnb4 | PackedHqq4, first: int, count: int) -> PackedBnb4 | PackedHqq4:
     """Weight rows ``[first, first + count)`` of a 2-D state as a 2-D state of their own."""
     k = packed.shape[1]
-    part = slice_blocks(packed, first * k, count * k)
-    return dataclasses.replace(part, shape=(part.numel // k, k))
+    part = _slice(packed, first * k, count * k)
+    return dataclasses.replace(part, shape=(math.prod(part.shape) // k, k))
 
 
 def check_large_tensor(
@@ -146,10 +212,11 @@ def check_large_tensor(
     dx_exact = dx_error = None
     for first in range(0, n, step):
         part = _weight_rows(packed, first, min(step, n - first))
-        w = bnb4.decode(part, device=device)
+        w = reference_decode(part, device)
         last = first + w.shape[0] - 1
-        e_dequantized = bounds.bnb4_dequantize_bound(part, dtype, device)  # a weight dequantized, then multiplied
-        fused = [bounds.bnb_fused_kernel_may_run(x.shape[0], device) for x in xs]  # bounds.weight_error
+        e_dequantized = packed_dequantize_bound(part, w, dtype)  # a weight dequantized, then multiplied
+        bnb = isinstance(part, PackedBnb4)  # bitsandbytes' fused kernel: bounds.weight_error
+        fused = [bnb and bounds.bnb_fused_kernel_may_run(x.shape[0], device) for x in xs]
         e_fused = bounds.bnb4_matmul_weight_bound(part, dtype, device=device) if any(fused) else None
         for x, y, in_fused_kernel in zip(xs, ys, fused):
             w_error = e_fused if in_fused_kernel else e_dequantized

@@ -122,6 +122,24 @@ def test_more_than_2_31_elements(qtarget, qbackend, qdevice, qcheck, spec):
     bitsandbytes' layout (``from_packed``): its dequantization, a matmul at one row and at
     the first row count of each route the backend declares (``_large.route_rows``), and the
     gradient of x where backward is claimed, each compared with the reference in slices."""
+    _check_more_than_2_31_elements(qtarget, qbackend, qdevice, qcheck, spec)
+
+
+# The same in HQQ's layout (its 4-bit, grouped along the rows: axis 1, its default), so that
+# HQQ's dequantize and matmul meet a 2^31-element weight too; the reference decodes it a
+# slice of whole groups at a time (``_large.slice_groups``).
+@pytest.mark.large
+@pytest.mark.qconform_heavy
+@pytest.mark.qconform_operation("large-tensor")
+@pytest.mark.qconform_dtype("bf16")
+@pytest.mark.qconform_axes("format", "hqq_axis", format=("hqq4",), hqq_axis=(1,))
+def test_more_than_2_31_elements_in_hqq_layout(qtarget, qbackend, qdevice, qcheck, spec):
+    """``test_more_than_2_31_elements`` for a weight in HQQ's layout: random 4-bit values
+    with a bf16 scale and zero point per group of 64, adopted through ``from_packed``."""
+    _check_more_than_2_31_elements(qtarget, qbackend, qdevice, qcheck, spec)
+
+
+def _check_more_than_2_31_elements(qtarget, qbackend, qdevice, qcheck, spec) -> None:
     if qdevice.type != "cuda":
         skip_not_claimed("2^31-element tensors are checked on a GPU")
     caps = require_claim(qbackend, qtarget, spec, torch.bfloat16, dequantize=True)

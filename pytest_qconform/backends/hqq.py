@@ -23,6 +23,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 
 from pytest_qconform.backends.adapter_helpers import dtype_name, import_failure, to_numpy
@@ -200,6 +201,34 @@ class HqqBackend(Backend):
         meta = layer.meta
         spec = QuantSpec("hqq4", int(meta["group_size"]), False, axis=int(meta["axis"]))
         return Quantized(self.name, spec, tuple(int(n) for n in meta["shape"]), torch.device(device), HqqHandle(layer))
+
+    def from_packed(self, packed: Any, device: torch.device) -> Quantized:
+        """Adopt HQQ-layout bytes (``PackedHqq4``: ``W_q``, scale and zero as a layer stores
+        them) without quantizing: the state HQQ's ``state_dict`` would hold, through ``load``.
+        Its encoding of the settings comes from a two-group layer quantized with the same ones
+        (HQQ's own ``state_dict``), so nothing of HQQ's format is written here. A 2^31-element
+        weight is adopted so (its float weight would be 8 GiB to quantize)."""
+        if not isinstance(packed, PackedHqq4):
+            raise NotImplementedError(f"{self.name} reads HQQ's layout only, not {type(packed).__name__}")
+        where = f"{self.name}.from_packed"
+        if packed.packing != "4bit_u8" or int(packed.meta.get("nbits", 4)) != 4:
+            raise ValueError(f"{where}: HQQ 4-bit in the '4bit_u8' packing only, got {packed.packing!r}")
+        compute_dtype = _decode_dtype(packed.meta.get("compute_dtype", "bfloat16"), where)
+        spec = QuantSpec("hqq4", packed.group_size, False, axis=packed.axis)
+        template = self.serialize(self.quantize(torch.zeros(2, packed.group_size, dtype=compute_dtype), spec))
+
+        def stored(values: Any, key: str) -> torch.Tensor:
+            dtype = _decode_dtype(packed.meta.get(key, str(compute_dtype)), where)
+            return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).to(dtype)
+
+        state = {
+            **template,
+            "W_q": torch.from_numpy(np.ascontiguousarray(packed.packed, dtype=np.uint8)),
+            "scale": stored(packed.scale, "scale_dtype"),
+            "zero": stored(packed.zero, "zero_dtype"),
+            "shape": torch.tensor(tuple(packed.shape), dtype=template["shape"].dtype),
+        }
+        return self.load(state, device)
 
     def layers(self) -> Any:
         """``HQQLinear`` (``hqq_layer.HqqLayers``)."""
