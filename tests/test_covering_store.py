@@ -70,6 +70,13 @@ def test_a_store_under_another_fingerprint_answers_nothing(tmp_path):
     assert covering_store.read(path) == {}
 
 
+def test_without_the_constraints_source_no_answer_is_trusted(tmp_path, monkeypatch):
+    items = tuple(VALUES.items())
+    path = _store_with(tmp_path, items, 2, axes._build_covering_rows(dict(items), 2, ()))
+    monkeypatch.setattr(covering_store, "AXES_SOURCE", tmp_path / "missing.py")
+    assert covering_store.read(path) == {}
+
+
 def test_an_unstable_question_has_no_key():
     class Opaque:
         pass
