@@ -65,3 +65,30 @@ def test_the_weights_are_static_addresses_to_a_compiled_graph(model) -> None:
     """A CUDA graph reads them in place instead of copying them in before every replay."""
     state = model[0].up.quantized.handle
     assert all(getattr(t, "_dynamo_static_input_type", None) == "unguarded" for t in (state.packed, state.absmax))
+
+
+def test_a_compiled_layer_computes_with_buffers_replaced_from_outside() -> None:
+    """accelerate's ``set_module_tensor_to_device`` (a move, or a load as transformers loads)
+    assigns ``module._buffers[name]`` directly. A layer compiled before must then compute
+    with the new state, not with the one it was traced from: dynamo's guards on the layer's
+    buffers (the staleness check of ``FunctionalLinear.quantized``, traced) see the
+    replacement and the layer is traced again."""
+    set_module_tensor_to_device = pytest.importorskip("accelerate.utils").set_module_tensor_to_device
+    layers = TritonNf4Backend().layers()
+
+    def linear(seed: int) -> torch.nn.Module:
+        weight = torch.randn(HIDDEN, HIDDEN, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+        return layers.quantize(weight, None, QuantSpec("nf4", 64), torch.bfloat16, DEVICE)
+
+    saved, loading = linear(11), linear(12)
+    x = torch.randn(1, HIDDEN, generator=torch.Generator().manual_seed(2)).to(DEVICE, torch.bfloat16)
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            compiled = torch.compile(loading, backend="eager")
+            assert torch.equal(compiled(x), loading(x))
+            for name, value in saved.state_dict().items():
+                set_module_tensor_to_device(loading, name, DEVICE, value=value)
+            assert torch.equal(compiled(x), saved(x))
+    finally:
+        torch._dynamo.reset()
