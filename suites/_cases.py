@@ -81,6 +81,18 @@ def prefill_at_long_k_rows(device: torch.device) -> int:
     return PREFILL_ROWS
 
 
+def row_slices(rows: int, judged_rows: int | None) -> list[tuple[int, int, str]]:
+    """``(first, stop, where)`` of a call's ``rows`` judged ``judged_rows`` at a time (its
+    float64 reference and bound a slice each); one slice, ``where`` empty, when
+    ``judged_rows`` is None or covers them."""
+    if judged_rows is None or judged_rows >= rows:
+        return [(0, rows, "")]
+    return [
+        (first, min(first + judged_rows, rows), f", rows {first}..{min(first + judged_rows, rows) - 1} of {rows}")
+        for first in range(0, rows, judged_rows)
+    ]
+
+
 def claimed_real_sizes(caps: Capabilities, spec: QuantSpec) -> tuple[tuple[int, int], ...]:
     """``LONG_K_SHAPE`` and ``WIDE_N_SHAPE`` where the backend claims them: no wider than its
     ``max_out_features`` (an interpreted backend's), K a multiple of HQQ's group."""

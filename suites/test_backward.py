@@ -37,6 +37,7 @@ from ._cases import (
     prefill_at_long_k_rows,
     reference_decode,
     require_claim,
+    row_slices,
     weight_error,
 )
 
@@ -248,12 +249,10 @@ def check_backward(
     dy2 = dy.double().reshape(-1, n)
     e_w = weight_error(packed, w, dtype)
     dx = x.grad.reshape(-1, k)
-    step = judged_rows or rows
-    for first in range(0, rows, step):
-        part = dy2[first : first + step]
-        where = "" if step >= rows else f", rows {first}..{first + part.shape[0] - 1}"
+    for first, stop, where in row_slices(rows, judged_rows):
+        part = dy2[first:stop]
         e_dx = bounds.grad_bound(part, w, dtype, dtype, w_error=e_w)
-        qcheck.within(dx[first : first + step], part @ w, e_dx, f"d x at {rows} rows{where}")
+        qcheck.within(dx[first:stop], part @ w, e_dx, f"d x at {rows} rows{where}")
     ones = torch.ones(1, dy2.shape[0], dtype=torch.float64, device=dy2.device)
     qcheck.within(bias.grad, dy2.sum(0), _mm_bound(ones, dy2, dtype)[0], f"d bias, a sum over {rows} rows")
 

@@ -51,6 +51,7 @@ from ._cases import (
     prefill_at_long_k_rows,
     reference_decode,
     require_claim,
+    row_slices,
     weight_error,
     weight_row_units,
 )
@@ -172,14 +173,13 @@ def check_product(
     packed = qbackend.export_packed(quantized)
     w_exact = reference_decode(packed, qdevice)
     rows = x.numel() // k
-    if judged_rows is None or judged_rows >= rows:
+    slices = row_slices(rows, judged_rows)
+    if len(slices) == 1:  # x and y as the call had them (their rank and layout)
         judge_product(qcheck, packed, w_exact, x, y, bias, compute_dtype, rows)
         return
     x2, y2 = x.reshape(rows, k), y.reshape(rows, n)
-    for first in range(0, rows, judged_rows):
-        last = min(first + judged_rows, rows)
-        where = f", rows {first}..{last - 1} of one {rows}-row call"
-        judge_product(qcheck, packed, w_exact, x2[first:last], y2[first:last], bias, compute_dtype, rows, where)
+    for first, stop, where in slices:
+        judge_product(qcheck, packed, w_exact, x2[first:stop], y2[first:stop], bias, compute_dtype, rows, where)
 
 
 def judge_product(qcheck, packed, w_exact, x, y, bias, compute_dtype, rows: int, where: str = "") -> None:

@@ -1768,50 +1768,57 @@ class ActivationOffsetsInFloat32(TorchNF4Backend):
         return super().matmul(read, q, bias, compute_dtype)
 
 
-class ActivationTierDropsLastSplit(TorchNF4Backend):
-    """A matmul that takes a split-K path once the activation passes 2^29 elements (a tier
-    chosen by the problem's size, as kernels bound by a workspace choose one), whose sum
-    leaves out the last of its four K splits. 65536 rows at K = 14336 (a QLoRA batch through
-    an MLP's down projection: 9.4 x 10^8 elements) reach it; the ladder's top (65537 x 256)
-    and the long K (300 x 14336) stay far below, as does every other check. Only
-    ``test_matmul_prefill_at_long_k`` catches it, a GPU's check (its float64 activation)."""
+class SplitTierPast2To29(TorchNF4Backend):
+    """The base of the two tier mutants: a path taken once the activation passes 2^29
+    elements (a tier chosen by the problem's size, as kernels bound by a workspace choose
+    one), split in four along one dimension, whose last split is left out. 65536 rows at
+    K = 14336 (a QLoRA batch through an MLP's down projection: 9.4 x 10^8 elements) reach
+    it; the ladder's top (65537 x 256) and the long K (300 x 14336) stay far below, as does
+    every other check. Only the 65,536-row checks catch them, a GPU's (their float64
+    activation)."""
+
+    suites = SIZE_SUITES
+    needs_gpu = True
+    TIER = 1 << 29
+    SPLITS = 4
+
+    def past_tier(self, x: torch.Tensor) -> bool:
+        return x.numel() > self.TIER
+
+    def kept(self, width: int) -> int:
+        """The elements of a dimension of ``width`` before its last split."""
+        return width - width // self.SPLITS
+
+
+class ActivationTierDropsLastSplit(SplitTierPast2To29):
+    """A matmul whose split-K sum past the tier leaves out the last of its four K splits:
+    caught by ``test_matmul_prefill_at_long_k`` alone."""
 
     name = "mutant-activation-tier-drops-split"
     catches = "matmul"
-    suites = SIZE_SUITES
-    needs_gpu = True
-    TIER = 1 << 29
-    SPLITS = 4
 
     def matmul(self, x, q, bias, compute_dtype):
-        if x.numel() <= self.TIER:
+        if not self.past_tier(x):
             return super().matmul(x, q, bias, compute_dtype)
-        kept = x.shape[-1] - x.shape[-1] // self.SPLITS
         cut = x.clone()
-        cut[..., kept:] = 0
+        cut[..., self.kept(x.shape[-1]) :] = 0
         return super().matmul(cut, q, bias, compute_dtype)
 
 
-class GradientTierDropsLastSplit(TorchNF4Backend):
-    """A backward that takes a split path once the activation passes 2^29 elements, whose dx
-    (``dy W``, summed over the output features) leaves out the last of its four splits of
-    them: dx misses those features' part, and so does the bias' gradient. The backward of
-    65536 rows at K = 14336 (a QLoRA batch through an MLP's down projection) reaches it; the
-    forward is right, and every other backward check stays far below the tier. Only
-    ``test_backward_prefill_at_long_k`` catches it, a GPU's check."""
+class GradientTierDropsLastSplit(SplitTierPast2To29):
+    """A backward whose dx (``dy W``, summed over the output features) past the tier leaves
+    out the last of its four splits of them: dx misses those features' part, and so does
+    the bias' gradient; the forward is right. Caught by ``test_backward_prefill_at_long_k``
+    alone."""
 
     name = "mutant-gradient-tier-drops-split"
     catches = "backward"
-    suites = SIZE_SUITES
-    needs_gpu = True
-    TIER = 1 << 29
-    SPLITS = 4
 
     def matmul(self, x, q, bias, compute_dtype):
         y = super().matmul(x, q, bias, compute_dtype)
-        if x.numel() <= self.TIER or not y.requires_grad:
+        if not self.past_tier(x) or not y.requires_grad:
             return y
-        kept = y.shape[-1] - y.shape[-1] // self.SPLITS
+        kept = self.kept(y.shape[-1])
 
         def drop_last_split(dy):
             dy[..., kept:] = 0
