@@ -6,6 +6,7 @@ store current for this machine's default collection."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -101,13 +102,16 @@ def test_the_packaged_store_holds_this_machines_default_collection():
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
 
 
-def test_the_check_fails_on_a_store_with_a_wrong_answer(tmp_path):
-    """The check can fail: one stored answer with a row dropped is named as differing."""
+def test_the_check_fails_on_a_store_with_wrong_answers(tmp_path):
+    """The check can fail: stored answers with a row dropped are named as differing. Every
+    answer of more than one row loses one, since the store holds other machines' questions
+    too (a GPU's), which this machine's check does not ask."""
     data = json.loads(covering_store.STORE_PATH.read_text())
-    key = sorted(k for k, rows in data["arrays"].items() if len(rows) > 1)[0]
-    data["arrays"][key] = data["arrays"][key][1:]
+    for key, rows in data["arrays"].items():
+        if len(rows) > 1:
+            data["arrays"][key] = rows[1:]
     altered = tmp_path / "altered.json"
     altered.write_text(json.dumps(data))
     result = _check("--store", str(altered))
     assert result.returncode == 1
-    assert "1 answered differently" in result.stdout
+    assert re.search(r" 0 of \d+ questions missing, [1-9]\d* answered differently", result.stdout), result.stdout

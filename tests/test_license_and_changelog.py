@@ -18,10 +18,12 @@ CHECKOUT = Path(__file__).resolve().parent.parent
 
 
 def test_the_license_file_is_the_license_pyproject_names():
+    """Both packages name it as an SPDX expression (setuptools >= 77; the table form is
+    deprecated and refused from 2027-02-18)."""
     license_text = (CHECKOUT / "LICENSE").read_text(encoding="utf-8")
-    with (CHECKOUT / "pyproject.toml").open("rb") as f:
-        declared = tomllib.load(f)["project"]["license"]["text"]
-    assert declared == "Apache-2.0"
+    for pyproject in (CHECKOUT / "pyproject.toml", CHECKOUT / "triton-nf4" / "pyproject.toml"):
+        with pyproject.open("rb") as f:
+            assert tomllib.load(f)["project"]["license"] == "Apache-2.0", pyproject
     assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
     assert "END OF TERMS AND CONDITIONS" in license_text
 

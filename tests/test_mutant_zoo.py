@@ -48,7 +48,9 @@ from zoo import (
     TC_ROUTE_SUITES,
     USER_INPUT_SUITES,
     WORKLOAD_SUITES,
+    WS_ROUTE_MUTANTS,
     TritonTcRoute,
+    TritonWsRoute,
 )
 
 # The zoo's runs beside the original suites': each runs these suites against the mutants of
@@ -475,6 +477,39 @@ def test_the_tc_route_passes_the_check_its_mutants_fail(tc_route_zoo_report: dic
 @pytest.mark.parametrize("mutant", TC_ROUTE_MUTANTS, ids=lambda m: m.name)
 def test_tc_route_mutant_is_caught_by_its_check(tc_route_zoo_report: dict, mutant) -> None:
     _assert_caught(tc_route_zoo_report, mutant)
+
+
+WS_ROUTE_CONFTEST = textwrap.dedent("""
+    from zoo import WS_ROUTE_MUTANTS, TritonWsRoute, narrowed
+
+    def pytest_qconform_backends(config):
+        return {m.name: narrowed(m) for m in (TritonWsRoute, *WS_ROUTE_MUTANTS)}
+""")
+
+
+@pytest.fixture(scope="module")
+def ws_route_zoo_report(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The route check (``TC_ROUTE_SUITES``) on an sm_90 GPU against the real triton-nf4,
+    whose route there takes the warp-specialized GEMM, and against that route's mutants."""
+    pytest.importorskip("triton")
+    from qconform_triton_nf4.kernels import nf4_ws_gemm
+
+    if not (GPU and nf4_ws_gemm.runs_on(torch.device("cuda"))):
+        pytest.skip("the warp-specialized GEMM runs on sm_90 GPUs only (Gluon: no interpreter)")
+    root = tmp_path_factory.mktemp("zoo-ws-route")
+    (root / "conftest.py").write_text(WS_ROUTE_CONFTEST)
+    names = [TritonWsRoute.name] + [m.name for m in WS_ROUTE_MUTANTS]
+    return _run_zoo(root, names, " or ".join(TC_ROUTE_SUITES))
+
+
+def test_the_ws_route_passes_the_check_its_mutants_fail(ws_route_zoo_report: dict) -> None:
+    verdicts = _verdicts(ws_route_zoo_report, TritonWsRoute.name)
+    assert verdicts.get("matmul") == {"pass"}, verdicts
+
+
+@pytest.mark.parametrize("mutant", WS_ROUTE_MUTANTS, ids=lambda m: m.name)
+def test_ws_route_mutant_is_caught_by_its_check(ws_route_zoo_report: dict, mutant) -> None:
+    _assert_caught(ws_route_zoo_report, mutant)
 
 
 # -- bugs planted in the libraries (issue 36): one run each, the real backend under the mutant's name --

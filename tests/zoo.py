@@ -980,6 +980,39 @@ class TcRouteReadsNeighbourAbsmax(TritonTcRoute):
 TC_ROUTE_MUTANTS: tuple[type[TritonNf4Backend], ...] = (TcRouteReadsNeighbourAbsmax,)
 
 
+# The warp-specialized GEMM's route (``kernels.nf4_ws_gemm``, Gluon: sm_90 only, no interpreter), from
+# ``WS_MIN_ROWS`` to ``WS_MAX_ROWS``: its zoo run is a GPU's (``needs_gpu``).
+class TritonWsRoute(TritonNf4Backend):
+    """The real Triton backend, named apart: on an sm_90 GPU it takes the warp-specialized GEMM route."""
+
+    name = "triton-nf4-ws-route"
+
+
+class WsRouteReadsNeighbourAbsmax(TritonWsRoute):
+    """The warp-specialized GEMM route fed each block's neighbour's absmax (an off-by-one in
+    the block index of the route's launch), the kernel itself unchanged; the rows the other
+    routes take are right."""
+
+    name = "mutant-ws-route-neighbour-absmax"
+    catches = "matmul"
+    suites = TC_ROUTE_SUITES
+    needs_gpu = True
+
+    def linear(self, x, state, bias):
+        from qconform_triton_nf4 import kernels
+
+        N, K = state.shape
+        rows = math.prod(x.shape[:-1])
+        low, high = kernels.ws_min_rows(x.device), kernels.ws_max_rows(x.device, N * K)
+        if low and low <= rows <= high and kernels.ws_gemm_readable(x, state.packed, K, state.blocksize):
+            absmax = state.absmax.reshape(-1).roll(1)
+            return kernels.ws_gemm_4bit(x, state.packed, absmax, bias=bias, **state.kernel_args())
+        return super().linear(x, state, bias)
+
+
+WS_ROUTE_MUTANTS: tuple[type[TritonNf4Backend], ...] = (WsRouteReadsNeighbourAbsmax,)
+
+
 # -- issue 36: bugs only a real workload's calls show ----------------------------------------------------------
 # The workload suite (a ``-k`` name), run against these mutants and the correct backend only: each
 # builds whole models, so the original mutants are not run through it.

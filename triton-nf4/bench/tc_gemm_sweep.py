@@ -1,8 +1,9 @@
-"""Time the fused tensor-core GEMM's configurations against dense bf16 and today's route (issue 52 item 2).
+"""Time the fused GEMMs' configurations against dense bf16 and the route before them (issue 52 item 2).
 
-Why: ``kernels/nf4_tc_gemm.py`` ships a configuration table by rows and a route threshold
-per arch class (``TC_MAX_ROWS``); they come from this sweep, as the tensor-core kernel's came
-from ``mma_configs.py`` (bench/notes.md v16-v19, v21).
+Why: ``kernels/nf4_tc_gemm.py`` (``--kernel tc``) and ``kernels/nf4_ws_gemm.py`` (``--kernel
+ws``, the warp-specialized Gluon GEMM, sm_90) ship a configuration table by rows and a route
+threshold per arch class (``TC_MAX_ROWS``, ``WS_MAX_ROWS``); they come from this sweep, as the
+tensor-core kernel's came from ``mma_configs.py`` (bench/notes.md v16-v19, v21, v22).
 
 For each shape (N x K: 4096x4096, 8192x8192, 14336x4096, 4096x14336) and each row count
 (16 ... 8192), bf16, NF4 blocksize 64, this times on one GPU (device time as the benchmark
@@ -10,12 +11,13 @@ suite takes it: ``harness.device_times``, calls queued behind a sleep, weights a
 rotated through copies that total twice the L2, median of ``--samples``):
 
 - ``dense``: ``F.linear`` on the unquantized bf16 weight (the peer to beat);
-- ``route``: the backend's route today, ``plans.linear_plan`` with the tensor-core GEMM
-  off: the fused kernels up to 32 rows, dequantize into the adapter's buffer + cuBLAS past;
-- ``table``: the tensor-core GEMM with the module's table configuration for the case (past
-  32 rows through ``plans.linear_plan`` with the route forced on: ``tc_max_rows=2**31``);
-- ``tc <config>``: the tensor-core GEMM under each candidate of the rows' class (``grid``),
-  through ``tc_gemm_4bit_plan`` (a plan per weight copy, built once, as the adapter keeps it).
+- ``route``: the route without the swept kernel, ``plans.linear_plan`` with it off (for
+  ``ws``: both GEMMs off): the fused kernels up to 32 rows, dequantize into the adapter's
+  buffer + cuBLAS past (with ``tc``'s route where ``ws`` is swept and ``tc`` is on);
+- ``table``: the swept kernel with its module's table configuration for the case (past 32
+  rows through ``plans.linear_plan`` with its route forced on);
+- ``<config>``: the kernel under each candidate of the rows' class (``grid``), through its
+  plan function (a plan per weight copy, built once, as the adapter keeps it).
 
 Every result (the route's too) is first checked against the dequantize-then-matmul
 product (x times ``dequantize_4bit``'s bf16 weight, in fp32): ``error`` is the largest
@@ -61,11 +63,36 @@ SAMPLES = 30
 BLOCKSIZE = 64
 
 
-def grid(rows: int) -> list[Any]:
-    """The candidate configurations for ``rows`` (bf16 x): tiles of x rows as wide as the
-    rows (a power of two, 32 at least) and half that; weight tiles of 64 rows with 4 or 8
-    warps and of 128 rows with 8; 3 or 4 pipeline stages; K split 1, 2, 4 or 8 ways
-    (K steps of 64, the scratch sweep's best: bench/notes.md v21). 48 a case."""
+def grid(rows: int, kernel: str = "tc") -> list[Any]:
+    """The candidate configurations for ``rows`` (bf16 x).
+
+    ``tc``: tiles of x rows as wide as the rows (a power of two, 32 at least) and half that;
+    weight tiles of 64 rows with 4 or 8 warps and of 128 rows with 8; 3 or 4 pipeline
+    stages; K split 1, 2, 4 or 8 ways (K steps of 64, the scratch sweep's best: bench/notes.md
+    v21). 48 a case.
+
+    ``ws``: x tiles of the rows' width (32, 64, 128 or 256) and the next narrower; 4 or 6 ring
+    slots (3 or 4 at 256 rows, whose slots are larger); the register budget of the row
+    class (72 to 168: how many programs share a multiprocessor) and another; K split by
+    the plan's rule, or 1, 2 or 4 ways (bench/notes.md v22)."""
+    if kernel == "ws":
+        from qconform_triton_nf4.kernels.nf4_ws_gemm import WsConfig as W
+
+        # (x tile, registers a thread, programs a multiprocessor at those registers)
+        classes = {
+            32: [(32, 72, 3), (32, 96, 2)],
+            64: [(64, 96, 2), (64, 80, 3)],
+            128: [(128, 128, 2), (64, 96, 2)],
+            256: [(256, 168, 1), (128, 128, 2)],
+        }
+        wide = 32 if rows <= 32 else 64 if rows <= 64 else 128 if rows <= 128 else 256
+        stages = (3, 4) if wide == 256 else (4, 6)
+        return [
+            W(m, slots, registers, programs, split)
+            for m, registers, programs in classes[wide]
+            for slots in stages
+            for split in (0, 1, 2, 4)
+        ]
     from qconform_triton_nf4.kernels.nf4_tc_gemm import TcConfig as C
 
     wide = max(32, 1 << (rows - 1).bit_length())
@@ -78,36 +105,39 @@ def grid(rows: int) -> list[Any]:
     ]
 
 
-def case_configs(n: int, rows: int, device: torch.device) -> list[tuple[str, Any]]:
-    """(name, configuration) of every tensor-core timing of a case: the table's, then the grid's."""
-    from qconform_triton_nf4.kernels import nf4_tc_gemm
+def case_configs(n: int, rows: int, device: torch.device, kernel: str = "tc") -> list[tuple[str, Any]]:
+    """(name, configuration) of every timing of the swept kernel in a case: the table's, then the grid's."""
+    from qconform_triton_nf4.kernels import nf4_tc_gemm, nf4_ws_gemm
 
-    return [("table", nf4_tc_gemm.config_for(rows, device))] + [(c.label(), c) for c in grid(rows)]
+    table = nf4_ws_gemm.config_for(rows) if kernel == "ws" else nf4_tc_gemm.config_for(rows, device)
+    return [("table", table)] + [(c.label(), c) for c in grid(rows, kernel)]
 
 
 # ------------------------------------------------------------------ compiling ahead
 
 
-def _captured_launches(jobs: list[tuple[int, int, int, dict]], multiprocessors: int) -> list[Any]:
-    """The launches of ``tc_gemm_4bit`` for each (N, K, rows, config) job, captured on the
-    meta device as a process on this CUDA GPU would make them (the compile check's replay)."""
+def _captured_launches(jobs: list[tuple[int, int, int, dict, str]], multiprocessors: int) -> list[Any]:
+    """The launches of the swept kernel for each (N, K, rows, config, kernel) job, captured
+    on the meta device as a process on this CUDA GPU would make them (the compile check's replay)."""
     from qconform_triton_nf4 import kernels
     from qconform_triton_nf4.compile import check as compile_check
     from qconform_triton_nf4.kernels.nf4_tc_gemm import TcConfig
+    from qconform_triton_nf4.kernels.nf4_ws_gemm import WsConfig
 
     meta = torch.device("meta")
     code = torch.empty(16, dtype=torch.float32, device=meta)
     launches: list[Any] = []
-    with compile_check._platform("cuda", multiprocessors, True), compile_check._captured(launches):
-        for n, k, rows, config in jobs:
-            kernels.tc_gemm_4bit(
+    with compile_check._platform("cuda", multiprocessors, True, ws=True), compile_check._captured(launches):
+        for n, k, rows, config, kernel in jobs:
+            entry, make = (kernels.ws_gemm_4bit, WsConfig) if kernel == "ws" else (kernels.tc_gemm_4bit, TcConfig)
+            entry(
                 torch.empty(rows, k, dtype=torch.bfloat16, device=meta),
                 torch.empty(n * k // 2, dtype=torch.uint8, device=meta),
                 torch.empty(n * k // BLOCKSIZE, dtype=torch.float32, device=meta),
                 blocksize=BLOCKSIZE,
                 shape=(n, k),
                 code=code,
-                config=TcConfig(**config),
+                config=make(**config),
             )
     return launches
 
@@ -117,7 +147,7 @@ def _variant_key(launch: Any) -> str:
     return json.dumps([dtypes, {k: repr(v) for k, v in sorted(launch.kwargs.items())}])
 
 
-def _compile_jobs(jobs: list[tuple[int, int, int, dict]], multiprocessors: int) -> list[str]:
+def _compile_jobs(jobs: list[tuple[int, int, int, dict, str]], multiprocessors: int) -> list[str]:
     """In a worker: compile the launches of ``jobs`` for this GPU into Triton's cache
     (``JITFunction.warmup``: compiled, not run). Returns one message per failure."""
     errors = []
@@ -129,11 +159,11 @@ def _compile_jobs(jobs: list[tuple[int, int, int, dict]], multiprocessors: int) 
     return errors
 
 
-def compile_ahead(jobs: list[tuple[int, int, int, dict]], multiprocessors: int, workers: int) -> dict:
+def compile_ahead(jobs: list[tuple[int, int, int, dict, str]], multiprocessors: int, workers: int) -> dict:
     """Compile each distinct kernel variant of ``jobs`` once, spread over ``workers``
     spawned processes; the timing loop then finds them in Triton's cache."""
     started = time.perf_counter()
-    unique: dict[str, tuple[int, int, int, dict]] = {}
+    unique: dict[str, tuple[int, int, int, dict, str]] = {}
     for job in jobs:
         (launch,) = _captured_launches([job], multiprocessors)
         unique.setdefault(_variant_key(launch), job)
@@ -303,6 +333,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1), help="compile processes (0: none)")
     parser.add_argument("--budget-s", type=float, default=200.0, help="no new candidates timed past this many seconds")
     parser.add_argument("--double-quant", action="store_true")
+    parser.add_argument("--kernel", choices=("tc", "ws"), default="tc", help="the GEMM swept (module docstring)")
     parser.add_argument(
         "--device", default="cuda", help="cpu: a smoke run of the script in Triton's interpreter (TRITON_INTERPRET=1)"
     )
@@ -337,6 +368,7 @@ def main() -> int:
         "format": f"nf4 blocksize {BLOCKSIZE}" + (" double-quant" if args.double_quant else ""),
         "samples": args.samples,
         "fused_max_rows": FUSED_MAX_ROWS,
+        "kernel": args.kernel,
         "cases": [],
     }
 
@@ -346,10 +378,10 @@ def main() -> int:
 
     if args.jobs > 0 and on_gpu:
         jobs = [
-            (n, k, rows, config.as_dict())
+            (n, k, rows, config.as_dict(), args.kernel)
             for n, k in shapes
             for rows in args.rows
-            for _, config in case_configs(n, rows, device)
+            for _, config in case_configs(n, rows, device, args.kernel)
         ]
         try:
             record["compile_ahead"] = compile_ahead(jobs, multiprocessors, args.jobs)
@@ -391,8 +423,14 @@ def main() -> int:
                     device,
                 )
 
-                def routed(tc_max_rows: int, xs: list[torch.Tensor] = xs, states: list[Any] = states) -> list[Any]:
-                    """The adapter's plan per weight copy, the tensor-core GEMM routed up to ``tc_max_rows``."""
+                def routed(swept_max_rows: int, xs: list[torch.Tensor] = xs, states: list[Any] = states) -> list[Any]:
+                    """The adapter's plan per weight copy, the swept GEMM routed up to ``swept_max_rows``
+                    (with ``ws`` swept, the tensor-core GEMM's threshold its arch class's)."""
+                    thresholds = (
+                        {"ws_max_rows": swept_max_rows}
+                        if args.kernel == "ws"
+                        else {"tc_max_rows": swept_max_rows, "ws_max_rows": 0}
+                    )
                     return [
                         triton_nf4_plans.linear_plan(
                             xs[i],
@@ -402,13 +440,13 @@ def main() -> int:
                             None,
                             FUSED_MAX_ROWS,
                             lambda dt, s=s: ours.buffered_weight(s, dt),
-                            tc_max_rows=tc_max_rows,
+                            **thresholds,
                         )
                         for i, s in enumerate(states)
                     ]
 
                 try:
-                    route_plans = routed(0)  # today's route: the tensor-core GEMM off
+                    route_plans = routed(0)  # the route without the swept GEMM
                     route_error = _error(route_plans[0](xs[0], None), reference, magnitude, k)
                     case["route"] = _timed(
                         lambda i, xs=xs, p=route_plans: p[i](xs[i], None), count, args.samples, facts, device
@@ -416,7 +454,7 @@ def main() -> int:
                 except Exception as exc:  # noqa: BLE001 - reported; the candidates still run
                     case["route"] = {"failed": f"{type(exc).__name__}: {exc}"[-400:]}
                 route_plans = []
-                for name, config in case_configs(n, rows, device):
+                for name, config in case_configs(n, rows, device, args.kernel):
                     entry: dict[str, Any] = {"config": config.as_dict()}
                     case["tc"][name] = entry
                     if name != "table" and time.perf_counter() - started > args.budget_s:
@@ -427,8 +465,9 @@ def main() -> int:
                         if name == "table" and rows > FUSED_MAX_ROWS:
                             tc_plans = routed(2**31)  # the route forced on: the table's configuration
                         else:
+                            plan_of = kernels.ws_gemm_4bit_plan if args.kernel == "ws" else kernels.tc_gemm_4bit_plan
                             tc_plans = [
-                                kernels.tc_gemm_4bit_plan(xs[i], s.packed, s.absmax, config=config, **s.kernel_args())
+                                plan_of(xs[i], s.packed, s.absmax, config=config, **s.kernel_args())
                                 for i, s in enumerate(states)
                             ]
                         entry["splits"] = tc_plans[0].splits
@@ -466,11 +505,14 @@ def main() -> int:
         print(f"  {shape}: {json.dumps(found)}")
     suggested = record.get("suggested_table", {})
     if suggested:
-        print(f"\nSuggested nf4_tc_gemm._GPU_CONFIGS for {record['arch_class']} (worst ratio to each case's best):")
-        print(table_source(suggested))
+        module = "nf4_ws_gemm" if args.kernel == "ws" else "nf4_tc_gemm"
+        print(f"\nSuggested {module}._GPU_CONFIGS for {record['arch_class']} (worst ratio to each case's best):")
+        if args.kernel == "tc":
+            print(table_source(suggested))
         for rows, entry in sorted(suggested.items(), key=lambda item: int(item[0])):
             print(f"  rows {rows}: {entry['label']} x{entry['worst_ratio_to_best']}")
-    print(f"\nSuggested TC_MAX_ROWS[{record['arch_class']!r}] = {record.get('suggested_tc_max_rows', 0)}")
+    threshold = "WS_MAX_ROWS" if args.kernel == "ws" else "TC_MAX_ROWS"
+    print(f"\nSuggested {threshold}[{record['arch_class']!r}] = {record.get('suggested_tc_max_rows', 0)}")
     if skipped_for_budget:
         print(f"{skipped_for_budget} candidate timings skipped past --budget-s {args.budget_s}")
     print(f"JSON: {out_path} ({record['seconds']} s)")

@@ -10,12 +10,13 @@ reference quantizer, which this module never calls. Double quantization of the f
 ``double_quant.nest_absmax``, plain PyTorch on the same device.
 ``from_packed`` adopts bytes bitsandbytes produced, which is the interop the suites check.
 
-Matmul: as many rows as ``kernels.fused_rows_limit`` says the fused ``gemv_4bit`` serves
-faster go through it; more rows, up to ``kernels.tc_max_rows`` (a threshold per arch
-class: 64 on sm_90, measured; 0, off, elsewhere), through the fused tensor-core GEMM (``kernels.tc_gemm_4bit``);
-the rest dequantize into the adapter's ``WeightBuffer`` in the compute dtype and call
-``torch.matmul``. The
-backward (``dx = dy W``) dequantizes again rather than keeping the buffer's view, which
+Matmul: on sm_90, from ``kernels.ws_min_rows`` (17) to ``kernels.ws_max_rows`` rows (128,
+and 256 for weights of 32 Mi elements and more; measured), the warp-specialized Gluon GEMM
+(``kernels.ws_gemm_4bit``) where it reads x in place. Otherwise as many rows as
+``kernels.fused_rows_limit`` says the fused ``gemv_4bit`` serves faster go through it; more
+rows, up to ``kernels.tc_max_rows`` (64 on sm_90; 0, off, elsewhere) through the fused
+tensor-core GEMM (``kernels.tc_gemm_4bit``); the rest dequantize into the adapter's
+``WeightBuffer`` in the compute dtype and call ``torch.matmul``. The backward (``dx = dy W``) dequantizes again rather than keeping the buffer's view, which
 the next call overwrites. On CPU the kernels run in Triton's interpreter, which needs
 ``TRITON_INTERPRET=1`` in the environment before the kernels are first imported.
 
@@ -241,8 +242,11 @@ class TritonNf4Backend(Backend):
         # The interpreter routes fewer rows to the tensor-core kernel (nf4_gemv.mma_rows).
         mma_low, mma_high = kernels.nf4_gemv.mma_rows()
         fused_max = min(FUSED_MAX_ROWS, mma_high)
-        # Past the fused rows, the tensor-core GEMM up to its arch class's threshold (0: off).
+        # Past the fused rows, the warp-specialized GEMM (Hopper) and the tensor-core GEMM up to
+        # their arch class's thresholds (0: off).
         tc_high = kernels.tc_max_rows(device)
+        ws_low = kernels.ws_min_rows(device)
+        ws_high = kernels.ws_max_rows(device)  # any weight's; a large weight's more rows are its own route's
         return Capabilities(
             formats=_QUANT_TYPES,
             blocksizes=blocksizes,
@@ -261,6 +265,9 @@ class TritonNf4Backend(Backend):
                 kernels.nf4_gemv.PER_ROW_MAX_ROWS + 1,  # no tensor cores: -> GEMM
                 fused_max + 1,  # -> tensor-core GEMM (where on), else dequantize + GEMM
                 *((tc_high + 1,) if tc_high > fused_max else ()),  # tensor-core GEMM -> dequantize + GEMM
+                # fused kernels -> warp-specialized GEMM (Hopper) -> tensor-core GEMM or dequantize + GEMM
+                *((ws_low,) if ws_high and ws_low else ()),
+                *((ws_high + 1,) if ws_high > max(fused_max, tc_high) else ()),
             ),
         )
 

@@ -40,7 +40,7 @@ import torch
 
 from pytest_qconform.backends.adapter_helpers import dtype_from_name, dtype_name
 
-ENTRY_POINTS: tuple[str, ...] = ("dequantize_4bit", "gemv_4bit", "quantize_4bit", "tc_gemm_4bit")
+ENTRY_POINTS: tuple[str, ...] = ("dequantize_4bit", "gemv_4bit", "quantize_4bit", "tc_gemm_4bit", "ws_gemm_4bit")
 DEFAULT_RUN_CALLS = Path(__file__).with_name("default_run_kernel_calls.json")
 _ALIGNMENT = 16
 
@@ -160,6 +160,8 @@ class Recorder:
             (kernels, "gemv_4bit_plan", "gemv_4bit"),
             (kernels, "tc_gemm_4bit", "tc_gemm_4bit"),
             (kernels, "tc_gemm_4bit_plan", "tc_gemm_4bit"),
+            (kernels, "ws_gemm_4bit", "ws_gemm_4bit"),
+            (kernels, "ws_gemm_4bit_plan", "ws_gemm_4bit"),
         ):
             original = getattr(owner, name)
             self._patched.append((owner, name, original))
@@ -213,10 +215,13 @@ def replay(calls: list[dict], device: torch.device) -> dict:
     """Run each logged call on zeros on ``device``; one failing call does not stop the
     others. Returns counts, seconds and the first error."""
     from qconform_triton_nf4 import kernels
+    from qconform_triton_nf4.kernels import nf4_ws_gemm
 
     start = time.perf_counter()
     failed, first_error = 0, None
     for entry in calls:
+        if entry["fn"] == "ws_gemm_4bit" and not nf4_ws_gemm.runs_on(device):
+            continue  # an sm_90 run's call, replayed elsewhere: nothing to compile here
         try:
             args = [decode(a, device) for a in entry["args"]]
             kwargs = {k: decode(v, device) for k, v in entry["kwargs"].items()}

@@ -62,20 +62,28 @@ def linear_plan(
     fused_max_rows: int,
     dequantized: Callable[[torch.dtype], torch.Tensor],
     tc_max_rows: int | None = None,
+    ws_max_rows: int | None = None,
 ) -> Plan:
     """``plan(x, bias) -> x W^T + b`` for activations and biases laid out like ``x`` and
-    ``bias``: as many rows as the fused ``gemv_4bit`` serves faster (at most
-    ``fused_max_rows``) through its plan, validated by ``kernels.gemv_4bit_plan``; more
-    rows, up to ``tc_max_rows``, through the fused tensor-core GEMM where it reads x
+    ``bias``. From ``kernels.ws_min_rows`` to ``ws_max_rows`` rows, the warp-specialized
+    GEMM (Hopper) where it reads x and the bytes in place (``kernels.ws_gemm_4bit_plan``).
+    Otherwise: as many rows as the fused ``gemv_4bit`` serves faster (at most
+    ``fused_max_rows``) through its plan, validated by ``kernels.gemv_4bit_plan``; more rows,
+    up to ``tc_max_rows``, through the fused tensor-core GEMM where it reads x
     (``kernels.tc_gemm_4bit_plan``); the rest multiply ``dequantized(x.dtype)`` with
-    ``torch.matmul``. ``tc_max_rows``: None for the threshold of x's arch class
-    (``kernels.tc_max_rows``: where bench/tc_gemm_sweep.py measured it faster, 0
-    elsewhere); the sweep and the tests pass their own. ``kernel_args``:
+    ``torch.matmul``. ``tc_max_rows`` and ``ws_max_rows``: None for the thresholds of x's
+    arch class (``kernels.tc_max_rows``, ``kernels.ws_max_rows``: where
+    bench/tc_gemm_sweep.py measured them faster, 0 elsewhere; the latter more rows for a
+    large weight); the sweep and the tests pass their own. ``kernel_args``:
     ``Nf4State.kernel_args()``."""
     from qconform_triton_nf4 import kernels
 
-    K = kernel_args["shape"][1]
+    N, K = kernel_args["shape"]
     rows = math.prod(x.shape[:-1])
+    ws_low = kernels.ws_min_rows(x.device)  # 0 where the kernel does not run
+    ws_rows = kernels.ws_max_rows(x.device, N * K) if ws_max_rows is None else ws_max_rows
+    if ws_low and ws_low <= rows <= ws_rows and kernels.ws_gemm_readable(x, packed, K, kernel_args["blocksize"]):
+        return kernels.ws_gemm_4bit_plan(x, packed, absmax, bias=bias, **kernel_args)
     if rows <= min(fused_max_rows, kernels.fused_rows_limit(x, packed, K)):
         return kernels.gemv_4bit_plan(x, packed, absmax, bias=bias, **kernel_args)
     tc_rows = kernels.tc_max_rows(x.device) if tc_max_rows is None else tc_max_rows

@@ -120,7 +120,7 @@ PLANTED = textwrap.dedent("""
         arch = "gfx1100"
     else:  # the tensor-core kernel's inline mma.sync on ROCm (NVIDIA-only PTX)
         real_capture = compile_check.capture_launches
-        compile_check.capture_launches = lambda calls, kind, mma_ptx=False: real_capture(calls, kind, True)
+        compile_check.capture_launches = lambda calls, kind, mma_ptx=False, ws=False: real_capture(calls, kind, True, ws)
         calls, arch = compile_check.extra_calls()[:1], "gfx942"
     result = compile_check.check_arch(arch, calls)
     check = compile_check.CompileCheck("test", "test", len(calls), (result,))

@@ -34,7 +34,7 @@ from pytest_qconform.backends.base import QuantSpec  # noqa: E402  (after TRITON
 from qconform_triton_nf4 import kernels  # noqa: E402
 from qconform_triton_nf4 import plans as triton_nf4_plans  # noqa: E402
 from qconform_triton_nf4.backend import FUSED_MAX_ROWS, TritonNf4Backend  # noqa: E402
-from qconform_triton_nf4.kernels import nf4_tc_gemm  # noqa: E402
+from qconform_triton_nf4.kernels import nf4_tc_gemm, nf4_ws_gemm  # noqa: E402
 from qconform_triton_nf4.kernels.nf4_tc_gemm import TcConfig  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -66,12 +66,14 @@ def dequantize_matmul_bound(
     return product, exact, bound
 
 
-def check_against_the_dequantize_route(x, state, bias, config: TcConfig | None) -> torch.Tensor:
-    """``tc_gemm_4bit`` with ``config`` within the dequantize-then-GEMM bound of the exact
+def check_against_the_dequantize_route(x, state, bias, config, entry=None) -> torch.Tensor:
+    """``entry`` (``kernels.tc_gemm_4bit``, or another fused GEMM of the same arithmetic:
+    ``test_ws_gemm``) with ``config`` within the dequantize-then-GEMM bound of the exact
     product of the dequantized weights, and within that and the route's bound (its bias is
     added after a first rounding) of the dequantize route's result."""
     N, K = state.shape
-    got = kernels.tc_gemm_4bit(x, state.packed, state.absmax, bias=bias, config=config, **state.kernel_args())
+    entry = entry or kernels.tc_gemm_4bit
+    got = entry(x, state.packed, state.absmax, bias=bias, config=config, **state.kernel_args())
     assert got.shape == (*x.shape[:-1], N) and got.dtype == x.dtype
     product, exact, bound = dequantize_matmul_bound(x, state, bias)
     deviation = (got.reshape(-1, N).cpu().double() - exact).abs()
@@ -87,6 +89,7 @@ def check_against_the_dequantize_route(x, state, bias, config: TcConfig | None) 
         FUSED_MAX_ROWS,
         lambda dtype: BACKEND.buffered_weight(state, dtype),
         tc_max_rows=0,
+        ws_max_rows=0,
     )(x, bias)
     # The route rounds the product to x's dtype, then adds the bias in x's dtype: one more
     # rounding, of the product (eps / 2 of it, and its square: eps).
@@ -182,7 +185,14 @@ def test_split_sums_start_from_zero_in_split_order() -> None:
     assert torch.equal(out.cpu(), bias.cpu().float().expand(M, N).half())
 
 
-def test_linear_plan_routes_past_the_fused_rows_up_to_the_threshold(monkeypatch) -> None:
+@pytest.fixture
+def without_the_ws_route(monkeypatch) -> None:
+    """The warp-specialized GEMM's route off (on sm_90 it takes the rows past the fused
+    kernels first, ``test_ws_gemm``), so that these tests meet the tensor-core GEMM's."""
+    monkeypatch.setitem(nf4_ws_gemm.WS_MAX_ROWS, nf4_tc_gemm.arch_class(DEVICE), 0)
+
+
+def test_linear_plan_routes_past_the_fused_rows_up_to_the_threshold(monkeypatch, without_the_ws_route) -> None:
     """Rows past the fused kernels' limit go to the tensor-core GEMM up to ``tc_max_rows``
     (the threshold of the arch class where not given: 0, the route off, where not measured);
     more rows, fp32 x and K not a multiple of 32 go to dequantize + matmul."""
@@ -217,12 +227,17 @@ def test_linear_plan_routes_past_the_fused_rows_up_to_the_threshold(monkeypatch)
 
 def test_a_threshold_adds_its_boundary_to_the_dispatch_rows(monkeypatch) -> None:
     """The matmul suite checks each route's first and last rows (``dispatch_rows``): a
-    threshold past the fused rows adds its boundary; the route off adds none."""
+    threshold past the fused rows adds its boundary; the route off adds none. The
+    warp-specialized GEMM's threshold likewise, where it lies past the tensor-core GEMM's."""
     device = torch.device("cpu") if DEVICE.type == "cpu" else DEVICE
+    monkeypatch.setitem(nf4_ws_gemm.WS_MAX_ROWS, nf4_tc_gemm.arch_class(device), 0)
     monkeypatch.setitem(nf4_tc_gemm.TC_MAX_ROWS, nf4_tc_gemm.arch_class(device), 0)
     off = BACKEND.capabilities(device).dispatch_rows
     monkeypatch.setitem(nf4_tc_gemm.TC_MAX_ROWS, nf4_tc_gemm.arch_class(device), 256)
     assert BACKEND.capabilities(device).dispatch_rows == (*off, 257)
+    monkeypatch.setitem(nf4_ws_gemm.WS_MAX_ROWS, nf4_tc_gemm.arch_class(device), 512)
+    low = kernels.ws_min_rows(device)  # where the kernel runs: its first rows, before the fused kernels' last
+    assert BACKEND.capabilities(device).dispatch_rows == (*off, 257, *((low,) if low else ()), 513)
 
 
 def test_the_table_and_the_splits() -> None:
@@ -246,7 +261,7 @@ def test_unreadable_x_is_refused_with_the_way_out() -> None:
         kernels.tc_gemm_4bit(torch.zeros(40, 128, device=DEVICE), state.packed, state.absmax, **state.kernel_args())
 
 
-def test_the_adapter_takes_the_route_where_it_is_on(monkeypatch) -> None:
+def test_the_adapter_takes_the_route_where_it_is_on(monkeypatch, without_the_ws_route) -> None:
     """With a threshold set, the adapter's planned matmul (its kept plan and, on a GPU, the
     native launch made from it) returns the tensor-core GEMM's result."""
     monkeypatch.setitem(nf4_tc_gemm.TC_MAX_ROWS, nf4_tc_gemm.arch_class(DEVICE), 128)

@@ -90,7 +90,8 @@ def quantized():
 @pytest.mark.parametrize("rows", [1, 4, 17], ids=lambda rows: f"M{rows}")
 def test_planned_matmul_equals_the_validated_entry_points(quantized, rows: int) -> None:
     """The plan is the only route: its first and later calls return what the entry points
-    return (``gemv_4bit`` for the fused rows, ``dequantize_4bit`` + ``torch.matmul`` past them)."""
+    return (``gemv_4bit`` for the fused rows, ``dequantize_4bit`` + ``torch.matmul`` past them;
+    on sm_90 ``ws_gemm_4bit`` from its first rows)."""
     from qconform_triton_nf4 import kernels
     from qconform_triton_nf4.backend import FUSED_MAX_ROWS
 
@@ -102,7 +103,10 @@ def test_planned_matmul_equals_the_validated_entry_points(quantized, rows: int) 
     first = backend.matmul(x, q, bias, torch.bfloat16)  # builds the plan through the validated checks
     assert len(state.plans) >= 1
     again = backend.matmul(x.clone(), q, bias, torch.bfloat16)  # the plan, kept
-    if rows <= min(FUSED_MAX_ROWS, kernels.fused_rows_limit(x, state.packed, 256)):
+    low, high = kernels.ws_min_rows(x.device), kernels.ws_max_rows(x.device, 64 * 256)
+    if low and low <= rows <= high and kernels.ws_gemm_readable(x, state.packed, 256, state.blocksize):
+        expected = kernels.ws_gemm_4bit(x, state.packed, state.absmax, bias=bias, **state.kernel_args())
+    elif rows <= min(FUSED_MAX_ROWS, kernels.fused_rows_limit(x, state.packed, 256)):
         expected = kernels.gemv_4bit(x, state.packed, state.absmax, bias=bias, **state.kernel_args())
     else:
         weight = kernels.dequantize_4bit(state.packed, state.absmax, out_dtype=torch.bfloat16, **state.kernel_args())

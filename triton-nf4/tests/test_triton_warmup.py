@@ -185,10 +185,12 @@ def test_bad_worker_count_is_a_usage_error(pytester: pytest.Pytester) -> None:
     result.stderr.fnmatch_lines(["*--qconform-warmup-workers: expected a whole number >= 0, got -2*"])
 
 
-def test_recording_under_xdist_writes_every_workers_calls_once(pytester: pytest.Pytester) -> None:
+def test_recording_under_xdist_writes_every_workers_calls_once(pytester: pytest.Pytester, monkeypatch) -> None:
     """Each worker hands its calls to the controller (``call_recording``), which writes one
-    log: here four rows counts called on two workers, each distinct call once."""
+    log: here four rows counts called on two workers, each distinct call once (on CPU
+    tensors, in Triton's interpreter, on a GPU machine too)."""
     pytest.importorskip("xdist")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     pytester.makepyfile(
         test_calls="""
 import pytest, torch

@@ -144,7 +144,7 @@ def extra_calls() -> list[dict]:
         )
         for dtype in (torch.bfloat16, torch.float16, torch.float32)
     ]
-    return calls + tc_gemm_calls() + quantize_calls()
+    return calls + tc_gemm_calls() + ws_gemm_calls() + quantize_calls()
 
 
 def tc_gemm_calls() -> list[dict]:
@@ -171,6 +171,46 @@ def tc_gemm_calls() -> list[dict]:
         )
         for dtype in (torch.bfloat16, torch.float16)
         for depth in (4096, 64)
+    ]
+
+
+def ws_gemm_calls() -> list[dict]:
+    """``ws_gemm_4bit`` calls (sm_90 only: the replay skips them elsewhere): each row class
+    of its table (24, 64, 128 and 256 rows) in bf16 on a weight deep enough that the plan splits
+    K, and in fp16 on one it cannot split; double quantization with a bias, and blocksize 32
+    (K steps of 32)."""
+    import torch
+
+    from qconform_triton_nf4.double_quant import NESTED_BLOCKSIZE
+
+    meta = torch.device("meta")
+    features = 64
+    code = torch.empty(16, dtype=torch.float32, device=meta)
+
+    def call(rows: int, depth: int, dtype: torch.dtype, blocksize: int = 64, nested: bool = False) -> dict:
+        blocks = features * depth // blocksize
+        kwargs: dict = {"blocksize": blocksize, "shape": (features, depth), "code": code}
+        if nested:
+            kwargs |= {
+                "nested_absmax": torch.empty(-(-blocks // NESTED_BLOCKSIZE), dtype=torch.float32, device=meta),
+                "nested_code": torch.empty(256, dtype=torch.float32, device=meta),
+                "offset": 0.0,
+                "bias": torch.empty(features, dtype=dtype, device=meta),
+            }
+        return kernel_calls.record(
+            "ws_gemm_4bit",
+            (
+                torch.empty(rows, depth, dtype=dtype, device=meta),
+                torch.empty(features * depth // 2, dtype=torch.uint8, device=meta),
+                torch.empty(blocks, dtype=torch.uint8 if nested else torch.float32, device=meta),
+            ),
+            kwargs,
+        )
+
+    return [call(rows, 4096, torch.bfloat16) for rows in (24, 64, 128, 256)] + [
+        call(64, 64, torch.float16),
+        call(64, 4096, torch.bfloat16, nested=True),
+        call(64, 4096, torch.bfloat16, blocksize=32),
     ]
 
 
@@ -203,32 +243,51 @@ def quantize_calls() -> list[dict]:
 
 
 @contextlib.contextmanager
-def _platform(kind: str, multiprocessors: int, mma_ptx: bool) -> Iterator[None]:
+def _platform(kind: str, multiprocessors: int, mma_ptx: bool, ws: bool = False) -> Iterator[None]:
     """Make the entry points decide as in a process on a ``kind`` ("rocm"/"cuda") GPU with
     ``multiprocessors`` multiprocessors: a ROCm build of torch sets ``torch.version.hip``;
     ``ptx_shuffle_ok`` is asked about a CUDA-type device (meta tensors are not one), so
-    its own rule decides; the device size, and whether the tensor-core kernel's PTX runs
-    (``mma_ptx``: NVIDIA from sm_80), come from here instead of the absent device."""
+    its own rule decides; the device size, whether the tensor-core kernel's PTX runs
+    (``mma_ptx``: NVIDIA from sm_80) and whether the warp-specialized GEMM does (``ws``:
+    sm_90), come from here instead of the absent device."""
     import torch
 
-    from qconform_triton_nf4.kernels import nf4_gemv, nf4_mma
+    from qconform_triton_nf4.kernels import nf4_gemv, nf4_mma, nf4_ws_gemm
 
-    for module, name in ((nf4_gemv, "ptx_shuffle_ok"), (nf4_gemv, "_multiprocessors"), (nf4_mma, "mma_ptx_ok")):
+    for module, name in (
+        (nf4_gemv, "ptx_shuffle_ok"),
+        (nf4_gemv, "_multiprocessors"),
+        (nf4_mma, "mma_ptx_ok"),
+        (nf4_ws_gemm, "runs_on"),
+    ):
         if not hasattr(module, name):
             raise RuntimeError(
                 f"compile_check: {module.__name__} has no {name}() any more; update _platform, "
                 "which answers the entry points' device questions for the replay"
             )
-    saved = (torch.version.hip, nf4_gemv.ptx_shuffle_ok, nf4_gemv._multiprocessors, nf4_mma.mma_ptx_ok)
+    saved = (
+        torch.version.hip,
+        nf4_gemv.ptx_shuffle_ok,
+        nf4_gemv._multiprocessors,
+        nf4_mma.mma_ptx_ok,
+        nf4_ws_gemm.runs_on,
+    )
     shuffle_ok = nf4_gemv.ptx_shuffle_ok
     torch.version.hip = ROCM_HIP_VERSION if kind == "rocm" else None
     nf4_gemv.ptx_shuffle_ok = lambda device: shuffle_ok(torch.device("cuda"))
     nf4_gemv._multiprocessors = lambda device: multiprocessors
     nf4_mma.mma_ptx_ok = lambda device: mma_ptx
+    nf4_ws_gemm.runs_on = lambda device: ws
     try:
         yield
     finally:
-        torch.version.hip, nf4_gemv.ptx_shuffle_ok, nf4_gemv._multiprocessors, nf4_mma.mma_ptx_ok = saved
+        (
+            torch.version.hip,
+            nf4_gemv.ptx_shuffle_ok,
+            nf4_gemv._multiprocessors,
+            nf4_mma.mma_ptx_ok,
+            nf4_ws_gemm.runs_on,
+        ) = saved
 
 
 @contextlib.contextmanager
@@ -248,9 +307,12 @@ def _captured(launches: list[Launch]) -> Iterator[None]:
         JITFunction.run = original
 
 
-def capture_launches(calls: list[dict], kind: str, mma_ptx: bool = False) -> tuple[list[Launch], list[str]]:
+def capture_launches(
+    calls: list[dict], kind: str, mma_ptx: bool = False, ws: bool = False
+) -> tuple[list[Launch], list[str]]:
     """The launches ``calls`` make in a ``kind`` process (``mma_ptx``: on a GPU where the
-    tensor-core kernel runs its PTX), and one message per call that failed."""
+    tensor-core kernel runs its PTX; ``ws``: where the warp-specialized GEMM runs, whose
+    calls are replayed there only), and one message per call that failed."""
     import torch
 
     from qconform_triton_nf4 import kernels
@@ -264,8 +326,10 @@ def capture_launches(calls: list[dict], kind: str, mma_ptx: bool = False) -> tup
     launches: list[Launch] = []
     errors: list[str] = []
     for multiprocessors in MULTIPROCESSOR_COUNTS:
-        with _platform(kind, multiprocessors, mma_ptx), _captured(launches):
+        with _platform(kind, multiprocessors, mma_ptx, ws), _captured(launches):
             for index, call in enumerate(calls):
+                if call["fn"] == "ws_gemm_4bit" and not ws:
+                    continue  # an sm_90 kernel: not compiled for other archs
                 try:
                     args = [kernel_calls.decode(a, meta) for a in call["args"]]
                     kwargs = {k: kernel_calls.decode(v, meta) for k, v in call["kwargs"].items()}
@@ -414,11 +478,13 @@ def check_arch(arch: str, calls: list[dict]) -> ArchResult:
     from importlib.metadata import version
 
     from qconform_triton_nf4.kernels.nf4_mma import MMA_CAPABILITY
+    from qconform_triton_nf4.kernels.nf4_ws_gemm import WS_CAPABILITY
 
     facts = archs.KNOWN_ARCHS[arch]
     started = time.perf_counter()
     mma_ptx = facts.kind == "cuda" and archs.cuda_capability(arch) >= MMA_CAPABILITY
-    launches, replay_errors = capture_launches(calls, facts.kind, mma_ptx)
+    ws = facts.kind == "cuda" and archs.cuda_capability(arch) == WS_CAPABILITY
+    launches, replay_errors = capture_launches(calls, facts.kind, mma_ptx, ws)
     expected = rejection(arch, version("triton"))
     if expected is not None:
         launches = _first_per_kernel(launches)

@@ -333,7 +333,9 @@ def doc_markdown(check: CompileCheck) -> str:
         "occupancy is resident warps per SM / the SM's maximum, from the registers and the warp and block "
         "limits (triton-nf4/qconform_triton_nf4/compile/resources.py; shared memory not applied). –: no replayed call "
         "launches the kernel on that arch (the entry points route elsewhere there: the tensor-core kernel, "
-        "`_gemm_4bit_mma_kernel`, runs on NVIDIA from sm_80 only).",
+        "`_gemm_4bit_mma_kernel`, runs on NVIDIA from sm_80 only; the warp-specialized Gluon GEMM, "
+        "`_gemm_4bit_ws_kernel`, on sm_90 only: its `wgmma` and TMA are Hopper's; its occupancy counts every warp at "
+        "the launch's register limit, which its producer warp lowers for itself at run time).",
         "",
         *_table(["arch", "family", "wave", "all compile", *(f"`{short[k]}`" for k in kernels)], rows),
     ]

@@ -5,7 +5,10 @@ for <= 32 rows: per-row kernels for one row, tensor cores (``nf4_mma``) from two
 ``fused_rows_limit`` (up to how many rows that beats dequantize + GEMM) and
 ``WeightBuffer`` (a reusable dequantize buffer), and ``tc_gemm_4bit`` (``nf4_tc_gemm``: a
 fused tensor-core GEMM for tens to thousands of rows, which ``plans.linear_plan`` routes to
-up to ``tc_max_rows``, a threshold per arch class: 64 rows on sm_90, 0 where not measured). The code
+up to ``tc_max_rows``, a threshold per arch class: 64 rows on sm_90, 0 where not measured), and
+``ws_gemm_4bit`` (``nf4_ws_gemm``: a warp-specialized Gluon GEMM for Hopper, which the route
+prefers from ``ws_min_rows`` to ``ws_max_rows``: 17 to 128 rows on sm_90, 256 for large
+weights, where it reads x). The code
 table is an argument, so NF4 and FP4 share every kernel. ``gemv_4bit_plan``,
 ``tc_gemm_4bit_plan`` and ``dequantize_4bit_plan`` validate the same arguments and return
 the bound launches as a callable, for a caller that repeats the call (each entry point is
@@ -43,6 +46,14 @@ from qconform_triton_nf4.kernels.nf4_tc_gemm import (
     tc_gemm_readable,
     tc_max_rows,
 )
+from qconform_triton_nf4.kernels.nf4_ws_gemm import (
+    WsConfig,
+    ws_gemm_4bit,
+    ws_gemm_4bit_plan,
+    ws_gemm_readable,
+    ws_max_rows,
+    ws_min_rows,
+)
 from qconform_triton_nf4.kernels.weight_buffer import WeightBuffer
 
 if interpreter_active():
@@ -65,5 +76,11 @@ __all__ = [
     "tc_gemm_4bit_plan",
     "tc_gemm_readable",
     "tc_max_rows",
+    "WsConfig",
+    "ws_gemm_4bit",
+    "ws_gemm_4bit_plan",
+    "ws_gemm_readable",
+    "ws_max_rows",
+    "ws_min_rows",
     "interpreter_active",
 ]
