@@ -16,8 +16,9 @@ and 256 for weights of 32 Mi elements and more; measured), the warp-specialized 
 ``kernels.fused_rows_limit`` says the fused ``gemv_4bit`` serves faster go through it; more
 rows, up to ``kernels.tc_max_rows`` (64 on sm_90; 0, off, elsewhere) through the fused
 tensor-core GEMM (``kernels.tc_gemm_4bit``); the rest dequantize into the adapter's
-``WeightBuffer`` in the compute dtype and call ``torch.matmul``. The backward (``dx = dy W``) dequantizes again rather than keeping the buffer's view, which
-the next call overwrites. On CPU the kernels run in Triton's interpreter, which needs
+``WeightBuffer`` in the compute dtype and call ``torch.matmul``. The backward (``dx = dy
+W``) dequantizes again rather than keeping the buffer's view, which the next call
+overwrites. On CPU the kernels run in Triton's interpreter, which needs
 ``TRITON_INTERPRET=1`` in the environment before the kernels are first imported.
 
 Under ``torch.compile`` the same kernels are reached through custom operators
