@@ -999,12 +999,9 @@ class WsRouteReadsNeighbourAbsmax(TritonWsRoute):
     needs_gpu = True
 
     def linear(self, x, state, bias):
-        from qconform_triton_nf4 import kernels
+        from qconform_triton_nf4 import kernels, plans
 
-        N, K = state.shape
-        rows = math.prod(x.shape[:-1])
-        low, high = kernels.ws_min_rows(x.device), kernels.ws_max_rows(x.device, N * K)
-        if low and low <= rows <= high and kernels.ws_gemm_readable(x, state.packed, K, state.blocksize):
+        if plans.takes_ws_route(x, state.packed, state.kernel_args()):
             absmax = state.absmax.reshape(-1).roll(1)
             return kernels.ws_gemm_4bit(x, state.packed, absmax, bias=bias, **state.kernel_args())
         return super().linear(x, state, bias)

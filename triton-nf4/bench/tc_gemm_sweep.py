@@ -78,18 +78,18 @@ def grid(rows: int, kernel: str = "tc") -> list[Any]:
     if kernel == "ws":
         from qconform_triton_nf4.kernels.nf4_ws_gemm import WsConfig as W
 
-        # (x tile, registers a thread, programs a multiprocessor at those registers)
+        # (x tile, registers a thread: how many programs share a multiprocessor)
         classes = {
-            32: [(32, 72, 3), (32, 96, 2)],
-            64: [(64, 96, 2), (64, 80, 3)],
-            128: [(128, 128, 2), (64, 96, 2)],
-            256: [(256, 168, 1), (128, 128, 2)],
+            32: [(32, 72), (32, 96)],
+            64: [(64, 96), (64, 80)],
+            128: [(128, 128), (64, 96)],
+            256: [(256, 168), (128, 128)],
         }
         wide = 32 if rows <= 32 else 64 if rows <= 64 else 128 if rows <= 128 else 256
         stages = (3, 4) if wide == 256 else (4, 6)
         return [
-            W(m, slots, registers, programs, split)
-            for m, registers, programs in classes[wide]
+            W(m, slots, registers, split)
+            for m, registers in classes[wide]
             for slots in stages
             for split in (0, 1, 2, 4)
         ]

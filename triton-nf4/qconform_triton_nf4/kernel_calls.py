@@ -211,17 +211,25 @@ def load(path: Path) -> list[dict]:
     return calls
 
 
+def runs_here(entry: dict, device: torch.device) -> bool:
+    """Whether a logged call's entry point runs on ``device``: every one does but
+    ``ws_gemm_4bit``, an sm_90 run's (``nf4_ws_gemm.runs_on``; the compile check answers
+    for the arch it compiles for). The replay and the compile check skip the others."""
+    from qconform_triton_nf4.kernels import nf4_ws_gemm
+
+    return entry["fn"] != "ws_gemm_4bit" or nf4_ws_gemm.runs_on(device)
+
+
 def replay(calls: list[dict], device: torch.device) -> dict:
     """Run each logged call on zeros on ``device``; one failing call does not stop the
     others. Returns counts, seconds and the first error."""
     from qconform_triton_nf4 import kernels
-    from qconform_triton_nf4.kernels import nf4_ws_gemm
 
     start = time.perf_counter()
     failed, first_error = 0, None
     for entry in calls:
-        if entry["fn"] == "ws_gemm_4bit" and not nf4_ws_gemm.runs_on(device):
-            continue  # an sm_90 run's call, replayed elsewhere: nothing to compile here
+        if not runs_here(entry, device):
+            continue
         try:
             args = [decode(a, device) for a in entry["args"]]
             kwargs = {k: decode(v, device) for k, v in entry["kwargs"].items()}

@@ -78,11 +78,9 @@ def linear_plan(
     ``Nf4State.kernel_args()``."""
     from qconform_triton_nf4 import kernels
 
-    N, K = kernel_args["shape"]
+    K = kernel_args["shape"][1]
     rows = math.prod(x.shape[:-1])
-    ws_low = kernels.ws_min_rows(x.device)  # 0 where the kernel does not run
-    ws_rows = kernels.ws_max_rows(x.device, N * K) if ws_max_rows is None else ws_max_rows
-    if ws_low and ws_low <= rows <= ws_rows and kernels.ws_gemm_readable(x, packed, K, kernel_args["blocksize"]):
+    if takes_ws_route(x, packed, kernel_args, ws_max_rows):
         return kernels.ws_gemm_4bit_plan(x, packed, absmax, bias=bias, **kernel_args)
     if rows <= min(fused_max_rows, kernels.fused_rows_limit(x, packed, K)):
         return kernels.gemv_4bit_plan(x, packed, absmax, bias=bias, **kernel_args)
@@ -95,6 +93,21 @@ def linear_plan(
         return y + bias if bias is not None else y
 
     return dequantized_route
+
+
+def takes_ws_route(
+    x: torch.Tensor, packed: torch.Tensor, kernel_args: Mapping[str, Any], ws_max_rows: int | None = None
+) -> bool:
+    """Whether ``linear_plan`` sends x to the warp-specialized GEMM: its arch class's rows
+    (``kernels.ws_min_rows`` to ``ws_max_rows``, None: ``kernels.ws_max_rows`` for this
+    weight's size) and a layout it reads. The zoo's mutant of the route asks it too."""
+    from qconform_triton_nf4 import kernels
+
+    N, K = kernel_args["shape"]
+    rows = math.prod(x.shape[:-1])
+    low = kernels.ws_min_rows(x.device)  # 0 where the kernel does not run
+    high = kernels.ws_max_rows(x.device, N * K) if ws_max_rows is None else ws_max_rows
+    return bool(low) and low <= rows <= high and kernels.ws_gemm_readable(x, packed, K, kernel_args["blocksize"])
 
 
 def native_launch(plan: Plan, x: torch.Tensor, bias: torch.Tensor | None) -> Any:

@@ -66,6 +66,21 @@ def dequantize_matmul_bound(
     return product, exact, bound
 
 
+def planned_route(x, state, bias=None, **thresholds):
+    """The adapter's plan for x (``plans.linear_plan``), the routes' thresholds their arch
+    class's unless given (``tc_max_rows``, ``ws_max_rows``)."""
+    return triton_nf4_plans.linear_plan(
+        x,
+        state.packed,
+        state.absmax,
+        state.kernel_args(),
+        bias,
+        FUSED_MAX_ROWS,
+        lambda dtype: BACKEND.buffered_weight(state, dtype),
+        **thresholds,
+    )
+
+
 def check_against_the_dequantize_route(x, state, bias, config, entry=None) -> torch.Tensor:
     """``entry`` (``kernels.tc_gemm_4bit``, or another fused GEMM of the same arithmetic:
     ``test_ws_gemm``) with ``config`` within the dequantize-then-GEMM bound of the exact
@@ -80,17 +95,7 @@ def check_against_the_dequantize_route(x, state, bias, config, entry=None) -> to
     assert bool((deviation <= bound).all()), (
         f"W {(N, K)} x {tuple(x.shape)}: max excess {(deviation - bound).max():.3g}"
     )
-    route = triton_nf4_plans.linear_plan(
-        x,
-        state.packed,
-        state.absmax,
-        state.kernel_args(),
-        bias,
-        FUSED_MAX_ROWS,
-        lambda dtype: BACKEND.buffered_weight(state, dtype),
-        tc_max_rows=0,
-        ws_max_rows=0,
-    )(x, bias)
+    route = planned_route(x, state, bias, tc_max_rows=0, ws_max_rows=0)(x, bias)
     # The route rounds the product to x's dtype, then adds the bias in x's dtype: one more
     # rounding, of the product (eps / 2 of it, and its square: eps).
     info = torch.finfo(x.dtype)
@@ -202,16 +207,7 @@ def test_linear_plan_routes_past_the_fused_rows_up_to_the_threshold(monkeypatch,
 
     def route(x, state, tc_max_rows):
         before = len(launched)
-        triton_nf4_plans.linear_plan(
-            x,
-            state.packed,
-            state.absmax,
-            state.kernel_args(),
-            None,
-            FUSED_MAX_ROWS,
-            lambda dtype: BACKEND.buffered_weight(state, dtype),
-            tc_max_rows=tc_max_rows,
-        )(x, None)
+        planned_route(x, state, tc_max_rows=tc_max_rows)(x, None)
         return len(launched) > before
 
     state = quantized_state((32, 128), "nf4", False)

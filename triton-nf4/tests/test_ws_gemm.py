@@ -20,11 +20,10 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton")
 
-from test_tc_gemm import BACKEND, DEVICE, quantized_state  # noqa: E402
+from test_tc_gemm import DEVICE, planned_route, quantized_state  # noqa: E402
 from test_tc_gemm import check_against_the_dequantize_route as check_tc  # noqa: E402
 
 from qconform_triton_nf4 import kernels  # noqa: E402
-from qconform_triton_nf4 import plans as triton_nf4_plans  # noqa: E402
 from qconform_triton_nf4.backend import FUSED_MAX_ROWS  # noqa: E402
 from qconform_triton_nf4.kernels import nf4_ws_gemm  # noqa: E402
 from qconform_triton_nf4.kernels.nf4_ws_gemm import WsConfig  # noqa: E402
@@ -46,7 +45,7 @@ def check_against_the_dequantize_route(x, state, bias, config: WsConfig | None) 
         # The 64-row class (K split by the plan), a partial weight tile (N = 200).
         ("nf4", False, torch.bfloat16, True, 64, (200, 4096), 64, None),
         # fp16 x, double quantization, K split 3 ways by the configuration, a partial x tile.
-        ("fp4", True, torch.float16, False, 100, (64, 2048), 64, WsConfig(128, 4, 128, 2, split_k=3)),
+        ("fp4", True, torch.float16, False, 100, (64, 2048), 64, WsConfig(128, 4, 128, split_k=3)),
         # The 256-row class, double quantization with a bias.
         ("nf4", True, torch.bfloat16, True, 256, (128, 1024), 64, None),
         # Blocksize 32: K steps of 32 (four words a row).
@@ -72,7 +71,7 @@ def test_ws_gemm_takes_batched_x_and_is_deterministic_across_splits():
     tickets give the same bits on every call."""
     state = quantized_state((128, 4096), "nf4", False)
     x = torch.randn(2, 40, 4096, generator=torch.Generator().manual_seed(3)).to(DEVICE, torch.bfloat16)
-    split = WsConfig(128, 4, 128, 2, split_k=4)
+    split = WsConfig(128, 4, 128, split_k=4)
     got = check_against_the_dequantize_route(x, state, None, split)
     again = kernels.ws_gemm_4bit(x, state.packed, state.absmax, config=split, **state.kernel_args())
     flat = kernels.ws_gemm_4bit(x.reshape(80, 4096), state.packed, state.absmax, config=split, **state.kernel_args())
@@ -89,15 +88,7 @@ def test_the_route_takes_the_ws_gemm_past_the_fused_rows_on_sm90():
     assert 1 < low <= FUSED_MAX_ROWS < high
 
     def route(x):
-        return triton_nf4_plans.linear_plan(
-            x,
-            state.packed,
-            state.absmax,
-            state.kernel_args(),
-            None,
-            FUSED_MAX_ROWS,
-            lambda dtype: BACKEND.buffered_weight(state, dtype),
-        )
+        return planned_route(x, state)
 
     for rows, expected in ((low - 1, False), (low, True), (FUSED_MAX_ROWS + 1, True), (high, True), (high + 1, False)):
         x = torch.randn(rows, 1024).to(DEVICE, torch.bfloat16)

@@ -312,7 +312,7 @@ def capture_launches(
 ) -> tuple[list[Launch], list[str]]:
     """The launches ``calls`` make in a ``kind`` process (``mma_ptx``: on a GPU where the
     tensor-core kernel runs its PTX; ``ws``: where the warp-specialized GEMM runs, whose
-    calls are replayed there only), and one message per call that failed."""
+    calls are replayed there only: ``kernel_calls.runs_here``), and one message per call that failed."""
     import torch
 
     from qconform_triton_nf4 import kernels
@@ -328,8 +328,8 @@ def capture_launches(
     for multiprocessors in MULTIPROCESSOR_COUNTS:
         with _platform(kind, multiprocessors, mma_ptx, ws), _captured(launches):
             for index, call in enumerate(calls):
-                if call["fn"] == "ws_gemm_4bit" and not ws:
-                    continue  # an sm_90 kernel: not compiled for other archs
+                if not kernel_calls.runs_here(call, meta):  # under _platform: the arch compiled for
+                    continue
                 try:
                     args = [kernel_calls.decode(a, meta) for a in call["args"]]
                     kwargs = {k: kernel_calls.decode(v, meta) for k, v in call["kwargs"].items()}
@@ -478,12 +478,12 @@ def check_arch(arch: str, calls: list[dict]) -> ArchResult:
     from importlib.metadata import version
 
     from qconform_triton_nf4.kernels.nf4_mma import MMA_CAPABILITY
-    from qconform_triton_nf4.kernels.nf4_ws_gemm import WS_CAPABILITY
+    from qconform_triton_nf4.kernels.nf4_ws_gemm import WS_ARCH
 
     facts = archs.KNOWN_ARCHS[arch]
     started = time.perf_counter()
     mma_ptx = facts.kind == "cuda" and archs.cuda_capability(arch) >= MMA_CAPABILITY
-    ws = facts.kind == "cuda" and archs.cuda_capability(arch) == WS_CAPABILITY
+    ws = arch == WS_ARCH
     launches, replay_errors = capture_launches(calls, facts.kind, mma_ptx, ws)
     expected = rejection(arch, version("triton"))
     if expected is not None:

@@ -54,15 +54,20 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 import qconform_triton_nf4.kernels.nf4_gemv as nf4_gemv
 from qconform_triton_nf4.kernels.nf4_dequant import nested_args
-from qconform_triton_nf4.kernels.nf4_tc_gemm import arch_class, splits_for
+from qconform_triton_nf4.kernels.nf4_tc_gemm import MAX_SPLITS, arch_class, splits_for
 
 # Triton 3.6 names the TMA load async_copy_global_to_shared; 3.9 renamed it async_load.
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 # and renamed the CTA barrier from thread_barrier to barrier.
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
-MAX_SPLITS = 16
 _ALIGNMENT = 16  # TMA: base address and row strides in bytes
+
+
+# A program's registers are allocated by warpgroup: the consumer's, and the producer warp's
+# (its own warpgroup), each at the launch's ``maxnreg``; a multiprocessor holds 64 Ki.
+WARPS_ALLOCATED = 8
+REGISTERS_PER_SM = 65536
 
 
 @dataclass(frozen=True)
@@ -75,9 +80,13 @@ class WsConfig:
     block_m: int
     stages: int
     max_registers: int
-    programs_per_sm: int
     split_k: int = 0
     group_m: int = 8
+
+    @property
+    def programs_per_sm(self) -> int:
+        """Programs a multiprocessor holds at ``max_registers`` (96: 2, 128: 2, 168: 1, 72: 3)."""
+        return REGISTERS_PER_SM // (WARPS_ALLOCATED * 32 * self.max_registers)
 
     def label(self) -> str:
         return f"m{self.block_m}s{self.stages}r{self.max_registers}p{self.programs_per_sm}x{self.split_k}"
@@ -86,7 +95,7 @@ class WsConfig:
         return asdict(self)
 
 
-WS_CAPABILITY = (9, 0)  # wgmma and TMA as this kernel uses them: sm_90 (Blackwell has tcgen05 instead)
+WS_ARCH = "sm90"  # wgmma and TMA as this kernel uses them (Blackwell has tcgen05 instead): an arch class
 BLOCK_N = 64  # weight rows a program: one warpgroup's wgmma M
 NUM_WARPS = 4
 
@@ -97,10 +106,10 @@ NUM_WARPS = 4
 # rows 1.08, 64 rows 1.03, 128 rows 1.25; 256 rows: the 512-row class's, 1.0-1.3 at the
 # three large shapes).
 _GPU_CONFIGS: tuple[tuple[int, WsConfig], ...] = (
-    (32, WsConfig(32, 6, 96, 2)),
-    (64, WsConfig(64, 4, 96, 2)),
-    (128, WsConfig(128, 6, 128, 2)),
-    (2**31, WsConfig(256, 4, 168, 1)),
+    (32, WsConfig(32, 6, 96)),
+    (64, WsConfig(64, 4, 96)),
+    (128, WsConfig(128, 6, 128)),
+    (2**31, WsConfig(256, 4, 168)),
 )
 
 # The rows ``plans.linear_plan`` sends here, by arch class: from WS_MIN_ROWS (before the
@@ -112,16 +121,16 @@ _GPU_CONFIGS: tuple[tuple[int, WsConfig], ...] = (
 # 256 rows at the three shapes of 32 Mi weights and more (0.67-0.79 times) but not at
 # 4096^2 (1.01-1.18 times); at 512 rows at three of four (14336 x 4096 2.5 % slower).
 # Only sm_90 has it.
-WS_MIN_ROWS: dict[str, int] = {"sm90": 17}
-WS_MAX_ROWS: dict[str, int] = {"sm90": 128}
-WS_MAX_ROWS_LARGE_WEIGHT: dict[str, int] = {"sm90": 256}
+WS_MIN_ROWS: dict[str, int] = {WS_ARCH: 17}
+WS_MAX_ROWS: dict[str, int] = {WS_ARCH: 128}
+WS_MAX_ROWS_LARGE_WEIGHT: dict[str, int] = {WS_ARCH: 256}
 LARGE_WEIGHT = 2**25
 
 
 def runs_on(device: torch.device) -> bool:
     """Whether the kernel runs on ``device``: an sm_90 GPU (the compile check answers for
     the arch it compiles for)."""
-    return device.type == "cuda" and arch_class(device) == "sm90"
+    return device.type == "cuda" and arch_class(device) == WS_ARCH
 
 
 def ws_min_rows(device: torch.device) -> int:
