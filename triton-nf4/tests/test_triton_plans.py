@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import inspect
 import os
+import types
 
 import pytest
 import torch
@@ -164,6 +165,88 @@ def test_direct_launcher_calls_the_launcher_and_yields_to_launch_hooks(monkeypat
         finally:
             hook.remove(watching)
         assert runner_calls == [("y", 3, 64)] and len(compiled.run.calls) == 1
+
+
+def test_descriptor_launch_encodes_a_descriptor_passed_again_once(monkeypatch) -> None:
+    """Triton 3.6's C launch under its descriptor-encoding wrapper: each leading
+    descriptor encoded by Triton's ``make_tensordesc_arg``, the one passed again (the
+    weight's) not again, a new one (x's, every call) afresh; a launch hook set later sends
+    the call, descriptors as they came, through Triton's runner."""
+    import triton
+    import triton.backends.nvidia.driver as nvidia_driver
+    from triton import knobs
+
+    from qconform_triton_nf4.kernels import launch as launch_module
+
+    raw_calls: list[tuple] = []
+
+    def launcher(*args):  # the generated C launch, as the wrapper closes over it
+        raw_calls.append(args)
+
+    def inner(*args):  # Triton 3.6's wrap_handle_tensordesc
+        return launcher(*args)
+
+    class Descriptor:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+    class CudaLauncher:
+        launch_cooperative_grid, launch_pdl = False, False
+        global_scratch_size = profile_scratch_size = 0
+        launch = staticmethod(inner)
+
+    class Compiled:
+        function, packed_metadata = 7, (4, 1, 0)
+        src = types.SimpleNamespace(
+            signature={"x": "tensordesc<bf16[64, 64]>", "w": "tensordesc<i32[64, 8]>", "a": "*fp32"}
+        )
+        metadata = types.SimpleNamespace(tensordesc_meta=[{"swizzle": 128}, {"swizzle": 0}])
+        run = CudaLauncher()
+
+    encodings: list[str] = []
+
+    def encode(descriptor, meta):
+        encodings.append(descriptor.name)
+        return [f"map-{descriptor.name}-{meta['swizzle']}", 64, 1]
+
+    monkeypatch.setattr(nvidia_driver, "make_tensordesc_arg", encode)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 99, raising=False)
+    monkeypatch.setattr(launch_module, "C_LAUNCH_VERSIONS", (triton.__version__,))
+    runner_calls: list[tuple] = []
+    launch = launch_module.direct_launcher(Compiled(), (2, 1, 1), (16,), lambda *args: runner_calls.append(args))
+    assert launch is not None
+    weight = Descriptor("w")
+    launch(Descriptor("x0"), weight, 5)
+    launch(Descriptor("x1"), weight, 5)
+    assert encodings == ["x0", "w", "x1"]
+    head = (2, 1, 1, 99, 7, False, False, None, None, (4, 1, 0), None, None, None)
+    assert raw_calls[1] == (*head, "map-x1-128", 64, 1, "map-w-0", 64, 1, 5, 16) and not runner_calls
+    hook = knobs.runtime.launch_enter_hook
+    if hasattr(hook, "add"):
+        watching = lambda metadata: None  # noqa: E731
+        x2 = Descriptor("x2")
+        hook.add(watching)
+        try:
+            launch(x2, weight, 5)
+        finally:
+            hook.remove(watching)
+        assert runner_calls == [(x2, weight, 5, 16)] and len(raw_calls) == 2
+
+
+def test_descriptors_not_leading_take_no_direct_launch() -> None:
+    from qconform_triton_nf4.kernels import launch as launch_module
+
+    def compiled(signature, metas):
+        return types.SimpleNamespace(
+            src=types.SimpleNamespace(signature=signature), metadata=types.SimpleNamespace(tensordesc_meta=metas)
+        )
+
+    leading = launch_module.leading_descriptors
+    assert leading(compiled({"a": "*fp32", "n": "i32"}, None)) == []
+    assert leading(compiled({"x": "tensordesc<bf16[64, 64]>", "a": "*fp32"}, [{"swizzle": 128}])) == [{"swizzle": 128}]
+    assert leading(compiled({"a": "*fp32", "x": "tensordesc<bf16[64, 64]>"}, [{"swizzle": 128}])) is None
+    assert leading(compiled({"x": "tensordesc<bf16[64, 64]>"}, None)) is None  # lowered without a CUtensorMap
 
 
 def test_plans_follow_the_layout_and_copies_start_without_them(quantized) -> None:

@@ -187,26 +187,36 @@ def test_bad_worker_count_is_a_usage_error(pytester: pytest.Pytester) -> None:
 
 def test_recording_under_xdist_writes_every_workers_calls_once(pytester: pytest.Pytester, monkeypatch) -> None:
     """Each worker hands its calls to the controller (``call_recording``), which writes one
-    log: here four rows counts called on two workers, each distinct call once (on CPU
-    tensors, in Triton's interpreter, on a GPU machine too)."""
+    log: here four rows counts called on two workers, each distinct call once. On a GPU
+    the calls run compiled there (Triton 3.6's interpreter fails its own loop bounds under
+    NumPy 2 on the device's image), without the warm-up; elsewhere in the interpreter."""
     pytest.importorskip("xdist")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
     pytester.makepyfile(
-        test_calls="""
+        test_calls=f"""
 import pytest, torch
 import bitsandbytes.functional as F
 from qconform_triton_nf4 import kernels
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 4])
 def test_call(rows):
-    w = torch.randn(8, 64, generator=torch.Generator().manual_seed(0))
+    w = torch.randn(8, 64, generator=torch.Generator().manual_seed(0)).to("{device}")
     data, state = F.quantize_4bit(w, blocksize=64, quant_type="nf4")
-    x = torch.ones(rows, 64)
+    x = torch.ones(rows, 64, device="{device}")
     kernels.gemv_4bit(x, data, state.absmax, blocksize=64, shape=(8, 64), code=state.code)
 """
     )
     result = pytester.runpytest_subprocess(
-        "--qconform", "-n", "2", "--qconform-record-kernel-calls", "calls.json", "--qconform-no-report", "test_calls.py"
+        "--qconform",
+        "-n",
+        "2",
+        "--qconform-warmup-workers=0",
+        "--qconform-record-kernel-calls",
+        "calls.json",
+        "--qconform-no-report",
+        "test_calls.py",
     )
     result.assert_outcomes(passed=5)
     calls = kernel_calls.load(pytester.path / "calls.json")

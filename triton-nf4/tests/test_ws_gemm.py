@@ -79,6 +79,24 @@ def test_ws_gemm_takes_batched_x_and_is_deterministic_across_splits():
 
 
 @on_sm90
+@pytest.mark.parametrize("config", [None, WsConfig(64, 4, 96, split_k=3)], ids=["table", "split3"])
+def test_a_bound_plan_reads_each_calls_x_and_bias(config):
+    """After its first call a plan launches directly (``launch.BoundLaunch``: the weight's
+    TMA descriptor encoded once, x's on every call): each later call, with a new x and bias
+    at new addresses, gives what a fresh plan's first call gives for them."""
+    state = quantized_state((192, 2048), "nf4", True)
+    gen = torch.Generator().manual_seed(5)
+    xs = [torch.randn(48, 2048, generator=gen).to(DEVICE, torch.bfloat16) for _ in range(3)]
+    biases = [torch.randn(192, generator=gen).to(DEVICE, torch.bfloat16) for _ in range(3)]
+    plan = nf4_ws_gemm.ws_gemm_4bit_plan(
+        xs[0], state.packed, state.absmax, bias=biases[0], config=config, **state.kernel_args()
+    )
+    for x, bias in zip(xs, biases, strict=True):
+        fresh = kernels.ws_gemm_4bit(x, state.packed, state.absmax, bias=bias, config=config, **state.kernel_args())
+        assert torch.equal(plan(x, bias), fresh)
+
+
+@on_sm90
 def test_the_route_takes_the_ws_gemm_past_the_fused_rows_on_sm90():
     """On sm_90, rows from ``ws_min_rows`` (before the fused kernels' last) to
     ``ws_max_rows`` go here where x is contiguous; a transposed x there goes to the fused

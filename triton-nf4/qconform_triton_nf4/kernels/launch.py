@@ -31,6 +31,7 @@ call through the runner (bench/notes.md, "Host cost per call, second round").
 from __future__ import annotations
 
 import inspect
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -150,6 +151,11 @@ def direct_launcher(
     c_launch: Any = getattr(launcher, "launch", None)
     if triton.__version__.startswith(C_LAUNCH_VERSIONS) and c_launch is not None:
         cooperative, pdl = launcher.launch_cooperative_grid, launcher.launch_pdl
+        descriptors = leading_descriptors(compiled)
+        if descriptors is None:
+            return None
+        if descriptors:
+            return _descriptor_launch(c_launch, descriptors, (grid_x, grid_y, grid_z), tail, runner, compiled)
 
         def launch(*args: Any) -> None:
             if not _hooks_idle(runtime):
@@ -172,6 +178,75 @@ def direct_launcher(
         )
 
     return launch_through_launcher
+
+
+def leading_descriptors(compiled: Any) -> list[dict[str, Any]] | None:
+    """The encoding metadata (``tensordesc_meta``) of ``compiled``'s tensor-descriptor
+    parameters when they are its first ones ([] when it has none), or None when they are not
+    leading or Triton lowered one without a ``CUtensorMap`` (no metadata to encode it by)."""
+    signature = getattr(getattr(compiled, "src", None), "signature", None)
+    if not isinstance(signature, dict):
+        return None
+    kinds = [isinstance(sig, str) and sig.startswith("tensordesc") for sig in signature.values()]
+    count = sum(kinds)
+    if count == 0:
+        return []
+    metas = getattr(compiled.metadata, "tensordesc_meta", None)
+    if kinds[:count] != [True] * count or not metas or len(metas) != count or any(m is None for m in metas):
+        return None
+    return list(metas)
+
+
+def _descriptor_launch(
+    c_launch: Any,
+    descriptors: list[dict[str, Any]],
+    grid: tuple[int, int, int],
+    tail: tuple[Any, ...],
+    runner: Callable[..., Any],
+    compiled: Any,
+) -> Callable[..., None] | None:
+    """The direct launch of a kernel whose first parameters are TMA descriptors (Gluon's
+    ``TensorDescriptor``). Triton 3.6 wraps such a kernel's C ``launch`` in a Python loop that
+    encodes every descriptor into a ``CUtensorMap`` on every call (``wrap_handle_tensordesc``);
+    this calls the C ``launch`` under it, encoding each descriptor with Triton's own
+    ``make_tensordesc_arg``, and a descriptor passed again (the same object: the weight's,
+    made once by its plan, which keeps its memory) is not encoded again. None where the
+    wrapper is not the one read (Triton 3.6's ``inner`` closing over ``launcher``)."""
+    from triton import knobs
+    from triton.backends.nvidia.driver import make_tensordesc_arg
+
+    raw = inspect.getclosurevars(c_launch).nonlocals.get("launcher") if inspect.isfunction(c_launch) else None
+    if not callable(raw):
+        return None
+    runtime, launcher = knobs.runtime, compiled.run
+    cooperative, pdl = launcher.launch_cooperative_grid, launcher.launch_pdl
+    function, metadata = compiled.function, compiled.packed_metadata
+    grid_x, grid_y, grid_z = grid
+    current_device: Any = torch._C._cuda_getDevice
+    current_stream: Any = torch._C._cuda_getCurrentRawStream
+    count = len(descriptors)
+    # Per place, the last descriptor (weakly: an x's must not outlive its call) and its encoding.
+    encoded: list[tuple[Callable[[], Any], list[Any]]] = [(lambda: None, [])] * count
+
+    def launch(*args: Any) -> None:
+        if not _hooks_idle(runtime):
+            runner(*args, *tail)
+            return
+        expanded: list[Any] = []
+        for place in range(count):
+            descriptor = args[place]
+            last, values = encoded[place]
+            if last() is not descriptor:
+                values = make_tensordesc_arg(descriptor, descriptors[place])
+                encoded[place] = (weakref.ref(descriptor), values)
+            expanded += values
+        stream = current_stream(current_device())
+        raw(
+            grid_x, grid_y, grid_z, stream, function, cooperative, pdl, None, None, metadata, None, None, None,
+            *expanded, *args[count:], *tail,
+        )  # fmt: skip
+
+    return launch
 
 
 def constexpr_tail(kernel: Any, runtime_count: int, meta: dict[str, Any]) -> tuple[Any, ...] | None:

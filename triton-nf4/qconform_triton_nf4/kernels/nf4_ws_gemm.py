@@ -53,6 +53,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 import qconform_triton_nf4.kernels.nf4_gemv as nf4_gemv
+from qconform_triton_nf4.kernels.launch import BoundLaunch, pointers
 from qconform_triton_nf4.kernels.nf4_dequant import nested_args
 from qconform_triton_nf4.kernels.nf4_tc_gemm import MAX_SPLITS, arch_class, splits_for
 
@@ -509,9 +510,10 @@ def plan_gemm_4bit_ws(
     multiprocessors: int,
     config: WsConfig | None = None,
 ) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], None]:
-    """The launch for [M, K] x like ``x2``, decided once: ``plan(x2, out, bias)`` writes
-    ``out`` [M, N]. The weight's descriptor is made here; x's on every call (TMA reads x
-    where it is)."""
+    """The launch for [M, K] x like ``x2``, decided and bound once (``BoundLaunch``: after
+    the first call, Triton's C launch called directly): ``plan(x2, out, bias)`` writes
+    ``out`` [M, N]. The weight's descriptor is made, and encoded at the first call, once;
+    x's on every call (TMA reads x where it is)."""
     M, K = x2.shape
     config = config or config_for(M)
     step = block_k(blocksize)
@@ -528,51 +530,44 @@ def plan_gemm_4bit_ws(
     tickets: dict[int, torch.Tensor] = {}  # per stream: one int32 per tile, zero between launches
     stream_of: Callable[[int], int] | None = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     device_index = device.index if device.index is not None else 0
-    grid = (tiles, splits)
-    constants = dict(
-        BLOCKSIZE=blocksize,
-        NESTED_BLOCKSIZE=nested_blocksize,
-        DOUBLE_QUANT=double_quant,
-        HAS_BIAS=has_bias,
-        BLOCK_M=config.block_m,
-        BLOCK_N=BLOCK_N,
-        BLOCK_K=step,
-        STAGES=config.stages,
-        GROUP_M=config.group_m,
-        SPLIT_SUMS=splits > 1,
-        num_warps=NUM_WARPS,
-        maxnreg=config.max_registers,
-        enable_fp_fusion=False,  # keep nested_code * scale + offset two roundings, like dequantize_4bit
+    launch = BoundLaunch(
+        _gemm_4bit_ws_kernel,
+        (tiles, splits),
+        dict(
+            BLOCKSIZE=blocksize,
+            NESTED_BLOCKSIZE=nested_blocksize,
+            DOUBLE_QUANT=double_quant,
+            HAS_BIAS=has_bias,
+            BLOCK_M=config.block_m,
+            BLOCK_N=BLOCK_N,
+            BLOCK_K=step,
+            STAGES=config.stages,
+            GROUP_M=config.group_m,
+            SPLIT_SUMS=splits > 1,
+            num_warps=NUM_WARPS,
+            maxnreg=config.max_registers,
+            enable_fp_fusion=False,  # keep nested_code * scale + offset two roundings, like dequantize_4bit
+        ),
     )
+    fixed, nested = (absmax, code), (nested_absmax, nested_code)
+    fixed_pointers, nested_pointers = pointers(fixed), pointers(nested)  # for the bound launch
+    tail = (offset, M, N, K)
 
     def run(x2: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None) -> None:
         x_desc = TensorDescriptor(x2, [M, K], [K, 1], [config.block_m, step], x_layout)
+        bound = launch.bound
+        a, c = fixed_pointers if bound else fixed
         if splits == 1:
             work: Any = out
-            ticket: Any = absmax
+            ticket: Any = a
         else:
             work = torch.empty((splits, M, N), dtype=torch.float32, device=device)
             stream = stream_of(device_index) if stream_of is not None else 0
             ticket = tickets.get(stream)
             if ticket is None:
                 ticket = tickets[stream] = torch.zeros(tiles, dtype=torch.int32, device=device)
-        _gemm_4bit_ws_kernel[grid](
-            x_desc,
-            w_desc,
-            absmax,
-            code,
-            bias if bias is not None else absmax,
-            out,
-            work,
-            ticket,
-            nested_absmax,
-            nested_code,
-            offset,
-            M,
-            N,
-            K,
-            **constants,
-        )
+        launch(x_desc, w_desc, a, c, bias if bias is not None else a, out, work, ticket,
+               *(nested_pointers if bound else nested), *tail)  # fmt: skip
 
     run.splits = splits  # type: ignore[attr-defined]
     run.config = config  # type: ignore[attr-defined]
