@@ -17,6 +17,7 @@ ladder, on a narrow weight), K = 14336 at every route, and the widths of real lm
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -87,10 +88,22 @@ def check_matmul(
     with_bias,
     call_form=PLAIN_CALL,
     judged_rows: int | None = None,
+    calls: int = 1,
 ) -> None:
+    """The weight ``case`` quantized with ``spec``, multiplied by ``act`` and judged
+    (``check_product``); with ``calls`` > 1, multiplied again by activations of the same
+    layout and new values (the seed plus the call's number), each call judged: what a backend
+    keeps per weight and layout between calls (plans, bound launches, encoded descriptors,
+    staging buffers) must read each call's x."""
     qcheck.describe(**case.describe())
     quantized = qbackend.quantize(case.make(qdevice), spec)
-    check_product(qbackend, qdevice, qcheck, compute_dtype, x_dtype, quantized, act, with_bias, call_form, judged_rows)
+    for call in range(calls):
+        again = dataclasses.replace(act, seed=act.seed + call)
+        if calls > 1:
+            qcheck.describe(call=call + 1)
+        check_product(
+            qbackend, qdevice, qcheck, compute_dtype, x_dtype, quantized, again, with_bias, call_form, judged_rows
+        )
 
 
 def form_claim(call_form: str) -> dict[str, str]:
@@ -289,12 +302,14 @@ def test_matmul_every_route(qtarget, qbackend, qdevice, qcheck, spec, dtype, row
     cannot), and with the settings users set: the packed storage dtype (the spec's
     ``quant_storage``: FSDP-QLoRA stores the bytes as bf16), double quantization, the compute
     dtype, and the call's argument form (``call_form``: plain, ``out=``, another orientation of
-    the packed weight); every pair of all these is an instance. Fixed seeds."""
+    the packed weight); every pair of all these is an instance. Each weight is called twice,
+    the second time with a new activation of the same layout, as a layer is (a route's state
+    kept from the first call must not answer the second). Fixed seeds."""
     require_claim(qbackend, qtarget, spec, dtype, **form_claim(call_form))
     case = WeightCase(SMALL_BATCH_SHAPES.get(qdevice.type, SMALL_BATCH_SHAPES["cpu"]), "normal", seed=17)
     act = ActivationCase(activation_leading(rows, x_rank), x_layout, rows)
     qcheck.describe(call_form=call_form, quant_storage=str(spec.quant_storage))
-    check_matmul(qbackend, qdevice, qcheck, spec, dtype, dtype, case, act, bias, call_form)
+    check_matmul(qbackend, qdevice, qcheck, spec, dtype, dtype, case, act, bias, call_form, calls=2)
 
 
 LM_HEAD_K = 64  # a small K keeps a 151936-wide weight cheap; a block spans rows once the blocksize passes it

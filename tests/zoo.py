@@ -826,6 +826,31 @@ class TwoRowKernelMisreadsOffset(TorchNF4Backend):
 MUTANTS += (TwoRowKernelMisreadsOffset,)
 
 
+class RouteKeepsItsFirstInput(TorchNF4Backend):
+    """A route that keeps its first call's activation per weight and activation layout and
+    multiplies every later call of that layout by it (with the later call's bias): the class
+    of host state kept between calls for speed, keyed too coarsely (a bound launch's TMA
+    descriptor encoded once, a staging buffer, a plan that captured its first x; issue 52).
+    Each call alone is right, so a check that calls each weight once passes it; the route
+    check calls each weight twice, with two activations of one layout."""
+
+    name = "mutant-route-keeps-first-input"
+    catches = "matmul"
+
+    def __init__(self) -> None:
+        self.first: dict[tuple, tuple[weakref.ref, torch.Tensor]] = {}
+
+    def matmul(self, x, q, bias, compute_dtype):
+        key = (id(q), x.shape, x.stride(), x.storage_offset() % 8, x.dtype)
+        kept = self.first.get(key)
+        if kept is None or kept[0]() is not q:
+            kept = self.first[key] = (weakref.ref(q), x.clone())
+        return super().matmul(kept[1], q, bias, compute_dtype)
+
+
+MUTANTS += (RouteKeepsItsFirstInput,)
+
+
 # -- gemlite's conversion of an HQQ layer (hqq-gemlite) ------------------------------------------
 # Mutants of the CPU stand-in for hqq-gemlite (``torch_gemlite4``: HQQ's layer stored as
 # gemlite's conversion stores it, multiplied in plain PyTorch), since gemlite itself needs a

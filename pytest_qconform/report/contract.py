@@ -18,7 +18,7 @@ from pytest_qconform.report.records import RECORD_CONFIG, EveryKeyWritten, Name,
 SUITE_NAME = "pytest-qconform"
 # Raise when the set of checks, a check's bound (reference/bounds.py, a multiple) or an axis a
 # check covers changes; add a line to "Contract revisions" in docs/report-schema.md.
-CONTRACT_REVISION = 14
+CONTRACT_REVISION = 15
 
 
 @dataclass(frozen=True, config=RECORD_CONFIG)
