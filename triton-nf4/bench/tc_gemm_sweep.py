@@ -73,23 +73,25 @@ def grid(rows: int, kernel: str = "tc") -> list[Any]:
 
     ``ws``: x tiles of the rows' width (32, 64, 128 or 256) and the next narrower; 4 or 6 ring
     slots (3 or 4 at 256 rows, whose slots are larger); the register budget of the row
-    class (72 to 168: how many programs share a multiprocessor) and another; K split by
-    the plan's rule, or 1, 2 or 4 ways (bench/notes.md v22)."""
+    class (72 to 168: how many programs share a multiprocessor) and another; from 64 rows,
+    two consumer warpgroups sharing each x tile (128 weight rows a program, session 62,
+    compiled but not yet timed); K split by the plan's rule, or 1, 2 or 4 ways (bench/notes.md
+    v22)."""
     if kernel == "ws":
         from qconform_triton_nf4.kernels.nf4_ws_gemm import WsConfig as W
 
-        # (x tile, registers a thread: how many programs share a multiprocessor)
+        # (x tile, registers a thread: how many programs share a multiprocessor, consumer warpgroups)
         classes = {
-            32: [(32, 72), (32, 96)],
-            64: [(64, 96), (64, 80)],
-            128: [(128, 128), (64, 96)],
-            256: [(256, 168), (128, 128)],
+            32: [(32, 72, 1), (32, 96, 1)],
+            64: [(64, 96, 1), (64, 80, 1), (64, 96, 2)],
+            128: [(128, 128, 1), (64, 96, 1), (128, 128, 2)],
+            256: [(256, 168, 1), (128, 128, 1), (256, 168, 2)],
         }
         wide = 32 if rows <= 32 else 64 if rows <= 64 else 128 if rows <= 128 else 256
         stages = (3, 4) if wide == 256 else (4, 6)
         return [
-            W(m, slots, registers, split)
-            for m, registers in classes[wide]
+            W(m, slots, registers, split, warpgroups=groups)
+            for m, registers, groups in classes[wide]
             for slots in stages
             for split in (0, 1, 2, 4)
         ]

@@ -54,8 +54,20 @@ def check_against_the_dequantize_route(x, state, bias, config: WsConfig | None) 
         ("nf4", False, torch.float16, True, 24, (192, 2048), 64, None),
         # Blocksize 128 (two steps a block), two x tiles of 256, the second partial.
         ("fp4", False, torch.bfloat16, True, 300, (96, 512), 128, None),
+        # Two consumer warpgroups sharing each x tile (128 weight rows, the second tile partial).
+        ("nf4", True, torch.bfloat16, True, 100, (200, 2048), 64, WsConfig(128, 4, 128, warpgroups=2)),
+        ("fp4", False, torch.float16, False, 256, (128, 1024), 64, WsConfig(256, 4, 168, split_k=2, warpgroups=2)),
     ],
-    ids=["nf4-bias-ragged-n", "fp4-dq-fp16-split3", "nf4-dq-256", "nf4-b32", "nf4-fp16-24-rows", "fp4-b128-300-rows"],
+    ids=[
+        "nf4-bias-ragged-n",
+        "fp4-dq-fp16-split3",
+        "nf4-dq-256",
+        "nf4-b32",
+        "nf4-fp16-24-rows",
+        "fp4-b128-300-rows",
+        "nf4-dq-two-warpgroups",
+        "fp4-fp16-two-warpgroups-split2",
+    ],
 )
 def test_ws_gemm_is_dequantize_then_gemm(quant_type, double_quant, x_dtype, with_bias, rows, shape, blocksize, config):
     state = quantized_state(shape, quant_type, double_quant, blocksize)
@@ -145,3 +157,13 @@ def test_the_ws_gemm_refuses_a_device_without_it_and_says_so():
     with pytest.raises(ValueError, match="sm_90 GPUs only"):
         kernels.ws_gemm_4bit(x, state.packed, state.absmax, **state.kernel_args())
     assert kernels.ws_max_rows(DEVICE) == 0
+
+
+def test_a_configuration_counts_its_consumer_warpgroups():
+    """Two consumer warpgroups: 128 weight rows and 8 warps a program, whose registers (with
+    the producer's warpgroup, 12 warps at ``max_registers``) fit one a multiprocessor."""
+    one, two = WsConfig(256, 4, 168), WsConfig(256, 4, 168, warpgroups=2)
+    assert (one.block_n, one.num_warps, one.programs_per_sm) == (64, 4, 1)
+    assert (two.block_n, two.num_warps, two.programs_per_sm) == (128, 8, 1)
+    assert WsConfig(64, 4, 96).programs_per_sm == 2 and WsConfig(64, 4, 96, warpgroups=2).programs_per_sm == 1
+    assert two.label() == "m256g2s4r168p1x0" and one.label() == "m256s4r168p1x0"

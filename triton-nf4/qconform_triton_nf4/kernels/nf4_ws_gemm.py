@@ -65,40 +65,52 @@ _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 _ALIGNMENT = 16  # TMA: base address and row strides in bytes
 
 
-# A program's registers are allocated by warpgroup: the consumer's, and the producer warp's
+# A program's registers are allocated by warpgroup: the consumers', and the producer warp's
 # (its own warpgroup), each at the launch's ``maxnreg``; a multiprocessor holds 64 Ki.
-WARPS_ALLOCATED = 8
+PRODUCER_WARPS_ALLOCATED = 4
 REGISTERS_PER_SM = 65536
 
 
 @dataclass(frozen=True)
 class WsConfig:
-    """A launch configuration: tiles of ``block_m`` rows of x by 64 weight rows, ``stages``
-    ring slots, ``max_registers`` a thread (the launch's ``maxnreg``: the consumer's budget,
-    and so how many programs share a multiprocessor, ``programs_per_sm``, from which the
-    plan chooses the K splits) and ``split_k`` (0: chosen by the plan, ``splits_for``)."""
+    """A launch configuration: tiles of ``block_m`` rows of x by 64 weight rows a consumer
+    warpgroup (``warpgroups`` of them share each x tile), ``stages`` ring slots,
+    ``max_registers`` a thread (the launch's ``maxnreg``: the consumers' budget, and so how
+    many programs share a multiprocessor, ``programs_per_sm``, from which the plan chooses
+    the K splits) and ``split_k`` (0: chosen by the plan, ``splits_for``)."""
 
     block_m: int
     stages: int
     max_registers: int
     split_k: int = 0
     group_m: int = 8
+    warpgroups: int = 1
+
+    @property
+    def block_n(self) -> int:
+        """Weight rows a program: 64 a consumer warpgroup (``wgmma``'s M)."""
+        return 64 * self.warpgroups
+
+    @property
+    def num_warps(self) -> int:
+        """The consumers' warps (the launch's ``num_warps``; the producer warp is added)."""
+        return 4 * self.warpgroups
 
     @property
     def programs_per_sm(self) -> int:
-        """Programs a multiprocessor holds at ``max_registers`` (96: 2, 128: 2, 168: 1, 72: 3)."""
-        return REGISTERS_PER_SM // (WARPS_ALLOCATED * 32 * self.max_registers)
+        """Programs a multiprocessor holds at ``max_registers`` (one warpgroup: 96: 2, 128: 2,
+        168: 1, 72: 3; two: 128: 1, 168: 1)."""
+        return REGISTERS_PER_SM // ((self.num_warps + PRODUCER_WARPS_ALLOCATED) * 32 * self.max_registers)
 
     def label(self) -> str:
-        return f"m{self.block_m}s{self.stages}r{self.max_registers}p{self.programs_per_sm}x{self.split_k}"
+        groups = f"g{self.warpgroups}" if self.warpgroups != 1 else ""
+        return f"m{self.block_m}{groups}s{self.stages}r{self.max_registers}p{self.programs_per_sm}x{self.split_k}"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 WS_ARCH = "sm90"  # wgmma and TMA as this kernel uses them (Blackwell has tcgen05 instead): an arch class
-BLOCK_N = 64  # weight rows a program: one warpgroup's wgmma M
-NUM_WARPS = 4
 
 # By rows of x: (most rows, config), the first entry whose most rows >= M. Measured on an
 # H200 through the backend's plans (bench/tc_gemm_sweep.py --kernel ws: bf16, NF4 blocksize
@@ -521,13 +533,13 @@ def plan_gemm_4bit_ws(
     config = config or config_for(M)
     step = block_k(blocksize)
     steps = K // step
-    tiles = math.ceil(M / config.block_m) * math.ceil(N / BLOCK_N)
+    tiles = math.ceil(M / config.block_m) * math.ceil(N / config.block_n)
     splits = config.split_k or splits_for(tiles, steps, multiprocessors, config.programs_per_sm)
     splits = max(1, min(splits, MAX_SPLITS, steps))
     per_split = math.ceil(steps / splits)
     splits = math.ceil(steps / per_split)  # every split keeps at least one step
     words = packed.view(torch.int32).view(N, K // 8)
-    w_desc = TensorDescriptor.from_tensor(words, [BLOCK_N, step // 8], _WORDS_LAYOUT)
+    w_desc = TensorDescriptor.from_tensor(words, [config.block_n, step // 8], _WORDS_LAYOUT)
     x_layout = _x_layout(config, x2.dtype, blocksize)
     device = x2.device
     tickets: dict[int, torch.Tensor] = {}  # per stream: one int32 per tile, zero between launches
@@ -541,12 +553,12 @@ def plan_gemm_4bit_ws(
             DOUBLE_QUANT=double_quant,
             HAS_BIAS=has_bias,
             BLOCK_M=config.block_m,
-            BLOCK_N=BLOCK_N,
+            BLOCK_N=config.block_n,
             BLOCK_K=step,
             STAGES=config.stages,
             GROUP_M=config.group_m,
             SPLIT_SUMS=splits > 1,
-            num_warps=NUM_WARPS,
+            num_warps=config.num_warps,
             maxnreg=config.max_registers,
             enable_fp_fusion=False,  # keep nested_code * scale + offset two roundings, like dequantize_4bit
         ),
