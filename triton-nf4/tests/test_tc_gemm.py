@@ -248,6 +248,10 @@ def test_the_table_and_the_splits() -> None:
     assert nf4_tc_gemm.splits_for(tiles=128, steps=128, multiprocessors=132, programs_per_sm=2) == 2
     assert nf4_tc_gemm.splits_for(tiles=8, steps=32, multiprocessors=132) == 8  # 4 steps a split
     assert nf4_tc_gemm.splits_for(tiles=600, steps=64, multiprocessors=132) == 1
+    # A plan's count (both GEMMs): the configuration's or the rule's, then every split a step at least.
+    assert nf4_tc_gemm.split_count(0, tiles=128, steps=128, multiprocessors=132, programs_per_sm=2) == 2
+    assert nf4_tc_gemm.split_count(4, tiles=1, steps=6, multiprocessors=132, programs_per_sm=2) == 3  # 2 steps each
+    assert nf4_tc_gemm.split_count(8, tiles=1, steps=5, multiprocessors=132, programs_per_sm=2) == 5
     assert TcConfig(64, 64, 64, 4, 3).label() == "m64n64k64w4s3x0g8p4"
 
 

@@ -154,14 +154,19 @@ def direct_launcher(
         descriptors = leading_descriptors(compiled)
         if descriptors is None:
             return None
-        if descriptors:
-            return _descriptor_launch(c_launch, descriptors, (grid_x, grid_y, grid_z), tail, runner, compiled)
+        if descriptors:  # the C launch under Triton's encoding wrapper, the descriptors encoded here
+            c_launch = _under_descriptor_wrapper(c_launch)
+            if c_launch is None:
+                return None
+        encode, count = (DescriptorEncodings(descriptors) if descriptors else None), len(descriptors)
 
         def launch(*args: Any) -> None:
             if not _hooks_idle(runtime):
                 runner(*args, *tail)
                 return
             stream = current_stream(current_device())
+            if encode is not None:
+                args = (*encode(args), *args[count:])
             c_launch(
                 grid_x, grid_y, grid_z, stream, function, cooperative, pdl, None, None, metadata, None, None, None,
                 *args, *tail,
@@ -197,56 +202,41 @@ def leading_descriptors(compiled: Any) -> list[dict[str, Any]] | None:
     return list(metas)
 
 
-def _descriptor_launch(
-    c_launch: Any,
-    descriptors: list[dict[str, Any]],
-    grid: tuple[int, int, int],
-    tail: tuple[Any, ...],
-    runner: Callable[..., Any],
-    compiled: Any,
-) -> Callable[..., None] | None:
-    """The direct launch of a kernel whose first parameters are TMA descriptors (Gluon's
-    ``TensorDescriptor``). Triton 3.6 wraps such a kernel's C ``launch`` in a Python loop that
-    encodes every descriptor into a ``CUtensorMap`` on every call (``wrap_handle_tensordesc``);
-    this calls the C ``launch`` under it, encoding each descriptor with Triton's own
-    ``make_tensordesc_arg``, and a descriptor passed again (the same object: the weight's,
-    made once by its plan, which keeps its memory) is not encoded again. None where the
-    wrapper is not the one read (Triton 3.6's ``inner`` closing over ``launcher``)."""
-    from triton import knobs
-    from triton.backends.nvidia.driver import make_tensordesc_arg
-
+def _under_descriptor_wrapper(c_launch: Any) -> Callable[..., None] | None:
+    """The generated C ``launch`` of a kernel with TMA descriptor parameters: Triton 3.6
+    wraps it in a Python loop that encodes every descriptor into a ``CUtensorMap`` on every
+    call (``wrap_handle_tensordesc``: ``inner``, closing over ``launcher``); None where the
+    wrapper is not that one."""
     raw = inspect.getclosurevars(c_launch).nonlocals.get("launcher") if inspect.isfunction(c_launch) else None
-    if not callable(raw):
-        return None
-    runtime, launcher = knobs.runtime, compiled.run
-    cooperative, pdl = launcher.launch_cooperative_grid, launcher.launch_pdl
-    function, metadata = compiled.function, compiled.packed_metadata
-    grid_x, grid_y, grid_z = grid
-    current_device: Any = torch._C._cuda_getDevice
-    current_stream: Any = torch._C._cuda_getCurrentRawStream
-    count = len(descriptors)
-    # Per place, the last descriptor (weakly: an x's must not outlive its call) and its encoding.
-    encoded: list[tuple[Callable[[], Any], list[Any]]] = [(lambda: None, [])] * count
+    return raw if callable(raw) else None
 
-    def launch(*args: Any) -> None:
-        if not _hooks_idle(runtime):
-            runner(*args, *tail)
-            return
+
+class DescriptorEncodings:
+    """``encode(args)``: the launch arguments of the leading TMA descriptors in ``args``,
+    each encoded by Triton's own ``make_tensordesc_arg`` with its metadata, except one passed
+    again at its place (the same object: the weight's, made once by its plan, which keeps its
+    memory), whose encoding is reused. The last descriptor of each place is held weakly: an
+    x's must not outlive its call."""
+
+    __slots__ = ("_encode", "_last", "_metas")
+
+    def __init__(self, metas: list[dict[str, Any]]) -> None:
+        self._metas = metas
+        self._last: list[tuple[Callable[[], Any], list[Any]]] = [(lambda: None, [])] * len(metas)
+        from triton.backends.nvidia.driver import make_tensordesc_arg
+
+        self._encode: Callable[..., list[Any]] = make_tensordesc_arg
+
+    def __call__(self, args: tuple[Any, ...]) -> list[Any]:
         expanded: list[Any] = []
-        for place in range(count):
+        for place, meta in enumerate(self._metas):
             descriptor = args[place]
-            last, values = encoded[place]
+            last, values = self._last[place]
             if last() is not descriptor:
-                values = make_tensordesc_arg(descriptor, descriptors[place])
-                encoded[place] = (weakref.ref(descriptor), values)
+                values = self._encode(descriptor, meta)
+                self._last[place] = (weakref.ref(descriptor), values)
             expanded += values
-        stream = current_stream(current_device())
-        raw(
-            grid_x, grid_y, grid_z, stream, function, cooperative, pdl, None, None, metadata, None, None, None,
-            *expanded, *args[count:], *tail,
-        )  # fmt: skip
-
-    return launch
+        return expanded
 
 
 def constexpr_tail(kernel: Any, runtime_count: int, meta: dict[str, Any]) -> tuple[Any, ...] | None:

@@ -64,6 +64,7 @@ from qconform_triton_nf4.kernels.nf4_dequant import (
     load_block_absmax,
     store_as,
 )
+from qconform_triton_nf4.kernels.split_sums import SplitSums
 
 MAX_ROWS = 32  # four groups of 8 rows of x (B is 8 columns wide)
 CHUNK = 64  # columns of K per warp step: 4 products of 16 columns
@@ -862,24 +863,14 @@ def plan_gemm_4bit_mma(
     )
     fixed, nested = (pairs, absmax, code), (nested_absmax, nested_code)
     fixed_pointers, nested_pointers = pointers(fixed), pointers(nested)  # for the bound launches
-    tickets: dict[int, torch.Tensor] = {}  # per stream: one int32 per tile, zero between launches
-    stream_of: Callable[[int], int] | None = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    device_index = device.index if device.index is not None else 0
+    split_sums = SplitSums(splits, tiles, M, N, device)
 
     def run(x2: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None) -> None:
         bound = gemm.bound
         p, a, c = fixed_pointers if bound else fixed
         nested_args = nested_pointers if bound else nested
         out_arg = out.view(torch.int16) if bf16_bits else out
-        if splits == 1:
-            work: torch.Tensor = out_arg
-            ticket = a
-        else:
-            work = torch.empty((splits, M, N), dtype=torch.float32, device=device)
-            stream = stream_of(device_index) if device.type == "cuda" and stream_of is not None else 0
-            ticket = tickets.get(stream)
-            if ticket is None:
-                ticket = tickets[stream] = torch.zeros(tiles, dtype=torch.int32, device=device)
+        work, ticket = split_sums.buffers(out_arg, a)
         gemm(
             x2,
             p,

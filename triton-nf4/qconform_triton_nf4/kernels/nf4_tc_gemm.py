@@ -72,6 +72,7 @@ from qconform_triton_nf4.kernels.nf4_dequant import (
     nested_args,
     store_as,
 )
+from qconform_triton_nf4.kernels.split_sums import SplitSums
 
 K_MULTIPLE = 32  # K the kernel reads: BLOCK_K >= 32 divides it
 MAX_SPLITS = 16
@@ -168,6 +169,14 @@ def config_for(M: int, device: torch.device) -> TcConfig:
         if M <= most_rows:
             return config
     return _GPU_CONFIGS[-1][1]
+
+
+def split_count(split_k: int, tiles: int, steps: int, multiprocessors: int, programs_per_sm: int) -> int:
+    """A plan's K splits: ``split_k`` where a configuration sets it, else ``splits_for``'s;
+    then as many as keep every split at least one of the ``steps`` K steps."""
+    splits = split_k or splits_for(tiles, steps, multiprocessors, programs_per_sm)
+    per_split = math.ceil(steps / max(1, min(splits, steps)))
+    return math.ceil(steps / per_split)
 
 
 def splits_for(tiles: int, steps: int, multiprocessors: int, programs_per_sm: int = 4) -> int:
@@ -402,9 +411,7 @@ def plan_gemm_4bit_tc(
     block_k = min(config.block_k, K & -K)  # the largest power of two <= block_k that divides K
     steps = K // block_k
     tiles = math.ceil(M / config.block_m) * math.ceil(N / config.block_n)
-    splits = config.split_k or splits_for(tiles, steps, multiprocessors, config.programs_per_sm)
-    per_split = math.ceil(steps / max(1, min(splits, steps)))
-    splits = math.ceil(steps / per_split)  # every split keeps at least one step
+    splits = split_count(config.split_k, tiles, steps, multiprocessors, config.programs_per_sm)
     bf16_bits = x2.dtype == torch.bfloat16 and interpreter_active()
     stride_xm = x2.stride(0) if M > 1 else K
     stride_xk = x2.stride(1)
@@ -432,9 +439,7 @@ def plan_gemm_4bit_tc(
     )
     fixed, nested = (packed, absmax, code), (nested_absmax, nested_code)
     fixed_pointers, nested_pointers = pointers(fixed), pointers(nested)  # for the bound launch
-    tickets: dict[int, torch.Tensor] = {}  # per stream: one int32 per tile, zero between launches
-    stream_of: Callable[[int], int] | None = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    device_index = device.index if device.index is not None else 0
+    split_sums = SplitSums(splits, tiles, M, N, device)
     tail = (offset, M, N, K, stride_xm, stride_xk)
 
     def run(x2: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None) -> None:
@@ -442,15 +447,7 @@ def plan_gemm_4bit_tc(
         p, a, c = fixed_pointers if bound else fixed
         nested_arguments = nested_pointers if bound else nested
         out_arg = out.view(torch.int16) if bf16_bits else out
-        if splits == 1:
-            work: Any = out_arg
-            ticket: Any = a
-        else:
-            work = torch.empty((splits, M, N), dtype=torch.float32, device=device)
-            stream = stream_of(device_index) if device.type == "cuda" and stream_of is not None else 0
-            ticket = tickets.get(stream)
-            if ticket is None:
-                ticket = tickets[stream] = torch.zeros(tiles, dtype=torch.int32, device=device)
+        work, ticket = split_sums.buffers(out_arg, a)
         launch(x2, p, a, c, bias if bias is not None else a, out_arg, work, ticket, *nested_arguments, *tail)
 
     def native(x: torch.Tensor, bias: torch.Tensor | None, out_shape: tuple[int, ...]) -> Any:

@@ -55,7 +55,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 import qconform_triton_nf4.kernels.nf4_gemv as nf4_gemv
 from qconform_triton_nf4.kernels.launch import BoundLaunch, pointers
 from qconform_triton_nf4.kernels.nf4_dequant import nested_args
-from qconform_triton_nf4.kernels.nf4_tc_gemm import MAX_SPLITS, arch_class, splits_for
+from qconform_triton_nf4.kernels.nf4_tc_gemm import arch_class, split_count
+from qconform_triton_nf4.kernels.split_sums import SplitSums
 
 # Triton 3.6 names the TMA load async_copy_global_to_shared; 3.9 renamed it async_load.
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -534,17 +535,11 @@ def plan_gemm_4bit_ws(
     step = block_k(blocksize)
     steps = K // step
     tiles = math.ceil(M / config.block_m) * math.ceil(N / config.block_n)
-    splits = config.split_k or splits_for(tiles, steps, multiprocessors, config.programs_per_sm)
-    splits = max(1, min(splits, MAX_SPLITS, steps))
-    per_split = math.ceil(steps / splits)
-    splits = math.ceil(steps / per_split)  # every split keeps at least one step
+    splits = split_count(config.split_k, tiles, steps, multiprocessors, config.programs_per_sm)
     words = packed.view(torch.int32).view(N, K // 8)
     w_desc = TensorDescriptor.from_tensor(words, [config.block_n, step // 8], _WORDS_LAYOUT)
     x_layout = _x_layout(config, x2.dtype, blocksize)
-    device = x2.device
-    tickets: dict[int, torch.Tensor] = {}  # per stream: one int32 per tile, zero between launches
-    stream_of: Callable[[int], int] | None = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    device_index = device.index if device.index is not None else 0
+    split_sums = SplitSums(splits, tiles, M, N, x2.device)
     launch = BoundLaunch(
         _gemm_4bit_ws_kernel,
         (tiles, splits),
@@ -583,15 +578,7 @@ def plan_gemm_4bit_ws(
         x_desc = TensorDescriptor(x2, [staged_rows, K], [K, 1], [config.block_m, step], x_layout)
         bound = launch.bound
         a, c = fixed_pointers if bound else fixed
-        if splits == 1:
-            work: Any = out
-            ticket: Any = a
-        else:
-            work = torch.empty((splits, M, N), dtype=torch.float32, device=device)
-            stream = stream_of(device_index) if stream_of is not None else 0
-            ticket = tickets.get(stream)
-            if ticket is None:
-                ticket = tickets[stream] = torch.zeros(tiles, dtype=torch.int32, device=device)
+        work, ticket = split_sums.buffers(out, a)
         launch(x_desc, w_desc, a, c, bias if bias is not None else a, out, work, ticket,
                *(nested_pointers if bound else nested), *tail)  # fmt: skip
 
